@@ -1,0 +1,45 @@
+# radixserve: `make serve` and `make test` work on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 30000
+PYTEST_ARGS ?=
+
+.PHONY: install serve test test-slow lint format bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+# torch first, pinned: the CPU build on disk (an unpinned torch pulls a multi-GB CUDA build).
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test,dev,bench]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/radixserve serve --host $(HOST) --port $(PORT)
+
+lint: $(STAMP)
+	$(BIN)/ruff check radixserve tests benchmarks examples
+	$(BIN)/ruff format --check radixserve tests benchmarks examples
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+	$(BIN)/python tools/check_file_length.py radixserve
+
+# pytest exits 5 when it collects no test: that is a failure here, never a pass.
+test: lint
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+format: $(STAMP)
+	$(BIN)/ruff format radixserve tests benchmarks examples
+	$(BIN)/ruff check --fix radixserve tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis

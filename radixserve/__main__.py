@@ -1,0 +1,5 @@
+import sys
+
+from radixserve.api.cli import main
+
+sys.exit(main())

@@ -1,0 +1,74 @@
+"""Every knob of radixserve, as frozen dataclasses. The only place that reads the environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+SCHEDULE_POLICIES = ("fcfs", "lof", "random", "lpm", "dfs-weight")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConstants:
+    """SGLang's scheduling constants (seed 004), all overridable."""
+
+    in_batch_prefix_caching_check_threshold: int = 32
+    in_batch_prefix_caching_deprioritize_threshold: int = 32
+    clip_max_new_tokens: int = 4096
+    lpm_fallback_queue_len: int = 128
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.098  # 0.7 * 0.14
+    new_token_ratio_decay_steps: int = 600
+    retract_decode_steps: int = 20
+    priority_preemption_threshold: int = 10
+    max_skipped_passes: int = (
+        8  # aging bound: a passed-over request is served after this many passes
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What a user chooses when starting an Engine or a server."""
+
+    model_path: str | None = None
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "cpu"
+    attention_backend: str | None = None  # None: flashinfer on cuda, torch_native on cpu
+    page_size: int = 1
+    max_total_tokens: int | None = None  # KV slots; None: from kv_cache_bytes
+    kv_cache_bytes: int = 1 << 30
+    max_running_requests: int = 64
+    max_context_len: int | None = None  # None: the model's max_position_embeddings
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int | None = 512  # None or <= 0: no chunking
+    schedule_policy: str = "fcfs"
+    disable_radix_cache: bool = False
+    disable_overlap_schedule: bool = False
+    enable_priority_scheduling: bool = False
+    schedule_low_priority_values_first: bool = False  # SGLang default: larger value = more urgent
+    random_seed: int = 0
+    num_threads: int | None = field(default_factory=lambda: _env_int("RADIXSERVE_NUM_THREADS"))
+    constants: SchedulerConstants = field(default_factory=SchedulerConstants)
+
+    def __post_init__(self) -> None:
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}"
+            )
+        if self.page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
+            )
+
+    def with_(self, **changes: object) -> EngineConfig:
+        """A copy with some fields changed (configs are never mutated)."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None

@@ -1,0 +1,77 @@
+"""The PrefixCache protocol: what the scheduler may ask of a prefix cache.
+
+Ownership rules (the contract every implementation keeps):
+- Keys are token-id sequences, values KV-slot index tensors (int64) of the same length.
+- ``match_prefix`` is read-only apart from access times, hit counts and node splits.
+- ``insert`` takes ownership of the value entries it stores and returns how many leading entries
+  it did *not* take because it already held that prefix; the caller frees those it allocated.
+- ``evict`` returns the indices it dropped; the caller frees them. A cache never frees memory.
+- A locked node (``inc_lock_ref``) and its ancestors are never evicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+TokenKey = Sequence[int] | np.ndarray | torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class MatchResult:
+    indices: torch.Tensor  # [prefix_len] int64 values of the longest cached prefix
+    last_node: Any  # the node the match ends at; lock it to keep the prefix alive
+
+
+class PrefixCache(Protocol):
+    page_size: int
+
+    @property
+    def is_disabled(self) -> bool:
+        """True for the null cache: nothing is ever shared, cache-aware policies act as FCFS."""
+        ...
+
+    @property
+    def root(self) -> Any: ...
+
+    def match_prefix(self, key: TokenKey, extra_key: str | None = None) -> MatchResult:
+        """Longest cached prefix of ``key`` (whole pages only), splitting a node on a partial hit."""
+        ...
+
+    def insert(self, key: TokenKey, value: torch.Tensor, extra_key: str | None = None) -> int:
+        """Store ``key -> value`` (truncated to whole pages); return the length already present."""
+        ...
+
+    def evict(self, num_tokens: int) -> torch.Tensor:
+        """Drop least-recently-used unlocked leaves until ``num_tokens`` are freed or none is left."""
+        ...
+
+    def inc_lock_ref(self, node: Any) -> int:
+        """Protect ``node`` and its ancestors; returns the change of ``evictable_size()``."""
+        ...
+
+    def dec_lock_ref(self, node: Any) -> int:
+        """Undo one ``inc_lock_ref``; returns the change of ``evictable_size()``."""
+        ...
+
+    def evictable_size(self) -> int: ...
+
+    def protected_size(self) -> int: ...
+
+    def total_size(self) -> int: ...
+
+    def all_values(self) -> torch.Tensor:
+        """Every value the cache holds (for integrity checks and flushing)."""
+        ...
+
+    def reset(self) -> None:
+        """Forget everything. The caller frees ``all_values()`` first."""
+        ...
+
+    def check_integrity(self) -> None: ...
+
+    def pretty_print(self) -> str: ...

@@ -1,0 +1,253 @@
+"""RadixCache: a radix tree from token prefixes to KV slots, with LRU eviction and lock refs."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+import numpy as np
+import torch
+
+from radixserve.radix.base import MatchResult, TokenKey
+from radixserve.radix.tree_node import TreeNode
+
+_EMPTY_KEY = np.empty(0, dtype=np.int32)
+_EMPTY_VALUE = torch.empty(0, dtype=torch.int64)
+
+
+def _as_key(key: TokenKey) -> np.ndarray:
+    if isinstance(key, torch.Tensor):
+        return key.to(torch.int32).cpu().numpy()
+    return np.asarray(key, dtype=np.int32)
+
+
+class RadixCache:
+    """The prefix cache of DESIGN.md section 4. Implements :class:`PrefixCache`.
+
+    Sizes are kept incrementally: ``evictable_size`` counts tokens of unlocked nodes,
+    ``protected_size`` of locked ones. Access times come from a logical clock, so LRU order is
+    deterministic. Values are opaque: with ``create_simulated()`` they may be the tokens
+    themselves (the policy's in-batch check uses such a tree, never the real one).
+    """
+
+    def __init__(self, page_size: int = 1) -> None:
+        if page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        self.page_size = page_size
+        self._clock = itertools.count(1)
+        self.reset()
+
+    @classmethod
+    def create_simulated(cls, page_size: int = 1) -> RadixCache:
+        """A tree with no pool behind it: insert ``(tokens, tokens)`` and read match lengths."""
+        return cls(page_size)
+
+    @property
+    def is_disabled(self) -> bool:
+        return False
+
+    @property
+    def root(self) -> TreeNode:
+        return self._root
+
+    # ---- queries -------------------------------------------------------------------------
+    def match_prefix(self, key: TokenKey, extra_key: str | None = None) -> MatchResult:
+        tokens = self._page_aligned(_as_key(key))
+        now = next(self._clock)
+        node = self._root
+        node.last_access_time = now
+        values: list[torch.Tensor] = []
+        pos = 0
+        while pos < len(tokens):
+            child = node.children.get(self._child_key(extra_key, tokens[pos:]))
+            if child is None:
+                break
+            child.last_access_time = now
+            child.hit_count += 1
+            n = self._common_len(child.key, tokens[pos:])
+            if n < len(child.key):
+                child = self._split(child, n)
+            values.append(child.value)
+            node = child
+            pos += n
+        indices = torch.cat(values) if len(values) > 1 else (values[0] if values else _EMPTY_VALUE)
+        return MatchResult(indices, node)
+
+    def evictable_size(self) -> int:
+        return self._evictable_size
+
+    def protected_size(self) -> int:
+        return self._protected_size
+
+    def total_size(self) -> int:
+        return self._evictable_size + self._protected_size
+
+    def all_values(self) -> torch.Tensor:
+        values = [n.value for n in self._nodes() if n is not self._root]
+        return torch.cat(values) if values else _EMPTY_VALUE
+
+    # ---- commits -------------------------------------------------------------------------
+    def insert(self, key: TokenKey, value: torch.Tensor, extra_key: str | None = None) -> int:
+        tokens = _as_key(key)
+        if len(tokens) != len(value):
+            raise ValueError(f"key ({len(tokens)}) and value ({len(value)}) lengths differ")
+        tokens = self._page_aligned(tokens)
+        now = next(self._clock)
+        node = self._root
+        pos = 0
+        while pos < len(tokens):
+            child = node.children.get(self._child_key(extra_key, tokens[pos:]))
+            if child is None:
+                break
+            child.last_access_time = now
+            n = self._common_len(child.key, tokens[pos:])
+            if n < len(child.key):
+                child = self._split(child, n)
+            node = child
+            pos += n
+        if pos < len(tokens):
+            leaf = TreeNode(
+                tokens[pos:].copy(), value[pos : len(tokens)].clone(), node, extra_key, now
+            )
+            node.children[self._child_key(extra_key, leaf.key)] = leaf
+            self._leaves.discard(node)
+            self._leaves.add(leaf)
+            self._evictable_size += len(leaf)
+        return pos
+
+    def evict(self, num_tokens: int) -> torch.Tensor:
+        heap = [leaf for leaf in self._leaves if leaf.lock_ref == 0]
+        heapq.heapify(heap)
+        freed: list[torch.Tensor] = []
+        num_freed = 0
+        while num_freed < num_tokens and heap:
+            leaf = heapq.heappop(heap)
+            freed.append(leaf.value)
+            num_freed += len(leaf)
+            parent = self._delete_leaf(leaf)
+            if parent is not self._root and parent.is_leaf and parent.lock_ref == 0:
+                heapq.heappush(heap, parent)
+        self._evictable_size -= num_freed
+        return torch.cat(freed) if freed else _EMPTY_VALUE
+
+    def inc_lock_ref(self, node: TreeNode) -> int:
+        delta = 0
+        while node is not self._root:
+            if node.lock_ref == 0:
+                delta -= len(node)
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+        self._evictable_size += delta
+        self._protected_size -= delta
+        return delta
+
+    def dec_lock_ref(self, node: TreeNode) -> int:
+        delta = 0
+        while node is not self._root:
+            assert node.lock_ref > 0, "dec_lock_ref on an unlocked node"
+            if node.lock_ref == 1:
+                delta += len(node)
+            node.lock_ref -= 1
+            node = node.parent  # type: ignore[assignment]
+        self._evictable_size += delta
+        self._protected_size -= delta
+        return delta
+
+    def reset(self) -> None:
+        self._root = TreeNode(_EMPTY_KEY, _EMPTY_VALUE, None)
+        self._root.lock_ref = 1  # the root is never evicted
+        self._leaves: set[TreeNode] = set()
+        self._evictable_size = 0
+        self._protected_size = 0
+
+    # ---- checks and views ----------------------------------------------------------------
+    def check_integrity(self, unique_values: bool = True) -> None:
+        """Sizes add up, lock refs are consistent, every value matches its key's length, the
+        leaf set is exact, and (``unique_values``) no KV slot sits in two nodes."""
+        evictable = protected = 0
+        leaves: set[TreeNode] = set()
+        for node in self._nodes():
+            if node is self._root:
+                continue
+            assert len(node.key) > 0, "a non-root node has an empty key"
+            assert len(node.key) == len(node.value), "a value's length differs from its key's"
+            assert len(node.key) % self.page_size == 0, "a key is not a whole number of pages"
+            assert (
+                node.parent is not None
+                and node.parent.children.get(self._child_key(node.extra_key, node.key)) is node
+            ), "a node is not where its parent says"
+            if node.parent is not self._root:
+                assert node.extra_key == node.parent.extra_key, "extra keys share a path"
+            child_locks = sum(c.lock_ref for c in node.children.values())
+            assert node.lock_ref >= child_locks, "a node is locked less than its children"
+            if node.lock_ref == 0:
+                evictable += len(node)
+            else:
+                protected += len(node)
+            if node.is_leaf:
+                leaves.add(node)
+        assert evictable == self._evictable_size, f"evictable {self._evictable_size} != {evictable}"
+        assert protected == self._protected_size, f"protected {self._protected_size} != {protected}"
+        assert leaves == self._leaves, "the leaf set is stale"
+        if unique_values:
+            values = self.all_values()
+            assert len(torch.unique(values)) == len(values), "a KV slot is held by two nodes"
+
+    def pretty_print(self) -> str:
+        lines: list[str] = []
+
+        def walk(node: TreeNode, depth: int) -> None:
+            for child in sorted(node.children.values(), key=lambda c: c.key[0]):
+                lines.append("  " * depth + repr(child))
+                walk(child, depth + 1)
+
+        walk(self._root, 0)
+        lines.append(f"#tokens: {self.total_size()} (evictable {self._evictable_size})")
+        return "\n".join(lines)
+
+    # ---- internals -----------------------------------------------------------------------
+    def _nodes(self) -> list[TreeNode]:
+        out, stack = [], [self._root]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def _child_key(self, extra_key: str | None, tokens: np.ndarray) -> tuple[str | None, bytes]:
+        return extra_key, tokens[: self.page_size].tobytes()
+
+    def _page_aligned(self, tokens: np.ndarray) -> np.ndarray:
+        if self.page_size == 1:
+            return tokens
+        return tokens[: len(tokens) // self.page_size * self.page_size]
+
+    def _common_len(self, a: np.ndarray, b: np.ndarray) -> int:
+        n = min(len(a), len(b))
+        diff = np.flatnonzero(a[:n] != b[:n])
+        common = int(diff[0]) if len(diff) else n
+        return common - common % self.page_size
+
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
+        """Cut ``child`` after ``n`` tokens; the new upper node takes its place under the parent."""
+        parent = child.parent
+        assert parent is not None and 0 < n < len(child)
+        upper = TreeNode(
+            child.key[:n], child.value[:n], parent, child.extra_key, child.last_access_time
+        )
+        upper.lock_ref = child.lock_ref
+        upper.hit_count = child.hit_count
+        child.key, child.value = child.key[n:], child.value[n:]
+        child.parent = upper
+        upper.children[self._child_key(child.extra_key, child.key)] = child
+        parent.children[self._child_key(upper.extra_key, upper.key)] = upper
+        return upper
+
+    def _delete_leaf(self, leaf: TreeNode) -> TreeNode:
+        parent = leaf.parent
+        assert parent is not None
+        del parent.children[self._child_key(leaf.extra_key, leaf.key)]
+        self._leaves.discard(leaf)
+        if parent is not self._root and parent.is_leaf:
+            self._leaves.add(parent)
+        return parent

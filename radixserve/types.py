@@ -1,0 +1,177 @@
+"""Plain records shared by every layer: sampling parameters, requests, their states.
+
+``Req`` lives here (not in ``runtime/``) because the policy layer, which sits below the
+runtime, orders and admits requests. It holds no tensors of the model and no pool objects,
+only the indices the scheduler hands it.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+_rid_counter = itertools.count()
+
+
+def new_rid() -> str:
+    return f"req-{next(_rid_counter)}-{time.monotonic_ns() % 1_000_000_000:09d}"
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Per-request sampling parameters, with OpenAI/SGLang names and defaults.
+
+    ``validate()`` raises ``ValueError`` for bad values; the API maps it to HTTP 400.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+    skip_special_tokens: bool = True
+
+    def validate(self) -> SamplingParams:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
+            raise ValueError(
+                f"max_new_tokens must be a non-negative integer, got {self.max_new_tokens!r}"
+            )
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not -2 <= self.frequency_penalty <= 2:
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if not -2 <= self.presence_penalty <= 2:
+            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        if not 0 < self.repetition_penalty <= 2:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids must be non-negative integers")
+        return self
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishKind(enum.Enum):
+    STOP_TOKEN = "stop"  # EOS or a stop token id
+    STOP_STR = "stop_str"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True, slots=True)
+class FinishReason:
+    kind: FinishKind
+    matched: int | str | None = None  # the stop token id or stop string that matched
+    message: str = ""  # why, for aborts and errors
+
+    @property
+    def openai_reason(self) -> str:
+        """The OpenAI ``finish_reason``: ``stop``, ``length`` or ``abort``."""
+        if self.kind in (FinishKind.STOP_TOKEN, FinishKind.STOP_STR):
+            return "stop"
+        return self.kind.value
+
+
+@dataclass(eq=False)
+class Req:
+    """One generation request and its place in the KV memory.
+
+    Token spans (one vocabulary everywhere):
+      ``prompt_len``  = len(origin_input_ids)
+      ``output_len``  = len(output_ids)
+      ``seq_len``     = prompt_len + output_len
+      ``prefix_len``  = len(prefix_indices): tokens whose KV this request already owns or
+                        shares with the tree (cache hit plus what earlier chunks computed)
+      ``extend_len``  = tokens computed in the current EXTEND step
+    """
+
+    rid: str
+    origin_input_ids: list[int]
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    priority: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+    extra_key: str | None = None
+    eos_token_ids: frozenset[int] = frozenset()
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1  # >= 0: also return logprobs of prompt tokens from here on
+
+    output_ids: list[int] = field(default_factory=list)
+    status: ReqStatus = ReqStatus.WAITING
+    finish_reason: FinishReason | None = None
+
+    # KV bookkeeping, owned by the scheduler
+    req_pool_idx: int | None = None
+    prefix_indices: Any = None  # torch int64 tensor of KV slots of the matched/computed prefix
+    last_node: Any = None  # the radix node that prefix_indices ends at (locked while running)
+    extend_len: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the cache, summed over (re)admissions
+    is_chunked: int = 0  # > 0 while the request is being prefilled in chunks
+    num_preemptions: int = 0
+    num_retractions: int = 0
+    skipped_passes: int = 0  # passes it was passed over by a cache-aware policy (aging)
+
+    # outputs for logprobs
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    input_logprobs: list[float] = field(default_factory=list)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.origin_input_ids)
+
+    @property
+    def output_len(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def prefix_len(self) -> int:
+        return 0 if self.prefix_indices is None else len(self.prefix_indices)
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """Every token whose KV the request needs: prompt plus output so far."""
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.sampling_params.max_new_tokens
+
+    def remaining_new_tokens(self) -> int:
+        return max(self.sampling_params.max_new_tokens - len(self.output_ids), 0)

@@ -1,0 +1,133 @@
+"""Stateful property tests: RadixCache against a naive reference of token prefixes."""
+
+from __future__ import annotations
+
+import itertools
+
+import hypothesis.strategies as st
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from radixserve.radix import RadixCache
+
+EXTRA_KEYS = (None, "salt-a")
+
+
+class NaiveReference:
+    """Every cached page-aligned prefix ``(extra_key, tokens[:k])`` maps to the slots of its last
+    page (``page_size`` of them), so with ``page_size == 1`` each token prefix has one slot."""
+
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+        self.slots_of: dict[tuple, tuple[int, ...]] = {}
+
+    def match(self, key: list[int], extra: str | None) -> list[int]:
+        out: list[int] = []
+        ps = self.page_size
+        for end in range(ps, len(key) + 1, ps):
+            slots = self.slots_of.get((extra, tuple(key[:end])))
+            if slots is None:
+                break
+            out.extend(slots)
+        return out
+
+    def insert(self, key: list[int], slots: list[int], extra: str | None) -> int:
+        present = len(self.match(key, extra))
+        ps = self.page_size
+        for end in range(present + ps, len(key) + 1, ps):
+            self.slots_of[(extra, tuple(key[:end]))] = tuple(slots[end - ps : end])
+        return present
+
+    def all_slots(self) -> set[int]:
+        return {s for slots in self.slots_of.values() for s in slots}
+
+    def num_tokens(self) -> int:
+        return len(self.slots_of) * self.page_size
+
+
+def make_machine(page_size: int, max_len: int):
+    keys = st.lists(st.integers(0, 3), min_size=0, max_size=max_len)
+
+    class RadixMachine(RuleBasedStateMachine):
+        @initialize()
+        def setup(self) -> None:
+            self.tree = RadixCache(page_size)
+            self.ref = NaiveReference(page_size)
+            self.next_slot = itertools.count(1)
+            self.locks: list[tuple[object, str | None, tuple[int, ...]]] = []
+
+        @rule(key=keys, extra=st.sampled_from(EXTRA_KEYS))
+        def insert(self, key: list[int], extra: str | None) -> None:
+            slots = [next(self.next_slot) for _ in key]
+            present = self.tree.insert(key, torch.tensor(slots, dtype=torch.int64), extra)
+            assert present == self.ref.insert(key, slots, extra)
+
+        @rule(key=keys, extra=st.sampled_from(EXTRA_KEYS))
+        def match(self, key: list[int], extra: str | None) -> None:
+            result = self.tree.match_prefix(key, extra)
+            assert result.indices.tolist() == self.ref.match(key, extra)
+
+        @rule(key=keys, extra=st.sampled_from(EXTRA_KEYS))
+        def lock(self, key: list[int], extra: str | None) -> None:
+            result = self.tree.match_prefix(key, extra)
+            self.tree.inc_lock_ref(result.last_node)
+            self.locks.append((result.last_node, extra, tuple(key[: len(result.indices)])))
+
+        @precondition(lambda self: self.locks)
+        @rule(which=st.integers(0, 1000))
+        def unlock(self, which: int) -> None:
+            node, _, _ = self.locks.pop(which % len(self.locks))
+            self.tree.dec_lock_ref(node)
+
+        @rule(num_tokens=st.integers(0, 3 * max_len))
+        def evict(self, num_tokens: int) -> None:
+            before = self.tree.evictable_size()
+            leaves = [leaf for leaf in self.tree._leaves if leaf.lock_ref == 0]
+            freed = set(self.tree.evict(num_tokens).tolist())
+            assert len(freed) >= min(num_tokens, before)
+            locked = {s for key in self.locked_prefixes() for s in self.ref.slots_of[key]}
+            assert not freed & locked, "a locked prefix was evicted"
+            evicted = [leaf for leaf in leaves if set(leaf.value.tolist()) <= freed]
+            kept = [leaf for leaf in leaves if not set(leaf.value.tolist()) & freed]
+            if evicted and kept:
+                assert max(leaf.last_access_time for leaf in evicted) <= min(
+                    leaf.last_access_time for leaf in kept
+                ), "a more recently used leaf was evicted before a colder one"
+            assert freed <= self.ref.all_slots()
+            gone = {k for k, slots in self.ref.slots_of.items() if set(slots) & freed}
+            assert all(set(self.ref.slots_of[k]) <= freed for k in gone), "half a page was evicted"
+            self.ref.slots_of = {k: s for k, s in self.ref.slots_of.items() if k not in gone}
+            # eviction removes leaves only: the reference stays prefix-closed
+            ps = self.ref.page_size
+            for extra, prefix in self.ref.slots_of:
+                if len(prefix) > ps:
+                    assert (extra, prefix[:-ps]) in self.ref.slots_of
+
+        def locked_prefixes(self) -> set[tuple]:
+            ps = self.ref.page_size
+            return {(e, p[:end]) for _, e, p in self.locks for end in range(ps, len(p) + 1, ps)}
+
+        @invariant()
+        def sizes_add_up(self) -> None:
+            self.tree.check_integrity()
+            total = self.ref.num_tokens()
+            assert self.tree.total_size() == total
+            num_locked = len(self.locked_prefixes()) * self.ref.page_size
+            assert self.tree.protected_size() == num_locked
+            assert self.tree.evictable_size() == total - num_locked
+
+    return RadixMachine
+
+
+@pytest.mark.parametrize(("page_size", "max_len"), [(1, 12), (4, 24), (16, 64)])
+def test_radix_cache_matches_reference(page_size: int, max_len: int) -> None:
+    machine = make_machine(page_size, max_len)
+    machine.TestCase.settings = settings(
+        max_examples=60,
+        stateful_step_count=40,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    machine.TestCase().runTest()
