@@ -116,17 +116,18 @@ class RadixCache:
         return pos
 
     def evict(self, num_tokens: int) -> torch.Tensor:
-        heap = [leaf for leaf in self._leaves if leaf.lock_ref == 0]
+        # (time, id, node) tuples compare in C: heapify stays cheap with thousands of leaves
+        heap = [(n.last_access_time, n.id, n) for n in self._leaves if n.lock_ref == 0]
         heapq.heapify(heap)
         freed: list[torch.Tensor] = []
         num_freed = 0
         while num_freed < num_tokens and heap:
-            leaf = heapq.heappop(heap)
+            _, _, leaf = heapq.heappop(heap)
             freed.append(leaf.value)
             num_freed += len(leaf)
             parent = self._delete_leaf(leaf)
             if parent is not self._root and parent.is_leaf and parent.lock_ref == 0:
-                heapq.heappush(heap, parent)
+                heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
         self._evictable_size -= num_freed
         return torch.cat(freed) if freed else _EMPTY_VALUE
 

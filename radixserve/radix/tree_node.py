@@ -54,9 +54,6 @@ class TreeNode:
     def __len__(self) -> int:
         return len(self.key)
 
-    def __lt__(self, other: TreeNode) -> bool:
-        return (self.last_access_time, self.id) < (other.last_access_time, other.id)
-
     def __repr__(self) -> str:
         head = self.key[:6].tolist()
         more = "..." if len(self.key) > 6 else ""
