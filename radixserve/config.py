@@ -22,8 +22,9 @@ class SchedulerConstants:
     retract_decode_steps: int = 20
     priority_preemption_threshold: int = 10
     max_skipped_passes: int = (
-        8  # aging bound: a passed-over request is served after this many passes
+        8  # aging bound: a request overtaken this many passes goes first; <= 0 turns aging off
     )
+    ignore_eos_reserve_tokens: int = 1  # per request, in the ignore_eos admission check
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +73,54 @@ class EngineConfig:
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name)
     return int(value) if value else None
+
+
+DEFAULT_MODEL_NAME = "radixserve-smoke-test-random"
+DEFAULT_MODEL_DIR_ENV = "RADIXSERVE_DEFAULT_MODEL_DIR"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """What ``radixserve serve`` chooses beyond the engine: where to listen, who may call.
+
+    ``served_model_name`` is the name ``/v1/models`` lists and the OpenAI routes accept (the
+    model path is accepted too); ``None``: the model directory's name. ``is_default_model``
+    marks the embedded random-weight smoke-test model, so the log and ``/v1/models`` say so.
+    """
+
+    engine: EngineConfig
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    served_model_name: str | None = None
+    is_default_model: bool = False
+    log_level: str = "info"
+    startup_timeout_s: float = 600.0  # loading the model in the scheduler process
+    default_max_new_tokens: int = 128  # /generate without max_new_tokens (SGLang's default)
+
+    def __post_init__(self) -> None:
+        if self.engine.model_path is None:
+            raise ValueError("ServerConfig needs engine.model_path (resolve the default first)")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65536), got {self.port}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must be non-empty when given")
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        if self.is_default_model:
+            return DEFAULT_MODEL_NAME
+        assert self.engine.model_path is not None
+        return os.path.basename(os.path.normpath(self.engine.model_path))
+
+
+def default_model_dir() -> str:
+    """Where the embedded default model lives: ``$RADIXSERVE_DEFAULT_MODEL_DIR``, else
+    ``$XDG_CACHE_HOME/radixserve/default-model``, else ``~/.cache/radixserve/default-model``."""
+    explicit = os.environ.get(DEFAULT_MODEL_DIR_ENV)
+    if explicit:
+        return os.path.expanduser(explicit)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "radixserve", "default-model")

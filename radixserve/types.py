@@ -108,8 +108,9 @@ class Req:
       ``prompt_len``  = len(origin_input_ids)
       ``output_len``  = len(output_ids)
       ``seq_len``     = prompt_len + output_len
-      ``prefix_len``  = len(prefix_indices): tokens whose KV this request already owns or
-                        shares with the tree (cache hit plus what earlier chunks computed)
+      ``prefix_len``  = len(prefix_indices): tokens whose KV the request shares with the tree
+                        (the cache hit, plus what earlier chunks computed and cached)
+      ``kv_len``      = tokens that have a KV slot in the request's ``req_to_token`` row
       ``extend_len``  = tokens computed in the current EXTEND step
     """
 
@@ -132,6 +133,7 @@ class Req:
     req_pool_idx: int | None = None
     prefix_indices: Any = None  # torch int64 tensor of KV slots of the matched/computed prefix
     last_node: Any = None  # the radix node that prefix_indices ends at (locked while running)
+    kv_len: int = 0  # row[:kv_len] holds slots; row[prefix_len:kv_len] are the request's own
     extend_len: int = 0
     cached_tokens: int = 0  # prompt tokens served from the cache, summed over (re)admissions
     is_chunked: int = 0  # > 0 while the request is being prefilled in chunks

@@ -1,0 +1,130 @@
+"""PrefillBudget: the token and slot budgets of one admission pass (seed 004 sections 6 and 10)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Protocol
+
+from radixserve.policy.preemption import freeable_tokens
+from radixserve.radix.base import PrefixCache
+from radixserve.types import Req
+
+
+class AddReqResult(enum.Enum):
+    """The budget after a call: keep offering (CONTINUE), out of KV memory (NO_TOKEN), or out of
+    another budget (OTHER: prefill tokens, chunk, running slots). A request is admitted iff it
+    was appended to ``can_run_list``; the result may say that the budget is now spent."""
+
+    CONTINUE = enum.auto()
+    NO_TOKEN = enum.auto()
+    OTHER = enum.auto()
+
+
+class FreeSlots(Protocol):
+    def available_size(self) -> int: ...
+
+
+class PrefillBudget:
+    """Budgets in tokens. ``available`` (allocator) and ``evictable`` (tree) are read live, so a
+    lock taken on the tree shows at once.
+
+    - ``rem_total_tokens = available + evictable - reserved - admitted``: ``reserved`` sums
+      ``min(max_new - generated, clip_max_new_tokens) * new_token_ratio`` over the running
+      requests; ``admitted`` sums the page-rounded inputs plus ``min(max_new - generated, clip)``
+      of the requests admitted this pass (no decode tokens for a truncated chunk).
+    - ``cur_rem_tokens = available + evictable - inputs admitted``: memory needed right now.
+    - ``rem_input_tokens`` starts at ``max_prefill_tokens``, ``rem_chunk_tokens`` at
+      ``chunked_prefill_size`` (None: no chunking); ``free_slots`` at ``max_new_reqs``.
+    - A preemption victim is credited its ``freeable_tokens``, its reservation and its slot.
+    """
+
+    def __init__(
+        self,
+        page_size: int,
+        tree_cache: PrefixCache,
+        allocator: FreeSlots,
+        running_reqs: Sequence[Req],
+        new_token_ratio: float,
+        max_prefill_tokens: int,
+        chunked_prefill_size: int | None,
+        max_new_reqs: int,
+        clip_max_new_tokens: int,
+    ) -> None:
+        if chunked_prefill_size is not None and chunked_prefill_size <= 0:
+            chunked_prefill_size = None
+        if chunked_prefill_size is not None and chunked_prefill_size < page_size:
+            raise ValueError(f"chunked_prefill_size {chunked_prefill_size} < page_size {page_size}")
+        self.page_size = page_size
+        self.tree_cache = tree_cache
+        self.allocator = allocator
+        self.new_token_ratio = new_token_ratio
+        self.clip_max_new_tokens = clip_max_new_tokens
+        self.rem_input_tokens = max_prefill_tokens
+        self.rem_chunk_tokens = chunked_prefill_size
+        self.free_slots = max_new_reqs
+        self._total_offset = float(sum(self.reserved(r) for r in running_reqs))
+        self._cur_offset = 0.0
+
+    @property
+    def rem_total_tokens(self) -> float:
+        return self._free_and_evictable() - self._total_offset
+
+    @property
+    def cur_rem_tokens(self) -> float:
+        return self._free_and_evictable() - self._cur_offset
+
+    def state(self) -> AddReqResult:
+        if self.rem_total_tokens <= 0 or self.cur_rem_tokens <= 0:
+            return AddReqResult.NO_TOKEN
+        if self.rem_input_tokens <= 0 or self.free_slots <= 0:
+            return AddReqResult.OTHER
+        if self.rem_chunk_tokens is not None and self.rem_chunk_tokens <= 0:
+            return AddReqResult.OTHER
+        return AddReqResult.CONTINUE
+
+    # ---- per-request quantities ----------------------------------------------------------
+    def new_tokens(self, req: Req) -> int:
+        """Decode tokens budgeted for ``req``: what is left of ``max_new_tokens``, clipped."""
+        return min(req.remaining_new_tokens(), self.clip_max_new_tokens)
+
+    def reserved(self, req: Req) -> float:
+        """What a running request keeps reserved for its decoding."""
+        return self.new_tokens(req) * self.new_token_ratio
+
+    def ceil_pages(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size) * self.page_size
+
+    def needs_chunking(self, input_tokens: int) -> bool:
+        return self.rem_chunk_tokens is not None and input_tokens > self.rem_chunk_tokens
+
+    def chunk_len(self) -> int:
+        """The longest chunk that fits the chunk budget, in whole pages."""
+        if self.rem_chunk_tokens is None:
+            return 0
+        return self.rem_chunk_tokens // self.page_size * self.page_size
+
+    # ---- updates -------------------------------------------------------------------------
+    def charge(self, input_tokens: int, new_tokens: int, takes_slot: bool) -> None:
+        self._total_offset += input_tokens + new_tokens
+        self._cur_offset += input_tokens
+        self.rem_input_tokens -= input_tokens
+        if self.rem_chunk_tokens is not None:
+            self.rem_chunk_tokens -= input_tokens
+        self.free_slots -= takes_slot
+
+    def credit(self, victim: Req) -> None:
+        """Count a preemption victim's memory and slot as free."""
+        freed = freeable_tokens(victim)
+        self._total_offset -= freed + self.reserved(victim)
+        self._cur_offset -= freed
+        self.free_slots += 1
+
+    def snapshot(self) -> tuple[float, float, int]:
+        return self._total_offset, self._cur_offset, self.free_slots
+
+    def restore(self, snapshot: tuple[float, float, int]) -> None:
+        self._total_offset, self._cur_offset, self.free_slots = snapshot
+
+    def _free_and_evictable(self) -> int:
+        return self.allocator.available_size() + self.tree_cache.evictable_size()

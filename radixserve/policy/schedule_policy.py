@@ -1,0 +1,162 @@
+"""SchedulePolicy: the order in which waiting requests are offered to the PrefillAdder."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+import torch
+
+from radixserve.config import SchedulerConstants
+from radixserve.policy.dfs_weight import dfs_weight_rank
+from radixserve.policy.prefix_match import match_key, match_req_prefix
+from radixserve.policy.sort_keys import (
+    CACHE_AWARE_POLICIES,
+    DFS_WEIGHT,
+    FCFS,
+    LPM,
+    RANDOM,
+    SORT_KEYS,
+    PassFacts,
+    urgency_key,
+)
+from radixserve.radix.base import PrefixCache
+from radixserve.radix.radix_cache import RadixCache
+from radixserve.types import Req
+
+
+class SchedulePolicy:
+    """Orders the waiting queue once per scheduling pass (SGLang's ``SchedulePolicy``, seed 004).
+
+    Policies: ``fcfs`` (default: by arrival time), ``lof`` (largest ``max_new_tokens`` first),
+    ``random`` (seeded), and the cache-aware ``lpm`` (longest cached prefix first) and
+    ``dfs-weight`` (requests of the most requested radix branch together). With a disabled tree
+    (``NoPrefixCache``) a cache-aware policy acts as FCFS. LPM falls back to FCFS for a pass in
+    which more than ``constants.lpm_fallback_queue_len`` (128) requests wait.
+
+    In-batch prefix deprioritization (LPM): walking the queue in its current order, a request
+    whose real match is at most ``in_batch_prefix_caching_check_threshold`` (32) tokens is
+    matched against a simulated tree (never the real cache), rebuilt every pass. If that match is
+    at least ``in_batch_prefix_caching_deprioritize_threshold`` (32) tokens, the request goes to
+    the back for this pass: an earlier one will cache the shared prefix first. Otherwise all its
+    tokens are inserted into the simulated tree.
+
+    Priority scheduling (``enable_priority_scheduling``): priority is the first sort key, the
+    policy's order the second. Direction: a larger ``priority`` value is more urgent (SGLang's
+    default); with ``schedule_low_priority_values_first`` a smaller value is.
+
+    Anti-starvation aging (beyond SGLang, for ``lpm`` and ``dfs-weight``): ``on_pass_done`` counts
+    in ``req.skipped_passes`` the passes in which a later-arriving request was admitted while
+    ``req`` kept waiting. A request that reached ``constants.max_skipped_passes`` sorts before
+    every non-aged request of its priority class, FCFS among aged ones. So a request is overtaken
+    in at most ``max_skipped_passes`` passes; after that only older aged requests (and more urgent
+    priorities) go before it. ``max_skipped_passes <= 0`` turns aging off.
+    """
+
+    def __init__(
+        self,
+        policy: str,
+        tree_cache: PrefixCache,
+        constants: SchedulerConstants | None = None,
+        enable_priority_scheduling: bool = False,
+        schedule_low_priority_values_first: bool = False,
+        seed: int = 0,
+    ) -> None:
+        if policy not in SORT_KEYS:
+            raise ValueError(
+                f"unknown schedule policy {policy!r}; expected one of {list(SORT_KEYS)}"
+            )
+        self.configured_policy = policy
+        self.policy = FCFS if policy in CACHE_AWARE_POLICIES and tree_cache.is_disabled else policy
+        self.tree_cache = tree_cache
+        self.constants = constants if constants is not None else SchedulerConstants()
+        self.enable_priority_scheduling = enable_priority_scheduling
+        self.schedule_low_priority_values_first = schedule_low_priority_values_first
+        self._rng = random.Random(seed)
+        self._in_batch_tree = RadixCache.create_simulated(tree_cache.page_size)
+
+    @property
+    def is_aging(self) -> bool:
+        return self.policy in CACHE_AWARE_POLICIES and self.constants.max_skipped_passes > 0
+
+    def calc_priority(self, waiting_queue: list[Req]) -> bool:
+        """Sort ``waiting_queue`` in place, most favoured first.
+
+        Returns True when this pass matched every request against the tree (a cache-aware policy
+        ran): ``prefix_indices`` / ``last_node`` are then fresh. On False the caller runs
+        ``match_req_prefix`` on each request before offering it to the ``PrefillAdder``.
+        """
+        policy = self._active_policy(waiting_queue)
+        facts = PassFacts()
+        if policy == LPM:
+            facts = PassFacts(deprioritized=self._compute_prefix_matches(waiting_queue, True))
+        elif policy == DFS_WEIGHT:
+            self._compute_prefix_matches(waiting_queue, False)
+            facts = PassFacts(dfs_rank=dfs_weight_rank(waiting_queue, self.tree_cache.root))
+        elif policy == RANDOM:
+            facts = PassFacts(random_rank={r.rid: self._rng.random() for r in waiting_queue})
+        waiting_queue.sort(key=self._composite_key(policy, facts))
+        return policy in CACHE_AWARE_POLICIES
+
+    def on_pass_done(self, still_waiting: Sequence[Req], admitted: Sequence[Req]) -> None:
+        """Aging bookkeeping; call once after every admission pass, even one that admitted none.
+
+        ``admitted``: the requests taken from the waiting queue this pass (``can_run_list``;
+        the continuing chunked request may be included). ``still_waiting``: the queue left.
+        A waiting request that arrived before some admitted one was overtaken:
+        ``skipped_passes += 1``. Admitted requests restart at 0.
+        """
+        if admitted:
+            newest = max(r.arrival_time for r in admitted)
+            for req in still_waiting:
+                if req.arrival_time < newest:
+                    req.skipped_passes += 1
+        for req in admitted:
+            req.skipped_passes = 0
+
+    # ---- internals -----------------------------------------------------------------------
+    def _active_policy(self, waiting_queue: Sequence[Req]) -> str:
+        if self.policy == LPM and len(waiting_queue) > self.constants.lpm_fallback_queue_len:
+            return FCFS  # matching every request costs too much on a long queue
+        return self.policy
+
+    def _compute_prefix_matches(
+        self, waiting_queue: Sequence[Req], in_batch: bool
+    ) -> frozenset[str]:
+        """Match every request against the real tree; with ``in_batch``, also return the rids
+        deprioritized by the in-batch check (see the class docstring)."""
+        check = self.constants.in_batch_prefix_caching_check_threshold
+        threshold = self.constants.in_batch_prefix_caching_deprioritize_threshold
+        deprioritized: set[str] = set()
+        sim = self._in_batch_tree
+        sim.reset()
+        for req in waiting_queue:
+            match_req_prefix(req, self.tree_cache)
+            if not in_batch or req.prefix_len > check:
+                continue
+            # Match what this request could reuse (all but its last token) against everything the
+            # earlier ones will leave in the cache (all of their tokens).
+            in_batch_len = len(sim.match_prefix(match_key(req), req.extra_key).indices)
+            if in_batch_len >= threshold:
+                deprioritized.add(req.rid)
+            else:
+                fill_ids = req.fill_ids
+                sim.insert(fill_ids, torch.empty(len(fill_ids), dtype=torch.int64), req.extra_key)
+        return frozenset(deprioritized)
+
+    def _composite_key(
+        self, policy: str, facts: PassFacts
+    ) -> Callable[[Req], tuple[int, int, float]]:
+        policy_key = SORT_KEYS[policy]
+        with_priority = self.enable_priority_scheduling
+        low_first = self.schedule_low_priority_values_first
+        aging = self.is_aging
+        bound = self.constants.max_skipped_passes
+
+        def key(req: Req) -> tuple[int, int, float]:
+            rank = urgency_key(req, low_first) if with_priority else 0
+            if aging and req.skipped_passes >= bound:
+                return (rank, 0, req.arrival_time)
+            return (rank, 1, policy_key(req, facts))
+
+        return key

@@ -1,0 +1,86 @@
+"""Waiting-queue orderings as pure sort-key functions, one per policy, in a registry.
+
+A key maps a request and the facts of this pass (:class:`PassFacts`) to something that sorts
+ascending: the request with the smallest key is admitted first. Sorting is stable, so equal keys
+keep the queue order. ``SchedulePolicy`` composes a policy key with :func:`urgency_key` (priority
+scheduling) and with aging; nothing here mutates a request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from radixserve.types import Req
+
+FCFS = "fcfs"
+LOF = "lof"
+RANDOM = "random"
+LPM = "lpm"
+DFS_WEIGHT = "dfs-weight"
+CACHE_AWARE_POLICIES = frozenset({LPM, DFS_WEIGHT})
+
+
+@dataclass(frozen=True, slots=True)
+class PassFacts:
+    """What one ``calc_priority`` pass learned, keyed by ``rid``.
+
+    ``deprioritized``: requests pushed to the back by the in-batch prefix check (LPM).
+    ``dfs_rank``: position of each request in the DFS-weight traversal.
+    ``random_rank``: a seeded random number per request (RANDOM).
+    """
+
+    deprioritized: frozenset[str] = frozenset()
+    dfs_rank: Mapping[str, int] = field(default_factory=dict)
+    random_rank: Mapping[str, float] = field(default_factory=dict)
+
+
+SortKey = Callable[[Req, PassFacts], float]
+
+
+def fcfs_key(req: Req, facts: PassFacts) -> float:
+    """First come, first served: earlier ``arrival_time`` first. A preempted or retracted request
+    keeps its arrival time, so it returns to its old place near the front."""
+    return req.arrival_time
+
+
+def lof_key(req: Req, facts: PassFacts) -> float:
+    """Longest output first: larger ``max_new_tokens`` first (SGLang's LOF)."""
+    return -req.sampling_params.max_new_tokens
+
+
+def random_key(req: Req, facts: PassFacts) -> float:
+    return facts.random_rank[req.rid]
+
+
+def lpm_key(req: Req, facts: PassFacts) -> float:
+    """Longest prefix match first; in-batch deprioritized requests last (SGLang's LPM)."""
+    return math.inf if req.rid in facts.deprioritized else -req.prefix_len
+
+
+def dfs_weight_key(req: Req, facts: PassFacts) -> float:
+    return facts.dfs_rank[req.rid]
+
+
+SORT_KEYS: dict[str, SortKey] = {
+    FCFS: fcfs_key,
+    LOF: lof_key,
+    RANDOM: random_key,
+    LPM: lpm_key,
+    DFS_WEIGHT: dfs_weight_key,
+}
+
+
+def urgency(priority: int, low_values_first: bool) -> int:
+    """How urgent a priority value is: larger is more urgent.
+
+    SGLang's default direction: a larger ``priority`` value is more urgent. With
+    ``low_values_first`` (``--schedule-low-priority-values-first``) a smaller value is.
+    """
+    return -priority if low_values_first else priority
+
+
+def urgency_key(req: Req, low_values_first: bool) -> int:
+    """Sort key for priority scheduling: the most urgent request sorts first."""
+    return -urgency(req.priority, low_values_first)
