@@ -10,8 +10,9 @@ _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
 class NoPrefixCache:
-    """Caches nothing. ``insert`` takes nothing (returns the whole length), so the caller frees all
-    it allocated; matches are always empty; locks are no-ops."""
+    """Caches nothing. ``insert`` takes nothing: like ``RadixCache`` it looks at whole pages only
+    and reports them all as already present, so the caller frees every page it allocated (and its
+    partial last page, which no cache takes). Matches are always empty; locks are no-ops."""
 
     def __init__(self, page_size: int = 1) -> None:
         self.page_size = page_size
@@ -29,7 +30,7 @@ class NoPrefixCache:
         return MatchResult(_EMPTY, self._root)
 
     def insert(self, key: TokenKey, value: torch.Tensor, extra_key: str | None = None) -> int:
-        return len(value)
+        return len(value) - len(value) % self.page_size
 
     def evict(self, num_tokens: int) -> torch.Tensor:
         return _EMPTY

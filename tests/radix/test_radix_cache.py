@@ -101,3 +101,4 @@ def test_no_prefix_cache_is_a_null_object() -> None:
     assert result.indices.numel() == 0
     assert cache.inc_lock_ref(result.last_node) == 0 and cache.evict(5).numel() == 0
     assert cache.total_size() == 0
+    assert NoPrefixCache(page_size=4).insert(list(range(6)), torch.arange(6)) == 4

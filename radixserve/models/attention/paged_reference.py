@@ -1,0 +1,149 @@
+"""A pure-torch implementation of FlashInfer's paged-attention contract, for CPU tests.
+
+Same inputs as FlashInfer's batch wrappers: a paged K/V cache in NHD layout
+``[num_pages, page_size, num_kv_heads, head_dim]``, ``kv_indptr`` / ``kv_indices`` /
+``kv_last_page_len`` in CSR form and, for prefill, ``qo_indptr``. Causal masking is aligned to
+the end of each request's KV (query ``i`` of ``qo_len`` sits at ``kv_len - qo_len + i``), and
+``window_left = w >= 0`` restricts query position ``p`` to keys in ``[p - w, p]``.
+
+:class:`ReferencePrefillWrapper` / :class:`ReferenceDecodeWrapper` mimic the ``plan``/``run``
+methods of ``flashinfer.BatchPrefillWithPagedKVCacheWrapper`` /
+``BatchDecodeWithPagedKVCacheWrapper``, so :class:`FlashInferBackend` runs on CPU with them.
+Written for clarity (a loop over requests, float32 math), not speed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def paged_attention_reference(
+    q: torch.Tensor,  # [total_q, num_qo_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_pages, page_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_pages, page_size, num_kv_heads, head_dim]
+    qo_indptr: torch.Tensor,  # [bs + 1]
+    kv_indptr: torch.Tensor,  # [bs + 1]: request b's pages are kv_indices[kv_indptr[b]:kv_indptr[b+1]]
+    kv_indices: torch.Tensor,  # [num_used_pages]
+    kv_last_page_len: torch.Tensor,  # [bs]: valid slots of each request's last page, 1..page_size
+    causal: bool = True,
+    sm_scale: float | None = None,
+    window_left: int = -1,
+) -> torch.Tensor:  # [total_q, num_qo_heads, head_dim]
+    page_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    group = q.shape[1] // num_kv_heads
+    scale = head_dim**-0.5 if sm_scale is None else sm_scale
+    out = torch.empty_like(q)
+    qo, kvp, last = qo_indptr.tolist(), kv_indptr.tolist(), kv_last_page_len.tolist()
+    for b in range(len(qo) - 1):
+        pages = kv_indices[kvp[b] : kvp[b + 1]].long()
+        kv_len = (len(pages) - 1) * page_size + last[b]
+        k = (
+            k_cache[pages]
+            .reshape(-1, num_kv_heads, head_dim)[:kv_len]
+            .float()
+            .repeat_interleave(group, dim=1)
+        )
+        v = (
+            v_cache[pages]
+            .reshape(-1, num_kv_heads, head_dim)[:kv_len]
+            .float()
+            .repeat_interleave(group, dim=1)
+        )
+        qb = q[qo[b] : qo[b + 1]].float()
+        qo_len = qb.shape[0]
+        scores = torch.einsum("qhd,khd->hqk", qb, k) * scale
+        qpos = torch.arange(kv_len - qo_len, kv_len).unsqueeze(1)
+        kpos = torch.arange(kv_len).unsqueeze(0)
+        visible = kpos <= qpos if causal else torch.ones(qo_len, kv_len, dtype=torch.bool)
+        if window_left >= 0:
+            visible = visible & (kpos >= qpos - window_left)
+        probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        out[qo[b] : qo[b + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+    return out
+
+
+class ReferencePrefillWrapper:
+    """``plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads,
+    head_dim, page_size, causal=..., sm_scale=..., window_left=...)`` then ``run(q, (k, v))``."""
+
+    def __init__(self) -> None:
+        self._plan: dict[str, Any] = {}
+
+    def plan(
+        self,
+        qo_indptr: torch.Tensor,
+        paged_kv_indptr: torch.Tensor,
+        paged_kv_indices: torch.Tensor,
+        paged_kv_last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        page_size: int,
+        causal: bool = False,
+        sm_scale: float | None = None,
+        window_left: int = -1,
+        **_: Any,
+    ) -> None:
+        self._plan = dict(
+            qo_indptr=qo_indptr,
+            kv_indptr=paged_kv_indptr,
+            kv_indices=paged_kv_indices,
+            kv_last_page_len=paged_kv_last_page_len,
+            causal=causal,
+            sm_scale=sm_scale,
+            window_left=window_left,
+        )
+
+    def run(
+        self, q: torch.Tensor, paged_kv_cache: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        return paged_attention_reference(q, *paged_kv_cache, **self._plan)
+
+
+class ReferenceDecodeWrapper:
+    """``plan(kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads, head_dim,
+    page_size, sm_scale=..., window_left=...)`` then ``run(q, (k, v))`` with one query per request."""
+
+    def __init__(self) -> None:
+        self._plan: dict[str, Any] = {}
+
+    def plan(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        sm_scale: float | None = None,
+        window_left: int = -1,
+        **_: Any,
+    ) -> None:
+        bs = len(last_page_len)
+        self._plan = dict(
+            qo_indptr=torch.arange(bs + 1),
+            kv_indptr=indptr,
+            kv_indices=indices,
+            kv_last_page_len=last_page_len,
+            causal=False,
+            sm_scale=sm_scale,
+            window_left=window_left,
+        )
+
+    def run(
+        self, q: torch.Tensor, paged_kv_cache: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        return paged_attention_reference(q, *paged_kv_cache, **self._plan)
+
+
+class ReferenceWrappers:
+    """A wrapper factory for :class:`FlashInferBackend` that needs no GPU."""
+
+    def prefill(self) -> ReferencePrefillWrapper:
+        return ReferencePrefillWrapper()
+
+    def decode(self) -> ReferenceDecodeWrapper:
+        return ReferenceDecodeWrapper()

@@ -1,0 +1,161 @@
+"""ForwardBatch: what one model forward computes, in the vocabulary of DESIGN.md section 6.
+
+Memory contract (who writes what):
+
+- The scheduler allocates KV slots for the tokens of this step and writes
+  ``req_to_token[req_pool_indices[i], prefix_len_i : seq_len_i] = out_cache_loc[<tokens of i>]``
+  *before* calling :meth:`ModelRunner.forward`.
+- The attention layers write the new K/V at ``out_cache_loc`` and read each request's whole
+  sequence through ``req_to_token[req_pool_indices[i], :seq_len_i]``. Nothing else is written.
+
+Tokens are laid out request after request: request ``i`` owns ``extend_len_i`` consecutive
+entries of ``input_ids``/``positions``/``out_cache_loc`` (exactly one in DECODE mode).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = "extend"  # new tokens of each request on top of a cached prefix (length >= 0)
+    DECODE = "decode"  # exactly one new token per request
+
+
+@dataclass(eq=False, slots=True)
+class ForwardBatch:
+    """The inputs of one forward. Build it with :meth:`extend` or :meth:`decode`.
+
+    Tensors live on the model's device; the ``*_list`` fields are host copies of the same
+    numbers, used to shape metadata without a device-to-host sync.
+    """
+
+    forward_mode: ForwardMode
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64: position of each token in its sequence
+    req_pool_indices: torch.Tensor  # [bs] int64: each request's row of req_to_token
+    seq_lens: torch.Tensor  # [bs] int64: KV length after this step (prefix + extend)
+    extend_prefix_lens: torch.Tensor  # [bs] int64: tokens already in the pool (DECODE: seq_len - 1)
+    extend_seq_lens: torch.Tensor  # [bs] int64: tokens computed this step (DECODE: 1)
+    out_cache_loc: torch.Tensor  # [num_tokens] int64: KV slot written for each token
+    seq_lens_list: list[int]
+    extend_prefix_lens_list: list[int]
+    extend_seq_lens_list: list[int]
+    # EXTEND only, per request: None, or an offset ``s`` inside the request's extend tokens; the
+    # runner then also returns log P(token[j + 1] | tokens <= j) for extend offsets j in [s, len - 1)
+    input_logprob_start: list[int | None] | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens_list)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def is_decode(self) -> bool:
+        return self.forward_mode is ForwardMode.DECODE
+
+    @classmethod
+    def extend(
+        cls,
+        input_ids: Sequence[int] | torch.Tensor,
+        req_pool_indices: Sequence[int],
+        prefix_lens: Sequence[int],
+        extend_lens: Sequence[int],
+        out_cache_loc: torch.Tensor,
+        device: torch.device | str = "cpu",
+        input_logprob_start: Sequence[int | None] | None = None,
+    ) -> ForwardBatch:
+        """An EXTEND batch: request ``i`` computes ``extend_lens[i] >= 1`` tokens after a cached
+        prefix of ``prefix_lens[i] >= 0`` tokens; ``input_ids`` is their concatenation."""
+        prefix, ext = list(prefix_lens), list(extend_lens)
+        if not (len(prefix) == len(ext) == len(req_pool_indices)) or not ext:
+            raise ValueError("an EXTEND batch needs one prefix_len and extend_len per request")
+        if min(ext) < 1 or min(prefix) < 0:
+            raise ValueError("extend_lens must be >= 1 and prefix_lens >= 0")
+        num_tokens = sum(ext)
+        if len(input_ids) != num_tokens or len(out_cache_loc) != num_tokens:
+            raise ValueError(
+                f"{num_tokens} extend tokens but {len(input_ids)} input ids / {len(out_cache_loc)} slots"
+            )
+        if input_logprob_start is not None:
+            starts = list(input_logprob_start)
+            if len(starts) != len(ext) or any(
+                s is not None and not 0 <= s < e for s, e in zip(starts, ext, strict=True)
+            ):
+                raise ValueError("input_logprob_start[i] must be None or in [0, extend_len_i)")
+            input_logprob_start = starts
+        seq = [p + e for p, e in zip(prefix, ext, strict=True)]
+        # positions = prefix_i + (0 .. extend_len_i - 1), built on the host from small lists
+        ext_t = torch.tensor(ext, dtype=torch.int64)
+        starts_t = torch.cumsum(ext_t, 0) - ext_t
+        offsets = torch.arange(num_tokens, dtype=torch.int64) - torch.repeat_interleave(
+            starts_t, ext_t
+        )
+        positions = offsets + torch.repeat_interleave(
+            torch.tensor(prefix, dtype=torch.int64), ext_t
+        )
+        return cls(
+            forward_mode=ForwardMode.EXTEND,
+            input_ids=_as_long(input_ids, device),
+            positions=positions.to(device),
+            req_pool_indices=_as_long(req_pool_indices, device),
+            seq_lens=torch.tensor(seq, dtype=torch.int64, device=device),
+            extend_prefix_lens=torch.tensor(prefix, dtype=torch.int64, device=device),
+            extend_seq_lens=ext_t.to(device),
+            out_cache_loc=_as_long(out_cache_loc, device),
+            seq_lens_list=seq,
+            extend_prefix_lens_list=prefix,
+            extend_seq_lens_list=ext,
+            input_logprob_start=input_logprob_start,
+        )
+
+    @classmethod
+    def decode(
+        cls,
+        input_ids: Sequence[int] | torch.Tensor,
+        req_pool_indices: Sequence[int],
+        seq_lens: Sequence[int],
+        out_cache_loc: torch.Tensor,
+        device: torch.device | str = "cpu",
+    ) -> ForwardBatch:
+        """A DECODE batch: one token per request; ``seq_lens[i]`` counts it (KV length after the
+        step), so the token sits at position ``seq_lens[i] - 1``. ``input_ids`` may be a device
+        tensor (overlap scheduling resolves it without a host sync)."""
+        seq = list(seq_lens)
+        bs = len(seq)
+        if (
+            bs == 0
+            or len(req_pool_indices) != bs
+            or len(input_ids) != bs
+            or len(out_cache_loc) != bs
+        ):
+            raise ValueError("a DECODE batch needs one input id, row, seq_len and slot per request")
+        if min(seq) < 1:
+            raise ValueError("seq_lens must be >= 1")
+        seq_t = torch.tensor(seq, dtype=torch.int64, device=device)
+        return cls(
+            forward_mode=ForwardMode.DECODE,
+            input_ids=_as_long(input_ids, device),
+            positions=seq_t - 1,
+            req_pool_indices=_as_long(req_pool_indices, device),
+            seq_lens=seq_t,
+            extend_prefix_lens=seq_t - 1,
+            extend_seq_lens=torch.ones(bs, dtype=torch.int64, device=device),
+            out_cache_loc=_as_long(out_cache_loc, device),
+            seq_lens_list=seq,
+            extend_prefix_lens_list=[s - 1 for s in seq],
+            extend_seq_lens_list=[1] * bs,
+        )
+
+
+def _as_long(values: Sequence[int] | torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    if isinstance(values, torch.Tensor):
+        return values.to(device=device, dtype=torch.int64)
+    return torch.tensor(list(values), dtype=torch.int64, device=device)

@@ -1,0 +1,127 @@
+"""ModelWorker: runs a ScheduleBatch (forward + sample), inline or in a worker thread.
+
+The sampled token of each request row is written into ``last_token[row]``; a DECODE batch reads
+its input ids from there when it runs, so batch N+1 can be prepared (and queued behind N in the
+single worker thread) before N's tokens reach the scheduler: no host sync between them.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from radixserve.runtime.model_runner import ModelRunner
+from radixserve.runtime.sampler import Sampler
+from radixserve.runtime.sampling_batch_info import SamplingBatchInfo
+from radixserve.runtime.schedule_batch import ScheduleBatch
+from radixserve.types import Req
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """Per request of the batch (``None`` where it did not sample)."""
+
+    next_token_ids: list[int | None]
+    logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # prompt-token logprobs computed in this forward, per request (None: none asked)
+    input_logprobs: list[list[float] | None] = field(default_factory=list)
+
+    def append_token(self, req: Req, i: int) -> None:
+        token = self.next_token_ids[i]
+        assert token is not None
+        req.output_ids.append(token)
+        if req.return_logprob and self.logprobs:
+            req.output_logprobs.append(self.logprobs[i])  # type: ignore[arg-type]
+            if req.top_logprobs_num and self.top_logprobs:
+                req.output_top_logprobs.append(self.top_logprobs[i])
+
+    def collect_input_logprobs(self, req: Req, i: int) -> None:
+        if self.input_logprobs and self.input_logprobs[i]:
+            req.input_logprobs.extend(self.input_logprobs[i])  # type: ignore[arg-type]
+
+
+class ModelWorker:
+    def __init__(self, runner: ModelRunner, max_rows: int, overlap: bool) -> None:
+        self.runner = runner
+        self.sampler = Sampler(seed=runner.config.random_seed, device=runner.device)
+        self.overlap = overlap
+        self.last_token = torch.zeros(max_rows, dtype=torch.int64, device=runner.device)
+        self._executor = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixserve-forward")
+            if overlap
+            else None
+        )
+
+    def submit(self, batch: ScheduleBatch) -> Future[BatchResult]:
+        """Queue ``batch`` behind the one running; the scheduler goes on meanwhile."""
+        assert self._executor is not None
+        info = self._sampling_info(batch)  # built now: it reads request state on this thread
+        return self._executor.submit(self._run, batch, info)
+
+    def run(self, batch: ScheduleBatch) -> BatchResult:
+        return self._run(batch, self._sampling_info(batch))
+
+    def shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    # ---- internals -------------------------------------------------------------------------
+    def _sampling_info(self, batch: ScheduleBatch) -> SamplingBatchInfo | None:
+        rows = [i for i, s in enumerate(batch.samples) if s]
+        if not rows:
+            return None
+        reqs = [batch.reqs[i] for i in rows]
+        info = SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size, self.runner.device)
+        # the draw index of a seeded stream: output tokens before this one (in flight included)
+        info.steps = [r.kv_len - r.prompt_len if batch.is_decode else r.output_len for r in reqs]
+        return info
+
+    def _run(self, batch: ScheduleBatch, info: SamplingBatchInfo | None) -> BatchResult:
+        fb = batch.forward_batch
+        assert fb is not None
+        if fb.is_decode:
+            fb.input_ids = self.last_token.index_select(0, fb.req_pool_indices)
+        out = self.runner.forward(fb)
+        n = len(batch.reqs)
+        result = BatchResult([None] * n, [None] * n, [[] for _ in range(n)], [None] * n)
+        if out.input_token_logprobs is not None:
+            for i, lp in enumerate(out.input_token_logprobs):
+                if lp is not None:
+                    result.input_logprobs[i] = lp.tolist()
+        self._boundary_logprobs(batch, out.next_token_logits, result)
+        rows = [i for i, s in enumerate(batch.samples) if s]
+        if info is None:
+            return result
+        logits = out.next_token_logits if len(rows) == n else out.next_token_logits[rows]
+        sampled = self.sampler(logits, info)
+        row_idx = torch.tensor(
+            [batch.reqs[i].req_pool_idx for i in rows],
+            dtype=torch.int64,
+            device=self.last_token.device,
+        )
+        self.last_token.index_copy_(0, row_idx, sampled.next_token_ids)
+        tokens = sampled.next_token_ids.tolist()
+        for j, i in enumerate(rows):
+            result.next_token_ids[i] = tokens[j]
+        if sampled.next_token_logprobs is not None:
+            lps = sampled.next_token_logprobs.tolist()
+            for j, i in enumerate(rows):
+                result.logprobs[i] = lps[j]
+        if sampled.top_logprobs is not None and sampled.top_logprob_ids is not None:
+            values, ids = sampled.top_logprobs.tolist(), sampled.top_logprob_ids.tolist()
+            for j, i in enumerate(rows):
+                k = info.top_logprobs_nums[j]
+                result.top_logprobs[i] = list(zip(ids[j][:k], values[j][:k], strict=True))
+        return result
+
+    @staticmethod
+    def _boundary_logprobs(batch: ScheduleBatch, logits: torch.Tensor, result: BatchResult) -> None:
+        """A mid-prompt chunk's last logits predict the next chunk's first token: keep that
+        prompt logprob too, so chunking never leaves a hole in ``input_logprobs``."""
+        for i, target in enumerate(batch.boundary_targets):
+            if target is not None:
+                lp = float(torch.log_softmax(logits[i], dim=-1)[target])
+                result.input_logprobs[i] = (result.input_logprobs[i] or []) + [lp]

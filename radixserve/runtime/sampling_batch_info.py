@@ -1,0 +1,163 @@
+"""SamplingBatchInfo: the sampling parameters of a batch, as tensors, built once per step.
+
+Semantics (what :class:`~radixserve.runtime.sampler.Sampler` applies, in this order):
+
+1. penalties on the raw logits:
+   - ``repetition_penalty`` (transformers/CTRL semantics) over every token that appears in the
+     prompt *or* the output so far: a positive logit is divided by it, a negative one multiplied;
+   - ``frequency_penalty`` and ``presence_penalty`` (OpenAI semantics) over the *output* tokens
+     only: ``logit -= frequency_penalty * count + presence_penalty * (count > 0)``;
+2. greedy rows (``temperature == 0`` or ``top_k == 1``) take the argmax of the penalised logits;
+3. other rows: divide by ``temperature``, keep the ``top_k`` largest (ties at the k-th value are
+   kept), then the smallest set of the most likely tokens whose renormalised mass reaches
+   ``top_p``, then the tokens with probability >= ``min_p`` times the largest, and sample from
+   the renormalised rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from radixserve.types import Req, SamplingParams
+
+
+@dataclass(eq=False, slots=True)
+class SamplingBatchInfo:
+    """Per-row parameters; build with :meth:`from_reqs` or :meth:`from_params`."""
+
+    vocab_size: int
+    temperatures: torch.Tensor  # [bs, 1] float32 (1.0 on greedy rows, which never divide by it)
+    top_ks: torch.Tensor  # [bs] int64 (vocab_size where disabled)
+    top_ps: torch.Tensor  # [bs] float32
+    min_ps: torch.Tensor  # [bs] float32
+    is_greedy: torch.Tensor  # [bs] bool
+    # host-side flags, so the sampler skips whole stages without a device sync
+    all_greedy: bool
+    any_greedy: bool
+    need_top_k: bool
+    need_top_p: bool
+    need_min_p: bool
+    max_top_k: int  # the largest enabled top_k (0 when none)
+    top_p_rows_have_top_k: bool  # every row with top_p < 1 also has a top_k
+    seeds: list[int | None]  # per-request seed (None: the sampler's own generator)
+    steps: list[int]  # output tokens so far: which draw of its seeded stream a row takes
+    # penalties, None when no row uses them
+    repetition_penalties: torch.Tensor | None  # [bs, 1] float32
+    repetition_mask: torch.Tensor | None  # [bs, vocab] bool: token in prompt or output
+    frequency_penalties: torch.Tensor | None  # [bs, 1] float32
+    presence_penalties: torch.Tensor | None  # [bs, 1] float32
+    output_counts: torch.Tensor | None  # [bs, vocab] float32: occurrences in the output
+    # logprobs
+    return_logprob: bool  # any row wants the chosen token's logprob
+    top_logprobs_nums: list[int]  # per row, how many alternatives to return
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seeds)
+
+    @classmethod
+    def from_reqs(
+        cls, reqs: Sequence[Req], vocab_size: int, device: torch.device | str = "cpu"
+    ) -> SamplingBatchInfo:
+        """From scheduler requests (their params, prompt, output so far and logprob wishes)."""
+        return cls.from_params(
+            [r.sampling_params for r in reqs],
+            [r.output_ids for r in reqs],
+            vocab_size,
+            device,
+            prompt_ids=[r.origin_input_ids for r in reqs],
+            return_logprob=[r.return_logprob for r in reqs],
+            top_logprobs_nums=[r.top_logprobs_num if r.return_logprob else 0 for r in reqs],
+        )
+
+    @classmethod
+    def from_params(
+        cls,
+        params: Sequence[SamplingParams],
+        output_ids: Sequence[Sequence[int]],
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+        prompt_ids: Sequence[Sequence[int]] | None = None,
+        return_logprob: bool | Sequence[bool] = False,
+        top_logprobs_nums: Sequence[int] | None = None,
+    ) -> SamplingBatchInfo:
+        """From parameters and each row's output tokens so far (``prompt_ids`` only matter for
+        ``repetition_penalty``). Raises ``ValueError`` for invalid parameters."""
+        bs = len(params)
+        if len(output_ids) != bs or (prompt_ids is not None and len(prompt_ids) != bs):
+            raise ValueError("one output_ids (and prompt_ids) list per request is needed")
+        for p in params:
+            p.validate()
+        greedy = [p.is_greedy for p in params]
+        ks = [vocab_size if p.top_k == -1 or p.top_k >= vocab_size else p.top_k for p in params]
+        sampled_rows = [i for i in range(bs) if not greedy[i]]
+        need_top_k = any(ks[i] < vocab_size for i in sampled_rows)
+        need_top_p = any(params[i].top_p < 1.0 for i in sampled_rows)
+        need_min_p = any(params[i].min_p > 0.0 for i in sampled_rows)
+        nums = list(top_logprobs_nums) if top_logprobs_nums is not None else [0] * bs
+        if any(n < 0 for n in nums):
+            raise ValueError("top_logprobs_num must be >= 0")
+        flags = [return_logprob] * bs if isinstance(return_logprob, bool) else list(return_logprob)
+
+        def col(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device).view(bs, 1)
+
+        info = cls(
+            vocab_size=vocab_size,
+            temperatures=col(
+                [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]
+            ),
+            top_ks=torch.tensor(ks, dtype=torch.int64, device=device),
+            top_ps=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            min_ps=torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
+            is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            all_greedy=not sampled_rows,
+            any_greedy=any(greedy),
+            need_top_k=need_top_k,
+            need_top_p=need_top_p,
+            need_min_p=need_min_p,
+            max_top_k=max((ks[i] for i in sampled_rows if ks[i] < vocab_size), default=0),
+            top_p_rows_have_top_k=all(
+                ks[i] < vocab_size for i in sampled_rows if params[i].top_p < 1.0
+            ),
+            seeds=[p.seed for p in params],
+            steps=[len(o) for o in output_ids],
+            repetition_penalties=None,
+            repetition_mask=None,
+            frequency_penalties=None,
+            presence_penalties=None,
+            output_counts=None,
+            return_logprob=any(flags) or any(n > 0 for n in nums),
+            top_logprobs_nums=nums,
+        )
+        if any(p.repetition_penalty != 1.0 for p in params):
+            seen = [
+                list(o) if prompt_ids is None else list(prompt_ids[i]) + list(o)
+                for i, o in enumerate(output_ids)
+            ]
+            info.repetition_penalties = col([p.repetition_penalty for p in params])
+            info.repetition_mask = _token_table(seen, vocab_size, device, torch.bool)
+        if any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params):
+            info.frequency_penalties = col([p.frequency_penalty for p in params])
+            info.presence_penalties = col([p.presence_penalty for p in params])
+            info.output_counts = _token_table(output_ids, vocab_size, device, torch.float32)
+        return info
+
+
+def _token_table(
+    token_lists: Sequence[Sequence[int]],
+    vocab_size: int,
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """``[len(token_lists), vocab_size]``: occurrence counts (float) or presence (bool) per row."""
+    rows = [i for i, toks in enumerate(token_lists) for _ in toks]
+    cols = [t for toks in token_lists for t in toks]
+    table = torch.zeros(len(token_lists), vocab_size, dtype=torch.float32, device=device)
+    if cols:
+        idx = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
+        table.index_put_(idx, torch.ones(len(cols), device=device), accumulate=True)
+    return table > 0 if dtype == torch.bool else table

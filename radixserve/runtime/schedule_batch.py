@@ -1,0 +1,114 @@
+"""ScheduleBatch: the requests of one forward, and how their KV slots are laid out for it."""
+
+from __future__ import annotations
+
+import torch
+
+from radixserve.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixserve.runtime.kv_manager import KVManager
+from radixserve.types import Req
+
+
+class ScheduleBatch:
+    """An EXTEND or DECODE batch over ``reqs``.
+
+    ``prepare_extend``/``prepare_decode`` allocate the slots (evicting the tree if needed) and
+    build the :class:`ForwardBatch`; they return ``None`` having allocated nothing when memory is
+    short. The running batch of decoding requests is kept with :meth:`filter` and :meth:`merge`.
+    """
+
+    def __init__(self, reqs: list[Req], mode: ForwardMode = ForwardMode.DECODE) -> None:
+        self.reqs = reqs
+        self.mode = mode
+        self.forward_batch: ForwardBatch | None = None
+        # per request: does this forward sample its next token? (not for mid-prompt chunks)
+        self.samples: list[bool] = []
+        # per request: the next prompt token, when a mid-prompt chunk must report its logprob
+        self.boundary_targets: list[int | None] = []
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def __bool__(self) -> bool:
+        return bool(self.reqs)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.mode is ForwardMode.DECODE
+
+    @classmethod
+    def prepare_extend(
+        cls, reqs: list[Req], kv: KVManager, device: torch.device
+    ) -> ScheduleBatch | None:
+        """Each request computes ``fill_ids[kv_len : kv_len + extend_len]`` after its prefix."""
+        if not kv.alloc_rows(reqs):
+            return None
+        for req in reqs:
+            if req.kv_len < req.prefix_len:  # newly admitted: adopt the cache hit
+                kv.adopt_prefix(req)
+        prefix_lens = [r.kv_len for r in reqs]
+        extend_lens = [r.extend_len for r in reqs]
+        slots = kv.alloc_tokens(reqs, extend_lens)
+        if slots is None:
+            return None
+        input_ids: list[int] = []
+        starts: list[int | None] = []
+        for req, start, n in zip(reqs, prefix_lens, extend_lens, strict=True):
+            input_ids.extend(req.fill_ids[start : start + n])
+            starts.append(_input_logprob_start(req, start, n))
+        batch = cls(reqs, ForwardMode.EXTEND)
+        batch.samples = [r.kv_len == r.seq_len for r in reqs]
+        batch.boundary_targets = [
+            _boundary_target(r, s) for r, s in zip(reqs, batch.samples, strict=True)
+        ]
+        batch.forward_batch = ForwardBatch.extend(
+            input_ids,
+            [r.req_pool_idx for r in reqs],  # type: ignore[misc]
+            prefix_lens,
+            extend_lens,
+            slots,
+            device,
+            input_logprob_start=starts if any(s is not None for s in starts) else None,
+        )
+        return batch
+
+    def prepare_decode(self, kv: KVManager, device: torch.device) -> ScheduleBatch | None:
+        """One new token per request: the last sampled one, read from the token buffer at run
+        time (``input_ids`` here are placeholders)."""
+        slots = kv.alloc_tokens(self.reqs, [1] * len(self.reqs))
+        if slots is None:
+            return None
+        batch = ScheduleBatch(list(self.reqs), ForwardMode.DECODE)
+        batch.samples = [True] * len(self.reqs)
+        batch.boundary_targets = [None] * len(self.reqs)
+        batch.forward_batch = ForwardBatch.decode(
+            torch.zeros(len(self.reqs), dtype=torch.int64),
+            [r.req_pool_idx for r in self.reqs],  # type: ignore[misc]
+            [r.kv_len for r in self.reqs],
+            slots,
+            device,
+        )
+        return batch
+
+    def filter(self, keep: set[Req] | None = None, drop: set[Req] | None = None) -> None:
+        self.reqs = [
+            r for r in self.reqs if (keep is None or r in keep) and (drop is None or r not in drop)
+        ]
+
+    def merge(self, reqs: list[Req]) -> None:
+        self.reqs.extend(reqs)
+
+
+def _input_logprob_start(req: Req, start: int, extend_len: int) -> int | None:
+    """Offset inside this extend from which prompt-token logprobs are computed, or ``None``."""
+    if req.logprob_start_len < 0 or req.output_ids:  # a resumed request had them already
+        return None
+    first = max(req.logprob_start_len, 1) - 1  # the position whose logits predict the first token
+    offset = max(first - start, 0)
+    return offset if offset < extend_len - 1 else None
+
+
+def _boundary_target(req: Req, samples: bool) -> int | None:
+    if samples or req.logprob_start_len < 0 or req.output_ids:
+        return None
+    return req.fill_ids[req.kv_len] if req.kv_len >= max(req.logprob_start_len, 1) else None

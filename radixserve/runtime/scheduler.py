@@ -1,0 +1,369 @@
+"""Scheduler: continuous batching whose every decision is cache-aware.
+
+One step reads like the data flow::
+
+    aborts -> pick the next batch (prefill if admission allows, else decode) -> run it
+           -> process results (append tokens, stop, cache, free)
+
+With overlap scheduling (DESIGN.md section 7) the forward of batch N runs in the model worker's
+thread while this thread prepares batch N+1 and then processes N's results (``overlap_step``
+beside ``normal_step``). A request finished in N may still sit in N+1: its token there is
+dropped and its KV is released once N+1 is done, never twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from typing import Any
+
+from radixserve.config import EngineConfig
+from radixserve.memory_pool import TokenToKVPoolAllocator
+from radixserve.policy import PrefillAdder, SchedulePolicy, admit_waiting
+from radixserve.radix import NoPrefixCache, PrefixCache, RadixCache
+from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
+from radixserve.runtime.kv_manager import KVManager
+from radixserve.runtime.model_runner import ModelRunner
+from radixserve.runtime.model_worker import BatchResult, ModelWorker
+from radixserve.runtime.output_processor import check_finished, make_output
+from radixserve.runtime.schedule_batch import ScheduleBatch
+from radixserve.runtime.scheduler_stats import SchedulerStats
+from radixserve.types import FinishKind, FinishReason, Req, ReqStatus
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_runner: ModelRunner | None = None,
+        tokenizer: Any | None = None,
+    ) -> None:
+        self.config = config
+        self.constants = config.constants
+        self.runner = model_runner or ModelRunner(config)
+        self.tokenizer = tokenizer
+        self.device = self.runner.device
+        self.max_context_len = self.runner.max_context_len
+        self.eos_token_ids = frozenset(self.runner.model_config.eos_token_ids)
+        self.page_size = config.page_size
+        tree: PrefixCache = (
+            NoPrefixCache(self.page_size)
+            if config.disable_radix_cache
+            else RadixCache(self.page_size)
+        )
+        self.tree = tree
+        self.allocator = TokenToKVPoolAllocator(
+            self.runner.num_kv_slots, self.page_size, self.device
+        )
+        self.kv = KVManager(self.runner.req_to_token_pool, self.allocator, tree)
+        self.policy = SchedulePolicy(
+            config.schedule_policy,
+            tree,
+            self.constants,
+            enable_priority_scheduling=config.enable_priority_scheduling,
+            schedule_low_priority_values_first=config.schedule_low_priority_values_first,
+            seed=config.random_seed,
+        )
+        self.worker = ModelWorker(
+            self.runner, config.max_running_requests, overlap=not config.disable_overlap_schedule
+        )
+        self.waiting: list[Req] = []
+        self.running = ScheduleBatch([])
+        self.chunked_req: Req | None = None
+        self.reqs: dict[str, Req] = {}  # every unfinished request, by rid
+        self.in_flight: tuple[ScheduleBatch, Future[BatchResult]] | None = None
+        self.pending_aborts: set[str] = set()
+        self.pending_outputs: list[ReqOutput] = []
+        self.new_token_ratio = self.constants.init_new_token_ratio
+        self.stats = SchedulerStats()
+
+    # ---- requests in -----------------------------------------------------------------------
+    def add_request(self, request: GenerateRequest) -> None:
+        """Queue a request. Raises ``ValueError`` for one that can never run."""
+        params = request.sampling_params.validate()
+        prompt_len = len(request.input_ids)
+        if prompt_len == 0:
+            raise ValueError("the prompt is empty")
+        if request.rid in self.reqs:
+            raise ValueError(f"a request with rid {request.rid!r} is already running")
+        if prompt_len >= self.max_context_len:
+            raise ValueError(
+                f"the prompt has {prompt_len} tokens; the context length is {self.max_context_len}"
+            )
+        need = prompt_len + min(params.max_new_tokens, self.max_context_len - prompt_len)
+        if need > self.allocator.capacity - self.page_size:
+            raise ValueError(
+                f"the request needs {need} KV slots; the pool has {self.allocator.capacity}"
+            )
+        vocab = self.runner.vocab_size
+        if any(not 0 <= t < vocab for t in request.input_ids):
+            raise ValueError(f"input ids must be in [0, {vocab})")
+        req = Req(
+            rid=request.rid,
+            origin_input_ids=list(request.input_ids),
+            sampling_params=params,
+            priority=request.priority,
+            extra_key=request.extra_key,
+            eos_token_ids=self.eos_token_ids,
+            return_logprob=request.return_logprob,
+            top_logprobs_num=request.top_logprobs_num,
+            logprob_start_len=request.logprob_start_len,
+        )
+        self.reqs[req.rid] = req
+        self.waiting.append(req)
+
+    def abort_request(self, rid: str) -> None:
+        if rid in self.reqs:
+            self.pending_aborts.add(rid)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(
+            self.waiting
+            or self.running
+            or self.chunked_req
+            or self.in_flight
+            or self.pending_outputs
+        )
+
+    # ---- the loop ------------------------------------------------------------------------
+    def step(self) -> list[ReqOutput]:
+        """One iteration: ``overlap_step`` or ``normal_step``; outputs of updated requests."""
+        outputs = self.overlap_step() if self.worker.overlap else self.normal_step()
+        if not self.has_work:
+            self.new_token_ratio = self.constants.init_new_token_ratio
+        return outputs
+
+    def normal_step(self) -> list[ReqOutput]:
+        batch = self.get_next_batch()
+        if batch is not None:
+            self.process_result(batch, self.worker.run(batch))
+        return self._take_outputs()
+
+    def overlap_step(self) -> list[ReqOutput]:
+        batch = self.get_next_batch()
+        last, self.in_flight = self.in_flight, None
+        if batch is not None:
+            self.in_flight = (batch, self.worker.submit(batch))
+        if last is not None:
+            self.process_result(last[0], last[1].result())
+        return self._take_outputs()
+
+    def sync(self) -> None:
+        """Wait for the batch in flight and process it (before freeing KV of running requests)."""
+        if self.in_flight is not None:
+            batch, future = self.in_flight
+            self.in_flight = None
+            self.process_result(batch, future.result())
+
+    # ---- choosing the next batch -------------------------------------------------------------
+    def get_next_batch(self) -> ScheduleBatch | None:
+        self._apply_aborts()
+        if self.chunked_req is not None:
+            self.kv.cache_unfinished(self.chunked_req)
+        batch = self._get_prefill_batch()
+        if batch is None and self.running:
+            batch = self._get_decode_batch()
+        return batch
+
+    def _get_prefill_batch(self) -> ScheduleBatch | None:
+        if not self.waiting and self.chunked_req is None:
+            return None
+        max_new_reqs = (
+            self.config.max_running_requests - len(self.running) - (self.chunked_req is not None)
+        )
+        # a full batch admits no one, unless a more urgent request may preempt its way in
+        if (
+            max_new_reqs <= 0
+            and self.chunked_req is None
+            and not self.config.enable_priority_scheduling
+        ):
+            return None
+        prefix_computed = self.policy.calc_priority(self.waiting)
+        adder = PrefillAdder(
+            page_size=self.page_size,
+            tree_cache=self.tree,
+            allocator=self.allocator,
+            running_reqs=self.running.reqs,
+            new_token_ratio=self.new_token_ratio,
+            max_prefill_tokens=self.config.max_prefill_tokens,
+            chunked_prefill_size=self.config.chunked_prefill_size,
+            max_new_reqs=max(max_new_reqs, 0),
+            constants=self.constants,
+            enable_priority_scheduling=self.config.enable_priority_scheduling,
+            schedule_low_priority_values_first=self.config.schedule_low_priority_values_first,
+        )
+        if self.chunked_req is not None:
+            adder.add_chunked_req(self.chunked_req)
+        admit_waiting(
+            adder, self.waiting, prefix_computed, has_chunked_req=self.chunked_req is not None
+        )
+        admitted = [r for r in adder.can_run_list if r is not self.chunked_req]
+        admitted_set = set(admitted)
+        self.waiting = [r for r in self.waiting if r not in admitted_set]
+        self.policy.on_pass_done(self.waiting, admitted)
+        if adder.preempt_list:
+            self._preempt(adder.preempt_list)
+        if not adder.can_run_list:
+            return None
+        batch = ScheduleBatch.prepare_extend(adder.can_run_list, self.kv, self.device)
+        if batch is None:  # the budget was an estimate; memory is short after all
+            self._requeue_unadmitted(admitted)
+            return None
+        for req in admitted:
+            req.status = ReqStatus.RUNNING
+            req.cached_tokens += req.prefix_len
+        self.chunked_req = adder.new_chunked_req
+        if self.chunked_req is not None:
+            self.chunked_req.is_chunked += 1
+        self.stats.on_prefill(batch, sum(r.prefix_len for r in admitted))
+        return batch
+
+    def _get_decode_batch(self) -> ScheduleBatch | None:
+        # requests whose last token is already scheduled (length) stay out of the next batch
+        self.running.filter(
+            drop={
+                r
+                for r in self.running.reqs
+                if self._projected_output_len(r) >= r.max_new_tokens
+                or r.kv_len + 1 > self.max_context_len
+                or r.is_finished
+            }
+        )
+        if not self.running:
+            return None
+        batch = self.running.prepare_decode(self.kv, self.device)
+        if batch is None:
+            self.sync()
+            self._retract_for_decode()
+            if not self.running:
+                return None
+            batch = self.running.prepare_decode(self.kv, self.device)
+            assert batch is not None, "retraction left too little memory for one decode step"
+        self.new_token_ratio = max(
+            self.new_token_ratio
+            - (self.constants.init_new_token_ratio - self.constants.min_new_token_ratio)
+            / self.constants.new_token_ratio_decay_steps,
+            self.constants.min_new_token_ratio,
+        )
+        return batch
+
+    # ---- results --------------------------------------------------------------------------
+    def process_result(self, batch: ScheduleBatch, result: BatchResult) -> None:
+        in_next = set(self.in_flight[0].reqs) if self.in_flight is not None else set()
+        new_running: list[Req] = []
+        for i, req in enumerate(batch.reqs):
+            if req.is_finished:  # finished in the batch before; its token here is dropped
+                if req not in in_next:
+                    self.kv.release(req)
+                continue
+            result.collect_input_logprobs(req, i)
+            if not batch.samples[i]:
+                continue
+            is_first = req.output_len == 0
+            num_new = 0
+            if req.max_new_tokens > 0:
+                result.append_token(req, i)
+                num_new = 1
+            req.finish_reason = check_finished(req, self.max_context_len, self.tokenizer)
+            out = make_output(req, req.output_ids[-num_new:] if num_new else [], num_new)
+            if is_first and req.logprob_start_len >= 0:
+                out.input_logprobs = list(req.input_logprobs)
+            self.pending_outputs.append(out)
+            if req.is_finished:
+                self._finish(req, release=req not in in_next)
+            elif not batch.is_decode:
+                new_running.append(req)
+        if new_running:
+            self.running.merge(new_running)
+        self.stats.on_result(batch, self)
+
+    def _finish(self, req: Req, release: bool = True) -> None:
+        req.status = ReqStatus.FINISHED
+        self.reqs.pop(req.rid, None)
+        self.running.filter(drop={req})
+        if self.chunked_req is req:
+            self.chunked_req = None
+        if release:
+            self.kv.release(req)
+
+    # ---- aborts, preemption, retraction ------------------------------------------------------
+    def _apply_aborts(self) -> None:
+        if not self.pending_aborts:
+            return
+        in_flight = set(self.in_flight[0].reqs) if self.in_flight is not None else set()
+        for rid in list(self.pending_aborts):
+            req = self.reqs.get(rid)
+            self.pending_aborts.discard(rid)
+            if req is None or req.is_finished:
+                continue
+            if req in self.waiting:
+                self.waiting.remove(req)
+            req.finish_reason = FinishReason(FinishKind.ABORT, message="aborted by the client")
+            self.pending_outputs.append(make_output(req, []))
+            self._finish(req, release=req not in in_flight)
+
+    def _preempt(self, victims: list[Req]) -> None:
+        self.sync()
+        for req in victims:
+            if req.is_finished or req not in self.running.reqs:
+                continue
+            self._send_back(req)
+            req.num_preemptions += 1
+            self.stats.num_preemptions += 1
+
+    def _retract_for_decode(self) -> None:
+        """Evict first (done by the failed allocation); then retract the requests with the fewest
+        generated tokens, then the longest prompts, until ~``retract_decode_steps`` more tokens
+        each fit; then set ``new_token_ratio`` from what the survivors still want."""
+        steps = self.constants.retract_decode_steps
+        order = sorted(self.running.reqs, key=lambda r: (r.output_len, -r.prompt_len))
+        while len(self.running) > 1 and self.kv.available_size() < len(self.running) * steps:
+            victim = order.pop(0)
+            self._send_back(victim)
+            victim.num_retractions += 1
+            self.stats.num_retractions += 1
+        decoded = sum(r.output_len for r in self.running.reqs)
+        wanted = sum(r.max_new_tokens for r in self.running.reqs)
+        self.new_token_ratio = min(1.0, (decoded + steps * len(self.running)) / max(wanted, 1))
+
+    def _send_back(self, req: Req) -> None:
+        """Release the request's KV (caching what it computed) and queue it again, output kept."""
+        self.running.filter(drop={req})
+        self.kv.release(req)
+        req.status = ReqStatus.WAITING
+        self.waiting.insert(0, req)
+
+    def _requeue_unadmitted(self, admitted: list[Req]) -> None:
+        for req in admitted:
+            if req.req_pool_idx is not None:
+                self.kv.release(req, insert=False)
+            else:
+                self.kv.unlock_unadmitted(req)
+        self.waiting[:0] = admitted
+
+    # ---- helpers ---------------------------------------------------------------------------
+    @staticmethod
+    def _projected_output_len(req: Req) -> int:
+        """Output tokens the request will have once every scheduled step is done."""
+        return req.kv_len - req.prompt_len + 1
+
+    def _take_outputs(self) -> list[ReqOutput]:
+        outputs, self.pending_outputs = self.pending_outputs, []
+        return outputs
+
+    def flush_cache(self) -> bool:
+        if self.has_work:
+            return False
+        return self.kv.flush()
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity()
+
+    def get_stats(self) -> dict[str, Any]:
+        return self.stats.snapshot(self)
+
+    def shutdown(self) -> None:
+        self.worker.shutdown()
