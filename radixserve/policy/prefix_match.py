@@ -9,10 +9,15 @@ from radixserve.types import Req
 def match_key(req: Req) -> list[int]:
     """The tokens a request may take from the cache: all of ``fill_ids`` but the last.
 
-    The last token is always computed, because its logits give the next token.
+    The last token is always computed, because its logits give the next token. A request that
+    asks for prompt logprobs from ``logprob_start_len`` on matches only up to the token before.
     """
     fill_ids = req.fill_ids
-    return fill_ids[: len(fill_ids) - 1]
+    end = len(fill_ids) - 1
+    if req.logprob_start_len >= 0 and not req.output_ids:
+        # prompt logprobs from position p on need the logits of position p - 1 computed
+        end = min(end, max(req.logprob_start_len - 1, 0))
+    return fill_ids[:end]
 
 
 def match_req_prefix(req: Req, tree: PrefixCache) -> None:

@@ -70,10 +70,18 @@ class KVManager:
             slots = self.allocator.alloc_extend(starts, ends, last_locs)
             if slots is None:
                 return None
-        offset = 0
-        for req, start, end in zip(reqs, starts, ends, strict=True):
-            self.req_to_token_pool.write(_row(req), start, slots[offset : offset + end - start])
-            offset += end - start
+        # one scatter into req_to_token for the whole batch: row r_i, columns start_i .. end_i
+        row_ids = torch.tensor([_row(r) for r in reqs], dtype=torch.int64)
+        if len(slots) == len(reqs):  # decode: one token each
+            rows, cols = row_ids, torch.tensor(starts, dtype=torch.int64)
+        else:
+            lens = torch.tensor(new_lens, dtype=torch.int64)
+            rows = torch.repeat_interleave(row_ids, lens)
+            offsets = torch.tensor(starts, dtype=torch.int64) - (torch.cumsum(lens, 0) - lens)
+            cols = torch.repeat_interleave(offsets, lens) + torch.arange(len(slots))
+        table = self.req_to_token_pool.req_to_token
+        table[rows.to(table.device), cols.to(table.device)] = slots.to(table.dtype)
+        for req, end in zip(reqs, ends, strict=True):
             req.kv_len = end
         return slots
 

@@ -39,3 +39,20 @@ def test_disabled_cache_matches_nothing() -> None:
     tree = NoPrefixCache()
     match_req_prefix(req, tree)
     assert req.prefix_len == 0 and req.last_node is tree.root
+
+
+def test_prompt_logprobs_limit_the_match() -> None:
+    import torch
+
+    from radixserve.policy import match_key, match_req_prefix
+    from radixserve.radix import RadixCache
+    from radixserve.types import Req
+
+    tree = RadixCache()
+    tree.insert(list(range(10)), torch.arange(1, 11))
+    req = Req("r", list(range(10)), logprob_start_len=6)
+    assert match_key(req) == list(range(5))
+    match_req_prefix(req, tree)
+    assert req.prefix_len == 5
+    req.output_ids = [3]  # a resumed request had its prompt logprobs already
+    assert len(match_key(req)) == 10
