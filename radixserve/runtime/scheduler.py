@@ -222,33 +222,35 @@ class Scheduler:
         return batch
 
     def _get_decode_batch(self) -> ScheduleBatch | None:
-        # requests whose last token is already scheduled (length) stay out of the next batch
+        self._drop_done_from_running()
+        if not self.running:
+            return None
+        batch = self.running.prepare_decode(self.kv, self.device)
+        if batch is None:  # out of memory even after evicting the tree
+            self.sync()
+            self._drop_done_from_running()
+            self._retract_for_decode()
+            batch = self.running.prepare_decode(self.kv, self.device) if self.running else None
+            if batch is None and self.running:
+                self._abort_running("out of KV memory: the pool cannot hold even one request")
+                return None
+        c = self.constants
+        decay = (c.init_new_token_ratio - c.min_new_token_ratio) / c.new_token_ratio_decay_steps
+        self.new_token_ratio = max(self.new_token_ratio - decay, c.min_new_token_ratio)
+        return batch
+
+    def _drop_done_from_running(self) -> None:
+        """Requests whose last token is already scheduled (length, context) or that finished
+        stay out of the next decode batch; their in-flight result finishes them."""
         self.running.filter(
             drop={
                 r
                 for r in self.running.reqs
-                if self._projected_output_len(r) >= r.max_new_tokens
+                if r.is_finished
+                or self._projected_output_len(r) >= r.max_new_tokens
                 or r.kv_len + 1 > self.max_context_len
-                or r.is_finished
             }
         )
-        if not self.running:
-            return None
-        batch = self.running.prepare_decode(self.kv, self.device)
-        if batch is None:
-            self.sync()
-            self._retract_for_decode()
-            if not self.running:
-                return None
-            batch = self.running.prepare_decode(self.kv, self.device)
-            assert batch is not None, "retraction left too little memory for one decode step"
-        self.new_token_ratio = max(
-            self.new_token_ratio
-            - (self.constants.init_new_token_ratio - self.constants.min_new_token_ratio)
-            / self.constants.new_token_ratio_decay_steps,
-            self.constants.min_new_token_ratio,
-        )
-        return batch
 
     # ---- results --------------------------------------------------------------------------
     def process_result(self, batch: ScheduleBatch, result: BatchResult) -> None:
@@ -305,6 +307,13 @@ class Scheduler:
             self.pending_outputs.append(make_output(req, []))
             self._finish(req, release=req not in in_flight)
 
+    def _abort_running(self, message: str) -> None:
+        for req in list(self.running.reqs):
+            req.finish_reason = FinishReason(FinishKind.ABORT, message=message)
+            self.pending_outputs.append(make_output(req, []))
+            self._finish(req)
+        logger.error(message)
+
     def _preempt(self, victims: list[Req]) -> None:
         self.sync()
         for req in victims:
@@ -324,6 +333,15 @@ class Scheduler:
             victim = order.pop(0)
             self._send_back(victim)
             victim.num_retractions += 1
+            self.stats.num_retractions += 1
+        chunked = self.chunked_req
+        if chunked is not None and self.kv.available_size() < len(self.running) * steps:
+            self.chunked_req = None
+            chunked.is_chunked = 0
+            self.kv.release(chunked)
+            chunked.status = ReqStatus.WAITING
+            self.waiting.insert(0, chunked)
+            chunked.num_retractions += 1
             self.stats.num_retractions += 1
         decoded = sum(r.output_len for r in self.running.reqs)
         wanted = sum(r.max_new_tokens for r in self.running.reqs)
