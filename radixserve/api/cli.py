@@ -1,9 +1,18 @@
-"""``radixserve`` command line: ``radixserve serve`` (and later ``radixserve bench``)."""
+"""``radixserve`` command line: ``radixserve serve`` (also ``python -m radixserve serve``)."""
 
 from __future__ import annotations
 
 import argparse
+import gc
+import logging
+import os
 import sys
+
+from radixserve.config import SCHEDULE_POLICIES, EngineConfig, ServerConfig, default_model_dir
+
+logger = logging.getLogger("radixserve.cli")
+_DEFAULTS = EngineConfig()
+DEFAULT_MODEL_KV_TOKENS = 65536
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -11,18 +20,154 @@ def build_parser() -> argparse.ArgumentParser:
         prog="radixserve", description="SGLang-style LLM serving runtime"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("serve", help="start the HTTP server")
+    serve = sub.add_parser(
+        "serve",
+        help="start the HTTP server (native /generate and OpenAI-compatible routes)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = serve.add_argument
+    add(
+        "--model",
+        default=None,
+        help="local Hugging Face checkpoint directory (Llama, Qwen2, Qwen3, Mistral). Without it "
+        "the server runs an embedded tiny random-weight smoke-test model, created on first use "
+        f"in {default_model_dir()} (override with $RADIXSERVE_DEFAULT_MODEL_DIR)",
+    )
+    add("--host", default="127.0.0.1", help="address to listen on")
+    add("--port", type=int, default=30000, help="port to listen on")
+    add(
+        "--schedule-policy",
+        choices=SCHEDULE_POLICIES,
+        default=_DEFAULTS.schedule_policy,
+        help="waiting-queue order: fcfs, lof (longest output first), random; cache-aware lpm "
+        "(longest prefix match) and dfs-weight",
+    )
+    add(
+        "--chunked-prefill-size",
+        type=int,
+        default=_DEFAULTS.chunked_prefill_size,
+        help="most prompt tokens one prefill step computes per request; <= 0 disables chunking",
+    )
+    add(
+        "--max-running-requests",
+        type=int,
+        default=_DEFAULTS.max_running_requests,
+        help="most requests in the running batch",
+    )
+    add(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="KV cache size in tokens (default: what a 1 GiB KV budget holds for the model; "
+        f"{DEFAULT_MODEL_KV_TOKENS} for the embedded default model)",
+    )
+    add("--page-size", type=int, default=_DEFAULTS.page_size, help="KV slots per page")
+    add("--max-context-len", type=int, default=None, help="context length (default: the model's)")
+    add("--disable-radix-cache", action="store_true", help="no prefix caching (a baseline)")
+    add(
+        "--disable-overlap-schedule",
+        action="store_true",
+        help="do not prepare the next batch while the current one runs",
+    )
+    add(
+        "--enable-priority-scheduling",
+        action="store_true",
+        help="order by the requests' priority first (and preempt for much higher priority)",
+    )
+    add(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every route but /health",
+    )
+    add(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default=_DEFAULTS.dtype,
+        help="weight and KV dtype (auto: the checkpoint's on GPU, float32 on CPU)",
+    )
+    add("--device", default=_DEFAULTS.device, help="cpu, cuda or cuda:N")
+    add(
+        "--served-model-name",
+        default=None,
+        help="the model name /v1/models lists and the OpenAI routes accept "
+        "(default: the model directory's name)",
+    )
+    add(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="log level of all three processes",
+    )
     return parser
+
+
+def make_server_config(args: argparse.Namespace) -> ServerConfig:
+    """The config for ``args``; creates the embedded default model when no --model is given."""
+    is_default = args.model is None
+    if is_default:
+        from radixserve.runtime.default_model import DESCRIPTION, ensure_default_model
+
+        logger.warning(
+            "no --model given: serving the embedded %s. Pass --model DIR for a real model.",
+            DESCRIPTION,
+        )
+        model_path = str(ensure_default_model(default_model_dir()))
+        if args.max_total_tokens is None:  # a smoke test needs no 1 GiB of KV
+            args.max_total_tokens = DEFAULT_MODEL_KV_TOKENS
+    else:
+        model_path = os.path.abspath(os.path.expanduser(args.model))
+        if not os.path.isfile(os.path.join(model_path, "config.json")):
+            raise ValueError(f"--model {args.model}: not a model directory (no config.json)")
+    engine = EngineConfig(
+        model_path=model_path,
+        dtype=args.dtype,
+        device=args.device,
+        page_size=args.page_size,
+        max_total_tokens=args.max_total_tokens,
+        max_running_requests=args.max_running_requests,
+        max_context_len=args.max_context_len,
+        chunked_prefill_size=args.chunked_prefill_size,
+        schedule_policy=args.schedule_policy,
+        disable_radix_cache=args.disable_radix_cache,
+        disable_overlap_schedule=args.disable_overlap_schedule,
+        enable_priority_scheduling=args.enable_priority_scheduling,
+    )
+    return ServerConfig(
+        engine=engine,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        served_model_name=args.served_model_name,
+        is_default_model=is_default,
+        log_level=args.log_level,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "serve":
-        print(
-            "radixserve serve: the HTTP server is not built yet (issue: Serving).", file=sys.stderr
-        )
+    if args.command != "serve":
+        return 1
+    from radixserve.runtime.ipc import LOG_FORMAT
+
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    try:
+        config = make_server_config(args)
+    except ValueError as exc:
+        print(f"radixserve serve: {exc}", file=sys.stderr)
         return 2
-    return 1
+    from radixserve.api.server import StartupError, launch_server
+
+    try:
+        launch_server(config)
+    except StartupError as exc:
+        logger.error("the server could not start: %s", exc)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    # the interpreter's last garbage collection over torch's and transformers' objects takes
+    # seconds; nothing left needs it
+    gc.freeze()
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,181 @@
+"""The FastAPI application: routes over a :class:`TokenizerManager`.
+
+Routes: ``/generate`` (SGLang native), ``/v1/completions``, ``/v1/chat/completions``,
+``/v1/models``, ``/health``, ``/get_model_info``, ``/get_server_info``, ``/flush_cache``,
+``/abort_request``, ``/metrics``. With an API key, every route but ``/health`` needs
+``Authorization: Bearer <key>`` (401 otherwise).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import PlainTextResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from radixserve.api.errors import APIError, install_error_handlers
+from radixserve.api.metrics import ServingMetrics
+from radixserve.api.protocol import (
+    AbortReqInput,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateReqInput,
+)
+from radixserve.api.responses import ModelCard, ModelList, dump
+from radixserve.api.serving_chat import ChatServing
+from radixserve.api.serving_completions import CompletionServing
+from radixserve.api.serving_native import NativeServing
+from radixserve.config import ServerConfig
+from radixserve.runtime.default_model import DESCRIPTION as DEFAULT_MODEL_DESCRIPTION
+from radixserve.runtime.tokenizer_manager import TokenizerManager
+
+logger = logging.getLogger(__name__)
+
+
+def api_key_dependency(api_key: str | None) -> Any:
+    async def check(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(
+            token.strip().encode(), api_key.encode()
+        ):
+            raise APIError(
+                "invalid or missing API key (send Authorization: Bearer <key>)",
+                401,
+                code="invalid_api_key",
+            )
+
+    return check
+
+
+class JSONBodyMiddleware:
+    """Reads every POST body as JSON whatever its Content-Type (``curl -d`` sends
+    ``application/x-www-form-urlencoded``), as SGLang and OpenAI clients mean it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+            headers.append((b"content-type", b"application/json"))
+            scope = {**scope, "headers": headers}
+        await self.app(scope, receive, send)
+
+
+def create_app(
+    tm: TokenizerManager, config: ServerConfig, metrics: ServingMetrics | None = None
+) -> FastAPI:
+    """The app; its lifespan starts and stops ``tm``'s background tasks."""
+    metrics = metrics or ServingMetrics(config.model_name)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await tm.start()
+        try:
+            yield
+        finally:
+            await tm.close()
+
+    app = FastAPI(title="radixserve", lifespan=lifespan)
+    app.add_middleware(JSONBodyMiddleware)
+    install_error_handlers(app)
+    native = NativeServing(tm)
+    completions = CompletionServing(tm, config)
+    chat = ChatServing(tm, config)
+    router = APIRouter(dependencies=[Depends(api_key_dependency(config.api_key))])
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not tm.is_alive:
+            raise APIError(f"unhealthy: {tm.dead_reason}".splitlines()[0], 503, "server_error")
+        return Response(status_code=200)
+
+    @router.post("/generate")
+    async def generate(body: GenerateReqInput, raw: Request) -> Response:
+        return await native.generate(body, raw)
+
+    @router.post("/v1/completions")
+    async def v1_completions(body: CompletionRequest, raw: Request) -> Response:
+        return await completions.create(body, raw)
+
+    @router.post("/v1/chat/completions")
+    async def v1_chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
+        return await chat.create(body, raw)
+
+    @router.get("/v1/models")
+    async def v1_models() -> dict[str, Any]:
+        card = ModelCard(
+            id=config.model_name,
+            root=config.engine.model_path,
+            max_model_len=tm.info.max_context_len,
+            description=DEFAULT_MODEL_DESCRIPTION if config.is_default_model else None,
+            is_smoke_test_model=config.is_default_model,
+        )
+        return dump(ModelList(data=[card]))
+
+    @router.get("/get_model_info")
+    async def get_model_info() -> dict[str, Any]:
+        return {
+            "model_path": config.engine.model_path,
+            "tokenizer_path": config.engine.model_path,
+            "served_model_name": config.model_name,
+            "is_generation": True,
+            "is_smoke_test_model": config.is_default_model,
+            "max_context_len": tm.info.max_context_len,
+            "vocab_size": tm.info.vocab_size,
+            "eos_token_ids": list(tm.info.eos_token_ids),
+        }
+
+    @router.get("/get_server_info")
+    async def get_server_info() -> dict[str, Any]:
+        info = await tm.get_server_info(check_integrity=True)
+        metrics.update_scheduler_stats(info["stats"])
+        engine = dataclasses.asdict(config.engine)
+        server = {k: v for k, v in dataclasses.asdict(config).items() if k != "engine"}
+        server["api_key"] = None if config.api_key is None else "***"
+        return {
+            **engine,
+            **server,
+            "served_model_name": config.model_name,
+            "max_total_tokens": tm.info.max_total_tokens,
+            "scheduler": info["stats"],
+            "integrity_ok": info.get("integrity_ok"),
+            "integrity_error": info.get("integrity_error"),
+            "num_pending_http_requests": len(tm.states),
+            "pids": {"http": os.getpid(), **tm.child_pids()},
+        }
+
+    @router.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        if await tm.flush_cache():
+            return PlainTextResponse("Cache flushed.\n")
+        raise APIError("cannot flush the cache while requests are running", 400)
+
+    @router.post("/abort_request")
+    async def abort_request(body: AbortReqInput) -> dict[str, Any]:
+        if not body.abort_all and not body.rid:
+            raise APIError("give rid or abort_all", param="rid")
+        aborted = tm.abort(None if body.abort_all else body.rid)
+        return {"aborted": aborted}
+
+    @router.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        if tm.is_alive:
+            with contextlib.suppress(Exception):
+                info = await tm.get_server_info(check_integrity=False)
+                metrics.update_scheduler_stats(info["stats"])
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.include_router(router)
+    app.state.metrics = metrics
+    return app

@@ -1,0 +1,132 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Status codes:
+
+- 400 ``invalid_request_error``: bad parameters, malformed JSON, missing fields, wrong types,
+  prompts longer than the context (FastAPI's 422 validation errors are answered as 400 here);
+- 401 ``invalid_api_key``: a missing or wrong ``Authorization: Bearer`` key;
+- 404 ``model_not_found``: a ``model`` the server does not serve. DESIGN.md section 8 lists
+  unknown model names under 400; we answer 404 as OpenAI and vLLM do, so the official clients
+  raise ``NotFoundError`` as they would against those;
+- 503 ``service_unavailable``: the scheduler process is gone (the log says why);
+- 500 ``server_error``: a bug;
+- 499 (no body): the client disconnected before the response (its request was aborted).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from radixserve.runtime.tokenizer_manager import (
+    ClientDisconnected,
+    RequestFailed,
+    SchedulerUnavailable,
+)
+
+logger = logging.getLogger(__name__)
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's code for a client that left before the response
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        message: str,
+        status_code: int = 400,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.type = type
+        self.param = param
+        self.code = code
+
+
+def error_body(
+    message: str,
+    type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | int | None = None,
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def to_api_error(exc: BaseException) -> APIError:
+    """The APIError for an exception raised while serving a request."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, SchedulerUnavailable):
+        return APIError(
+            f"the scheduler is unavailable: {exc}".splitlines()[0],
+            503,
+            "service_unavailable",
+            code="scheduler_unavailable",
+        )
+    if isinstance(exc, RequestFailed):
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return APIError(str(exc), exc.status_code, kind)
+    if isinstance(exc, ValueError):
+        return APIError(str(exc), 400)
+    logger.error("internal error while serving a request", exc_info=exc)
+    return APIError(f"internal server error: {exc!r}", 500, "server_error")
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    err = to_api_error(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if err.status_code == 401 else None
+    return JSONResponse(
+        error_body(err.message, err.type, err.param, err.code),
+        status_code=err.status_code,
+        headers=headers,
+    )
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    msg = str(first.get("msg", "invalid value"))
+    if first.get("type") == "json_invalid":
+        return f"malformed JSON body: {msg}", None
+    if first.get("type") == "missing":
+        return f"missing required field: {param}", param
+    extra = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
+    return (f"{param}: {msg}" if param else msg) + extra, param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return JSONResponse(error_body(message, param=param), status_code=400)
+
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse(
+            error_body(str(exc.detail), kind),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
+
+    async def on_error(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc)
+
+    async def on_disconnect(request: Request, exc: Exception) -> Response:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody is there to read it
+
+    app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, on_http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(ClientDisconnected, on_disconnect)
+    for cls in (APIError, ValueError, SchedulerUnavailable, RequestFailed, Exception):
+        app.add_exception_handler(cls, on_error)

@@ -1,0 +1,147 @@
+"""Prometheus metrics of the server (``/metrics``), with SGLang's names under ``radixserve:``.
+
+Latencies are measured in the HTTP process as outputs arrive (:meth:`ServingMetrics.on_output`,
+the tokenizer manager's observer); scheduler-side numbers (running and waiting requests, KV
+token usage, cache hit rate, retractions, preemptions) come from the scheduler's stats, fetched
+when ``/metrics`` is scraped. Each server has its own registry.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from radixserve.runtime.io_struct import TextOutput
+from radixserve.runtime.tokenizer_manager import ReqState
+
+PREFIX = "radixserve:"
+THROUGHPUT_WINDOW_S = 10.0
+LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+)  # fmt: skip
+
+
+class SchedulerStatsCollector:
+    """Exposes the last scheduler stats snapshot; empty until the first scrape succeeds."""
+
+    def __init__(self, labels: dict[str, str], throughput: ThroughputWindow) -> None:
+        self.labels = labels
+        self.stats: dict[str, Any] = {}
+        self.throughput = throughput
+
+    def collect(self) -> Iterator[Metric]:
+        names = list(self.labels)
+        values = list(self.labels.values())
+        gauge = GaugeMetricFamily(
+            f"{PREFIX}gen_throughput", "Generated tokens per second (last 10 s)", labels=names
+        )
+        gauge.add_metric(values, self.throughput.rate())
+        yield gauge
+        gauges = {
+            "num_running_reqs": "Requests in the running batch",
+            "num_waiting_reqs": "Requests waiting to be admitted",
+            "token_usage": "Fraction of KV slots held by requests (not evictable)",
+            "cache_hit_rate": "Prompt tokens served from the prefix cache / all prompt tokens",
+            "max_total_tokens": "KV slots in the pool",
+            "num_cached_tokens_in_tree": "Tokens held by the radix cache",
+        }
+        for key, doc in gauges.items():
+            if key in self.stats:
+                g = GaugeMetricFamily(f"{PREFIX}{key}", doc, labels=names)
+                g.add_metric(values, float(self.stats[key]))
+                yield g
+        counters = {
+            "num_retractions": ("num_retracted_reqs", "Requests retracted in decode (no memory)"),
+            "num_preemptions": ("num_preempted_reqs", "Requests preempted by priority"),
+        }
+        for key, (name, doc) in counters.items():
+            if key in self.stats:
+                c = CounterMetricFamily(f"{PREFIX}{name}", doc, labels=names)
+                c.add_metric(values, float(self.stats[key]))
+                yield c
+
+
+class ThroughputWindow:
+    def __init__(self, window_s: float = THROUGHPUT_WINDOW_S) -> None:
+        self.window_s = window_s
+        self.events: collections.deque[tuple[float, int]] = collections.deque()
+        self.started = time.monotonic()
+
+    def add(self, now: float, num_tokens: int) -> None:
+        self.events.append((now, num_tokens))
+        self._trim(now)
+
+    def rate(self) -> float:
+        now = time.monotonic()
+        self._trim(now)
+        span = min(self.window_s, max(now - self.started, 1e-3))
+        return sum(n for _, n in self.events) / span
+
+    def _trim(self, now: float) -> None:
+        while self.events and self.events[0][0] < now - self.window_s:
+            self.events.popleft()
+
+
+class ServingMetrics:
+    """The server's metrics; an ``OutputObserver`` of the tokenizer manager."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"model_name": model_name}
+        self.labels = labels
+        names = list(labels)
+        self.throughput = ThroughputWindow()
+        self.scheduler_stats = SchedulerStatsCollector(labels, self.throughput)
+        self.registry.register(self.scheduler_stats)  # type: ignore[arg-type]
+
+        def histogram(name: str, doc: str) -> Any:
+            h = Histogram(
+                PREFIX + name, doc, names, registry=self.registry, buckets=LATENCY_BUCKETS
+            )
+            return h.labels(**labels)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(PREFIX + name, doc, names, registry=self.registry).labels(**labels)
+
+        self.ttft = histogram("time_to_first_token_seconds", "Time to the first token")
+        self.itl = histogram("inter_token_latency_seconds", "Time between output tokens")
+        self.e2e = histogram("e2e_request_latency_seconds", "Request latency, end to end")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests")
+        self.generation_tokens = counter("generation_tokens", "Generated tokens")
+        self.cached_tokens = counter("cached_tokens", "Prompt tokens served from the cache")
+        self._requests = Counter(
+            PREFIX + "num_requests",
+            "Finished requests by finish reason",
+            [*names, "finish_reason"],
+            registry=self.registry,
+        )
+
+    def on_output(self, state: ReqState, out: TextOutput, now: float) -> None:
+        n = len(out.output.new_token_ids)
+        if n:
+            if state.first_output_time is None:
+                self.ttft.observe(now - state.created)
+            elif state.last_output_time is not None:
+                per_token = (now - state.last_output_time) / n
+                for _ in range(n):
+                    self.itl.observe(per_token)
+            self.generation_tokens.inc(n)
+            self.throughput.add(now, n)
+        reason = out.output.finish_reason
+        if reason is not None:
+            self.e2e.observe(now - state.created)
+            self.prompt_tokens.inc(out.output.prompt_tokens)
+            self.cached_tokens.inc(out.output.cached_tokens)
+            self._requests.labels(**self.labels, finish_reason=reason.openai_reason).inc()
+
+    def update_scheduler_stats(self, stats: dict[str, Any]) -> None:
+        self.scheduler_stats.stats = dict(stats)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

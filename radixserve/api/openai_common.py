@@ -1,0 +1,177 @@
+"""What the OpenAI routes share: model names, request building, usage and logprob formats.
+
+Each choice is one scheduler request (``n`` choices of a prompt are ``n`` requests with the
+same prompt: the radix cache shares their prefix). Usage counts each prompt once:
+``prompt_tokens`` and ``cached_tokens`` come from a prompt's first choice, ``completion_tokens``
+sums every choice, ``total_tokens`` = prompt + completion.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from radixserve.api.errors import APIError
+from radixserve.api.protocol import OpenAISamplingFields
+from radixserve.api.responses import (
+    ChatLogprobs,
+    ChatTokenLogprob,
+    CompletionLogprobs,
+    TopLogprob,
+    UsageInfo,
+)
+from radixserve.api.streaming import RequestResult
+from radixserve.config import ServerConfig
+from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.runtime.tokenizer_manager import TokenizerManager
+from radixserve.types import FinishReason
+
+
+class OpenAIServing:
+    """Base of the completions and chat servings: holds the tokenizer manager and the names."""
+
+    def __init__(self, tm: TokenizerManager, config: ServerConfig) -> None:
+        self.tm = tm
+        self.model_name = config.model_name
+        path = config.engine.model_path or ""
+        self.accepted_names = {self.model_name, path, os.path.normpath(path)}
+
+    def check_model(self, model: str | None) -> None:
+        """``None`` (the field left out) means the served model, as in vLLM."""
+        if model is not None and model not in self.accepted_names:
+            raise APIError(
+                f"the model `{model}` does not exist; this server serves `{self.model_name}`",
+                404,
+                param="model",
+                code="model_not_found",
+            )
+
+    @staticmethod
+    def check_common(body: OpenAISamplingFields) -> None:
+        if body.logit_bias:
+            raise APIError("logit_bias is not supported", param="logit_bias")
+
+    def build_requests(
+        self,
+        base_id: str,
+        prompts: list[list[int]],
+        body: OpenAISamplingFields,
+        max_tokens: int | None,
+        max_tokens_param: str,
+        default_max_tokens: Callable[[int], int],
+        top_logprobs: int | None,
+        prompt_param: str = "prompt",
+    ) -> list[GenerateRequest]:
+        """``n`` requests per prompt, choice index ``i * n + j``; ``top_logprobs`` None: no
+        logprobs. Raises APIError (400) for a bad value."""
+        if max_tokens is not None and max_tokens < 0:
+            raise APIError(f"{max_tokens_param} must be >= 0", param=max_tokens_param)
+        requests = []
+        for i, ids in enumerate(prompts):
+            max_new = max_tokens if max_tokens is not None else default_max_tokens(len(ids))
+            for j in range(body.n):
+                request = GenerateRequest(
+                    rid=f"{base_id}-{i * body.n + j}",
+                    input_ids=ids,
+                    sampling_params=body.to_sampling_params(max_new),
+                    priority=body.priority,
+                    return_logprob=top_logprobs is not None,
+                    top_logprobs_num=top_logprobs or 0,
+                )
+                if body.seed is not None:  # n seeded choices must still differ
+                    request.sampling_params.seed = body.seed + j
+                try:
+                    requests.append(self.tm.validator.check(request))
+                except ValueError as exc:
+                    param = _param_of(str(exc), max_tokens_param, prompt_param)
+                    raise APIError(str(exc), param=param) from None
+        return requests
+
+    @staticmethod
+    def usage(results: list[RequestResult], n: int) -> UsageInfo:
+        firsts = results[::n]
+        return UsageInfo.of(
+            prompt_tokens=sum(r.prompt_tokens for r in firsts),
+            completion_tokens=sum(r.completion_tokens for r in results),
+            cached_tokens=sum(r.cached_tokens for r in firsts),
+        )
+
+    @staticmethod
+    def finish_reason(reason: FinishReason | None) -> str | None:
+        return None if reason is None else reason.openai_reason
+
+    @staticmethod
+    def created() -> int:
+        return int(time.time())
+
+    # ---- logprobs ---------------------------------------------------------------------------
+    def chat_logprobs(
+        self, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]]
+    ) -> ChatLogprobs:
+        content = []
+        for k, (tid, lp) in enumerate(zip(ids, lps, strict=False)):
+            token = self.tm.prompts.decode_token(tid)
+            top = tops[k] if k < len(tops) else []
+            content.append(
+                ChatTokenLogprob(
+                    token=token,
+                    logprob=lp,
+                    bytes=list(token.encode("utf-8")),
+                    top_logprobs=[self._top(t, v) for t, v in top],
+                )
+            )
+        return ChatLogprobs(content=content)
+
+    def _top(self, token_id: int, logprob: float) -> TopLogprob:
+        token = self.tm.prompts.decode_token(token_id)
+        return TopLogprob(token=token, logprob=logprob, bytes=list(token.encode("utf-8")))
+
+    def completion_logprobs(
+        self,
+        ids: list[int],
+        lps: list[float],
+        tops: list[list[tuple[int, float]]],
+        text_offset: int,
+    ) -> CompletionLogprobs:
+        out = CompletionLogprobs()
+        for k, (tid, lp) in enumerate(zip(ids, lps, strict=False)):
+            token = self.tm.prompts.decode_token(tid)
+            out.tokens.append(token)
+            out.token_logprobs.append(lp)
+            top: dict[str, float] = {}
+            for t, v in tops[k] if k < len(tops) else []:
+                top.setdefault(self.tm.prompts.decode_token(t), v)
+            out.top_logprobs.append(top)
+            out.text_offset.append(text_offset)
+            text_offset += len(token)
+        return out
+
+
+def _param_of(message: str, max_tokens_param: str, prompt_param: str) -> str | None:
+    """The request field a validation message is about (OpenAI's ``param``)."""
+    for key, param in (
+        ("the prompt", prompt_param),
+        ("input_ids", prompt_param),
+        ("max_new_tokens", max_tokens_param),
+        ("maximum context length", max_tokens_param),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("top_k", "top_k"),
+        ("min_p", "min_p"),
+        ("penalty", None),
+        ("stop", "stop"),
+    ):
+        if key in message:
+            return param
+    return None
+
+
+def choice_logprob_slices(result: RequestResult, start: int) -> dict[str, Any]:
+    """The logprob lists of ``result`` from output position ``start`` on."""
+    return {
+        "ids": result.output_ids[start:],
+        "lps": result.logprobs[start:],
+        "tops": result.top_logprobs[start:],
+    }

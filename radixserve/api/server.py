@@ -1,0 +1,175 @@
+"""Launching the server: the scheduler and detokenizer processes, then uvicorn here.
+
+``launch_server`` spawns both children (``multiprocessing``'s spawn context: a fresh
+interpreter each, no forked torch or zmq state) with IPC sockets in a private temp dir, waits
+for their ready handshakes (the scheduler's carries the model's limits), then serves HTTP in
+this process until SIGINT/SIGTERM. However it ends, the children are stopped and the temp dir
+removed; a child whose parent is killed outright notices and exits by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from radixserve.api.app import create_app
+from radixserve.api.metrics import ServingMetrics
+from radixserve.config import ServerConfig
+from radixserve.runtime.default_model import DESCRIPTION as DEFAULT_MODEL_DESCRIPTION
+from radixserve.runtime.detokenizer_process import run_detokenizer_process
+from radixserve.runtime.io_struct import SchedulerInfo
+from radixserve.runtime.ipc import IpcEndpoints
+from radixserve.runtime.scheduler_process import run_scheduler_process
+from radixserve.runtime.tokenizer_manager import TokenizerManager
+
+logger = logging.getLogger("radixserve.server")
+
+CHILD_STOP_TIMEOUT_S = 5.0
+GRACEFUL_SHUTDOWN_S = 3
+
+
+class StartupError(RuntimeError):
+    """A child process failed to start (the message says why)."""
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: stop like Ctrl-C does."""
+
+
+def launch_server(config: ServerConfig) -> None:
+    """Run the server until SIGINT/SIGTERM; returns after a clean stop (KeyboardInterrupt may
+    escape on SIGINT). Raises StartupError if a child fails to start."""
+    ipc_dir = tempfile.mkdtemp(prefix="radixserve-ipc-")
+    endpoints = IpcEndpoints.in_dir(ipc_dir)
+    children: dict[str, BaseProcess] = {}
+    # uvicorn takes SIGTERM over while it serves and re-raises it to this handler afterwards
+    old_term = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        info = _start_children(config, endpoints, children)
+        metrics = ServingMetrics(config.model_name)
+        tm = TokenizerManager(config, endpoints, info, children=children, observer=metrics)
+        app = create_app(tm, config, metrics)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=config.host,
+                port=config.port,
+                log_level=config.log_level,
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            )
+        )
+        asyncio.run(_serve(server, config, info))
+    except _Terminated:
+        logger.info("SIGTERM: shutting down")
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        _stop_children(children)
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+        logger.info("radixserve stopped")
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated()
+
+
+def _start_children(
+    config: ServerConfig, endpoints: IpcEndpoints, children: dict[str, BaseProcess]
+) -> SchedulerInfo:
+    ctx = multiprocessing.get_context("spawn")
+    model_path = config.engine.model_path
+    assert model_path is not None
+    pipes: dict[str, Connection] = {}
+    targets: dict[str, tuple[Any, tuple[Any, ...]]] = {
+        "detokenizer": (run_detokenizer_process, (model_path, endpoints)),
+        "scheduler": (run_scheduler_process, (config.engine, endpoints)),
+    }
+    for name, (target, args) in targets.items():
+        reader, writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=target,
+            args=(*args, writer, os.getpid(), config.log_level),
+            name=f"radixserve-{name}",
+            daemon=True,
+        )
+        proc.start()
+        writer.close()
+        children[name], pipes[name] = proc, reader
+    logger.info("loading %s in the scheduler process", model_path)
+    ready = {name: _wait_ready(name, children[name], pipes[name], config) for name in children}
+    info = ready["scheduler"]
+    assert isinstance(info, SchedulerInfo)
+    return info
+
+
+def _wait_ready(name: str, proc: BaseProcess, pipe: Connection, config: ServerConfig) -> object:
+    deadline = time.monotonic() + config.startup_timeout_s
+    while time.monotonic() < deadline:
+        if pipe.poll(0.2):
+            try:
+                msg = pipe.recv()
+            except EOFError:
+                msg = None
+            if isinstance(msg, str) and msg != "ready":
+                raise StartupError(msg)
+            if msg is not None:
+                return msg
+        if proc.exitcode is not None:
+            raise StartupError(f"the {name} process exited with code {proc.exitcode}")
+    raise StartupError(f"the {name} process was not ready after {config.startup_timeout_s} s")
+
+
+def _stop_children(children: dict[str, BaseProcess]) -> None:
+    for proc in children.values():
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + CHILD_STOP_TIMEOUT_S
+    for name, proc in children.items():
+        proc.join(max(deadline - time.monotonic(), 0.1))
+        if proc.is_alive():
+            logger.warning("the %s process did not stop on SIGTERM: killing it", name)
+            proc.kill()
+            proc.join(1.0)
+
+
+async def _serve(server: uvicorn.Server, config: ServerConfig, info: SchedulerInfo) -> None:
+    task = asyncio.create_task(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.05)
+    if server.started:
+        _print_ready(config, info)
+    await task
+
+
+def _print_ready(config: ServerConfig, info: SchedulerInfo) -> None:
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
+    url = f"http://{host}:{config.port}"
+    auth = " -H 'Authorization: Bearer <your --api-key>'" if config.api_key else ""
+    body = f'{{"model": "{config.model_name}", "prompt": "def fibonacci(n):", "max_tokens": 16}}'
+    lines = [
+        f"radixserve is ready at {url}: model {config.model_name!r} "
+        f"({info.max_context_len} context, {info.max_total_tokens} KV slots)",
+    ]
+    if config.is_default_model:
+        lines.append(
+            f"NOTE: this is the embedded {DEFAULT_MODEL_DESCRIPTION}; pass --model DIR to serve "
+            "a real Hugging Face checkpoint"
+        )
+    lines += [
+        "try:",
+        f"  curl {url}/v1/completions -H 'Content-Type: application/json'{auth} -d '{body}'",
+    ]
+    print("\n".join(lines), flush=True)
+    sys.stdout.flush()

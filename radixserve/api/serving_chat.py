@@ -1,0 +1,149 @@
+"""``/v1/chat/completions``: the tokenizer's chat template, stream and non-stream.
+
+Streaming, per choice: a first chunk with ``delta.role``, content chunks, then one finish chunk
+with an empty delta and the ``finish_reason``; with ``stream_options.include_usage`` a last
+chunk with empty ``choices`` and the usage; then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from radixserve.api.errors import APIError, error_body, to_api_error
+from radixserve.api.openai_common import OpenAIServing, choice_logprob_slices
+from radixserve.api.protocol import ChatCompletionRequest
+from radixserve.api.responses import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatMessageOut,
+    ChatStreamChoice,
+    DeltaMessage,
+    UsageInfo,
+    dump,
+)
+from radixserve.api.streaming import (
+    SSE_DONE,
+    OpenRequests,
+    RequestResult,
+    SSEResponse,
+    collect_all,
+    open_requests,
+    sse,
+)
+from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.runtime.tokenizer_manager import ClientDisconnected
+
+
+class ChatServing(OpenAIServing):
+    async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
+        self.check_model(body.model)
+        self.check_common(body)
+        if body.max_tokens is not None and body.max_completion_tokens is not None:
+            raise APIError("give max_completion_tokens or max_tokens, not both", param="max_tokens")
+        max_tokens, param = body.max_completion_tokens, "max_completion_tokens"
+        if max_tokens is None:
+            max_tokens, param = body.max_tokens, "max_tokens"
+        try:
+            prompt = await self.tm.prompts.apply_chat_template(
+                [m.to_template_dict() for m in body.messages]
+            )
+        except ValueError as exc:
+            raise APIError(str(exc), param="messages") from None
+        except Exception as exc:  # a template that raises (e.g. a role order it rejects)
+            raise APIError(f"the chat template failed: {exc}", param="messages") from None
+        base_id = f"chatcmpl-{self.tm.new_rid()}"
+        ctx = self.tm.info.max_context_len
+        top = None
+        if body.logprobs:
+            top = body.top_logprobs or 0
+        elif body.top_logprobs:
+            raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
+        requests = self.build_requests(
+            base_id,
+            [prompt],
+            body,
+            max_tokens,
+            param,
+            lambda prompt_len: max(ctx - prompt_len, 0),
+            top,
+            prompt_param="messages",
+        )
+        group = await open_requests(self.tm, requests, raw.is_disconnected)
+        if body.stream:
+            return SSEResponse(self._stream(base_id, body, group, requests), on_close=group.aclose)
+        results = await collect_all(group, requests)
+        choices = [
+            ChatChoice(
+                index=i,
+                message=ChatMessageOut(content=r.text),
+                logprobs=self._logprobs(body, r, 0),
+                finish_reason=self.finish_reason(r.finish_reason),
+            )
+            for i, r in enumerate(results)
+        ]
+        response = ChatCompletionResponse(
+            id=base_id, model=self.model_name, choices=choices, usage=self.usage(results, body.n)
+        )
+        return JSONResponse(dump(response))
+
+    def _logprobs(
+        self, body: ChatCompletionRequest, result: RequestResult, start: int
+    ) -> ChatLogprobs | None:
+        if not body.logprobs:
+            return None
+        return self.chat_logprobs(**choice_logprob_slices(result, start))
+
+    async def _stream(
+        self,
+        base_id: str,
+        body: ChatCompletionRequest,
+        group: OpenRequests,
+        requests: list[GenerateRequest],
+    ) -> AsyncIterator[str]:
+        created = self.created()
+        results = [RequestResult(r) for r in requests]
+
+        def chunk(choice: ChatStreamChoice | None, usage: UsageInfo | None = None) -> str:
+            data = ChatCompletionChunk(
+                id=base_id,
+                created=created,
+                model=self.model_name,
+                choices=[] if choice is None else [choice],
+                usage=usage,
+            )
+            out = dump(data)
+            for c in out["choices"]:  # OpenAI leaves unset delta fields out
+                c["delta"] = {k: v for k, v in c["delta"].items() if v is not None}
+            return sse(out)
+
+        try:
+            for i in range(len(requests)):
+                yield chunk(
+                    ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
+                )
+            async for i, out in group.events():
+                result = results[i]
+                start = len(result.output_ids)
+                result.add(out)
+                logprobs = self._logprobs(body, result, start)
+                if out.text or logprobs is not None:
+                    delta = DeltaMessage(content=out.text)
+                    yield chunk(ChatStreamChoice(index=i, delta=delta, logprobs=logprobs))
+                finish = self.finish_reason(out.output.finish_reason)
+                if finish is not None:
+                    yield chunk(
+                        ChatStreamChoice(index=i, delta=DeltaMessage(), finish_reason=finish)
+                    )
+            if body.include_usage:
+                yield chunk(None, self.usage(results, body.n))
+        except ClientDisconnected:
+            return
+        except Exception as exc:
+            err = to_api_error(exc)
+            yield sse(error_body(err.message, err.type, err.param, err.status_code))
+        yield SSE_DONE

@@ -1,0 +1,164 @@
+"""``/v1/completions``: OpenAI's legacy completions, stream and non-stream.
+
+Streaming sends one chunk per output of a choice with its new text; the last chunk of each
+choice carries its ``finish_reason`` (exactly one finish chunk per choice); with
+``stream_options.include_usage`` a last chunk with empty ``choices`` carries the usage; then
+``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from radixserve.api.errors import APIError, error_body, to_api_error
+from radixserve.api.openai_common import OpenAIServing, choice_logprob_slices
+from radixserve.api.protocol import CompletionRequest
+from radixserve.api.responses import (
+    CompletionChoice,
+    CompletionResponse,
+    dump,
+)
+from radixserve.api.streaming import (
+    SSE_DONE,
+    OpenRequests,
+    RequestResult,
+    SSEResponse,
+    collect_all,
+    open_requests,
+    sse,
+)
+from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.runtime.tokenizer_manager import ClientDisconnected
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+
+
+class CompletionServing(OpenAIServing):
+    async def create(self, body: CompletionRequest, raw: Request) -> Response:
+        self.check_model(body.model)
+        self.check_common(body)
+        if body.suffix:
+            raise APIError("suffix is not supported", param="suffix")
+        if body.best_of is not None and body.best_of != body.n:
+            raise APIError("best_of must equal n (no server-side ranking)", param="best_of")
+        if body.echo and body.logprobs is not None:
+            raise APIError("echo with logprobs is not supported", param="echo")
+        prompts = await self._prompt_ids(body)
+        base_id = f"cmpl-{self.tm.new_rid()}"
+        ctx = self.tm.info.max_context_len
+        requests = self.build_requests(
+            base_id,
+            prompts,
+            body,
+            body.max_tokens,
+            "max_tokens",
+            lambda prompt_len: max(min(DEFAULT_MAX_TOKENS, ctx - prompt_len), 0),
+            body.logprobs,
+        )
+        echoes = [self.tm.prompts.decode(p) if body.echo else "" for p in prompts]
+        group = await open_requests(self.tm, requests, raw.is_disconnected)
+        if body.stream:
+            return SSEResponse(
+                self._stream(base_id, body, group, requests, echoes), on_close=group.aclose
+            )
+        results = await collect_all(group, requests)
+        choices = []
+        for index, result in enumerate(results):
+            echo = echoes[index // body.n]
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = self.completion_logprobs(
+                    **choice_logprob_slices(result, 0), text_offset=len(echo)
+                )
+            choices.append(
+                CompletionChoice(
+                    index=index,
+                    text=echo + result.text,
+                    logprobs=logprobs,
+                    finish_reason=self.finish_reason(result.finish_reason),
+                )
+            )
+        response = CompletionResponse(
+            id=base_id,
+            model=self.model_name,
+            choices=choices,
+            usage=self.usage(results, body.n),
+        )
+        return JSONResponse(dump(response))
+
+    async def _prompt_ids(self, body: CompletionRequest) -> list[list[int]]:
+        prompt = body.prompt
+        if isinstance(prompt, str):
+            return [await self.tm.prompts.tokenize(prompt)]
+        if not prompt:
+            raise APIError("prompt must not be empty", param="prompt")
+        if isinstance(prompt[0], int):
+            return [list(prompt)]  # type: ignore[arg-type]
+        if isinstance(prompt[0], str):
+            return [await self.tm.prompts.tokenize(p) for p in prompt]  # type: ignore[arg-type]
+        return [list(p) for p in prompt]  # type: ignore[arg-type]
+
+    async def _stream(
+        self,
+        base_id: str,
+        body: CompletionRequest,
+        group: OpenRequests,
+        requests: list[GenerateRequest],
+        echoes: list[str],
+    ) -> AsyncIterator[str]:
+        created = self.created()
+        results = [RequestResult(r) for r in requests]
+        sent_echo = [False] * len(requests)
+
+        def chunk(index: int, text: str, finish: str | None, logprobs: object = None) -> str:
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            return sse(
+                {
+                    "id": base_id,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": self.model_name,
+                    "choices": [choice],
+                }
+            )
+
+        try:
+            async for i, out in group.events():
+                result = results[i]
+                start = len(result.output_ids)
+                result.add(out)
+                text = out.text
+                if not sent_echo[i]:
+                    text, sent_echo[i] = echoes[i // body.n] + text, True
+                finish = self.finish_reason(out.output.finish_reason)
+                if not text and finish is None and body.logprobs is None:
+                    continue
+                logprobs = None
+                if body.logprobs is not None:
+                    lp = self.completion_logprobs(
+                        **choice_logprob_slices(result, start),
+                        text_offset=len(result.text) - len(out.text),
+                    )
+                    logprobs = dump(lp)
+                yield chunk(i, text, finish, logprobs)
+            if body.include_usage:
+                usage = dump(self.usage(results, body.n))
+                yield sse(
+                    {
+                        "id": base_id,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": self.model_name,
+                        "choices": [],
+                        "usage": usage,
+                    }
+                )
+        except ClientDisconnected:
+            return
+        except Exception as exc:
+            err = to_api_error(exc)
+            yield sse(error_body(err.message, err.type, err.param, err.status_code))
+        yield SSE_DONE

@@ -1,0 +1,179 @@
+"""SGLang's native ``/generate``: text or input_ids, one prompt or a batch, stream or not.
+
+As in SGLang, a streamed event carries the text and output ids generated *so far* (cumulative),
+and a batch stream tags each event with its ``index``. ``meta_info`` has ``id``,
+``prompt_tokens``, ``completion_tokens``, ``cached_tokens``, ``finish_reason`` (``{"type":
+"stop" | "length" | "abort", "matched": ...}``) and, with ``return_logprob``, lists of
+``[logprob, token_id, text or None]``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from radixserve.api.errors import error_body, to_api_error
+from radixserve.api.protocol import GenerateReqInput, NativeSamplingParams
+from radixserve.api.streaming import (
+    SSE_DONE,
+    OpenRequests,
+    RequestResult,
+    SSEResponse,
+    collect_all,
+    open_requests,
+    sse,
+)
+from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.runtime.tokenizer_manager import ClientDisconnected, TokenizerManager
+from radixserve.types import FinishKind, FinishReason
+
+T = TypeVar("T")
+
+
+class NativeServing:
+    def __init__(self, tm: TokenizerManager) -> None:
+        self.tm = tm
+
+    async def generate(self, body: GenerateReqInput, raw: Request) -> Response:
+        requests, is_batch = await self.build_requests(body)
+        started = time.monotonic()
+        group = await open_requests(self.tm, requests, raw.is_disconnected)
+        with_text = body.return_text_in_logprobs
+        if body.stream:
+            return SSEResponse(
+                self._stream(group, requests, is_batch, with_text, started), on_close=group.aclose
+            )
+        results = await collect_all(group, requests)
+        outs = [self.result_dict(r, with_text, started) for r in results]
+        return JSONResponse(outs if is_batch else outs[0])
+
+    async def build_requests(self, body: GenerateReqInput) -> tuple[list[GenerateRequest], bool]:
+        if (body.text is None) == (body.input_ids is None):
+            raise ValueError("give exactly one of text and input_ids")
+        if body.text is not None:
+            is_batch = isinstance(body.text, list)
+            texts = body.text if isinstance(body.text, list) else [body.text]
+            ids_list = [await self.tm.prompts.tokenize(t) for t in texts]
+        else:
+            ids = body.input_ids or []
+            is_batch = bool(ids) and isinstance(ids[0], list)
+            ids_list = [list(x) for x in ids] if is_batch else [list(ids)]  # type: ignore[arg-type]
+        n = len(ids_list)
+        if n == 0:
+            raise ValueError("the batch is empty")
+        params = _per_item(body.sampling_params, n, "sampling_params")
+        logprob = _per_item(body.return_logprob, n, "return_logprob")
+        starts = _per_item(body.logprob_start_len, n, "logprob_start_len")
+        tops = _per_item(body.top_logprobs_num, n, "top_logprobs_num")
+        prios = _per_item(body.priority, n, "priority")
+        if isinstance(body.rid, str) and is_batch:
+            raise ValueError("rid must be a list of the batch's length for a batch")
+        rids = _per_item(body.rid, n, "rid") if body.rid is not None else [None] * n
+        requests = []
+        for i, ids in enumerate(ids_list):
+            sp = params[i] or NativeSamplingParams.model_validate({})
+            max_new = self.tm.validator.max_new_tokens_for(len(ids), sp.max_new_tokens)
+            request = GenerateRequest(
+                rid=rids[i] or self.tm.new_rid(),
+                input_ids=ids,
+                sampling_params=sp.to_sampling_params(max_new),
+                priority=prios[i] or 0,
+                return_logprob=bool(logprob[i]),
+                top_logprobs_num=(tops[i] or 0) if logprob[i] else 0,
+                logprob_start_len=_or(starts[i], -1) if logprob[i] else -1,
+            )
+            requests.append(self.tm.validator.check(request))
+        if len({r.rid for r in requests}) != n:
+            raise ValueError("the rids of a batch must be distinct")
+        return requests, is_batch
+
+    async def _stream(
+        self,
+        group: OpenRequests,
+        requests: list[GenerateRequest],
+        is_batch: bool,
+        with_text: bool,
+        started: float,
+    ) -> AsyncIterator[str]:
+        results = [RequestResult(r) for r in requests]
+        try:
+            async for i, out in group.events():
+                results[i].add(out)
+                event = self.result_dict(results[i], with_text, started)
+                if is_batch:
+                    event["index"] = i
+                yield sse(event)
+        except ClientDisconnected:
+            return
+        except Exception as exc:
+            err = to_api_error(exc)
+            yield sse(error_body(err.message, err.type, err.param, err.status_code))
+        yield SSE_DONE
+
+    def result_dict(self, result: RequestResult, with_text: bool, started: float) -> dict[str, Any]:
+        request = result.request
+        meta: dict[str, Any] = {
+            "id": request.rid,
+            "finish_reason": finish_reason_json(result.finish_reason, request),
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens,
+            "cached_tokens": result.cached_tokens,
+            "e2e_latency": time.monotonic() - started,
+        }
+        if request.return_logprob:
+            meta["output_token_logprobs"] = [
+                self._lp(lp, tid, with_text)
+                for lp, tid in zip(result.logprobs, result.output_ids, strict=False)
+            ]
+            meta["output_top_logprobs"] = [
+                [self._lp(lp, tid, with_text) for tid, lp in top] for top in result.top_logprobs
+            ]
+            if request.logprob_start_len >= 0:
+                meta["input_token_logprobs"] = self._input_logprobs(result, with_text)
+        return {"text": result.text, "output_ids": list(result.output_ids), "meta_info": meta}
+
+    def _lp(self, logprob: float | None, token_id: int, with_text: bool) -> list[Any]:
+        return [logprob, token_id, self.tm.prompts.decode_token(token_id) if with_text else None]
+
+    def _input_logprobs(self, result: RequestResult, with_text: bool) -> list[list[Any]]:
+        """Prompt tokens from ``logprob_start_len`` on, each with log P(token | tokens before).
+        The scheduler returns values for positions ``max(start, 1) ..``; the prompt's first token
+        has no logprob, so with ``start == 0`` it is reported with None (as SGLang does)."""
+        prompt = result.request.input_ids
+        start = result.request.logprob_start_len
+        first = max(start, 1)
+        values = result.input_logprobs or []
+        out = [self._lp(None, prompt[0], with_text)] if start == 0 else []
+        out += [
+            self._lp(lp, prompt[first + j], with_text)
+            for j, lp in enumerate(values)
+            if first + j < len(prompt)
+        ]
+        return out
+
+
+def finish_reason_json(reason: FinishReason | None, request: GenerateRequest) -> Any:
+    if reason is None:
+        return None
+    out: dict[str, Any] = {"type": reason.openai_reason, "matched": reason.matched}
+    if reason.kind is FinishKind.LENGTH:
+        out["length"] = request.sampling_params.max_new_tokens
+    elif reason.kind is FinishKind.ABORT:
+        out["message"] = reason.message
+    return out
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _per_item(value: T | list[T] | None, n: int, name: str) -> list[T | None]:
+    if isinstance(value, list):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} items; the batch has {n} prompts")
+        return list(value)
+    return [value] * n

@@ -1,0 +1,65 @@
+"""The detokenizer process: PULL from the scheduler, :class:`Detokenizer`, PUSH to HTTP."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from multiprocessing.connection import Connection
+
+import zmq
+
+from radixserve.runtime.detokenizer import Detokenizer
+from radixserve.runtime.ipc import (
+    IpcEndpoints,
+    ParentWatch,
+    exit_process,
+    make_socket,
+    recv_all,
+    setup_child_process,
+)
+
+logger = logging.getLogger(__name__)
+
+IDLE_POLL_MS = 1000
+
+
+def run_detokenizer_process(
+    tokenizer_path: str,
+    endpoints: IpcEndpoints,
+    ready: Connection,
+    parent_pid: int,
+    log_level: str = "info",
+) -> None:
+    """Process entry point. Sends ``"ready"`` (or an error string) through ``ready`` once the
+    tokenizer is loaded, then runs until the parent goes away or SIGTERM."""
+    setup_child_process(log_level)
+    try:
+        from transformers import AutoTokenizer
+
+        detokenizer = Detokenizer(AutoTokenizer.from_pretrained(tokenizer_path))
+    except Exception:
+        ready.send(f"the detokenizer could not load the tokenizer:\n{traceback.format_exc()}")
+        raise
+    context = zmq.Context()
+    recv = make_socket(context, zmq.PULL, endpoints.detokenizer_in, bind=True)
+    send = make_socket(context, zmq.PUSH, endpoints.tokenizer_in, bind=False)
+    ready.send("ready")
+    ready.close()
+    watch = ParentWatch(parent_pid)
+    logger.info("detokenizer ready")
+    code = 0
+    try:
+        while not watch.parent_gone():
+            msgs = recv_all(recv, IDLE_POLL_MS)
+            if msgs:
+                results = detokenizer.handle(msgs)
+                if results:
+                    send.send_pyobj(results)
+        logger.warning("the server process is gone; the detokenizer exits")
+        endpoints.remove_dir()
+    except SystemExit:
+        logger.info("detokenizer stopping")
+    except BaseException:
+        logger.exception("the detokenizer crashed")
+        code = 1
+    exit_process(code)

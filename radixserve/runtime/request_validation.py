@@ -1,0 +1,63 @@
+"""RequestValidator: the checks a request passes before it reaches the scheduler.
+
+Every failure is a ``ValueError`` whose message is shown to the client (HTTP 400). The
+scheduler repeats what it must (``add_request``), so these checks only make errors early
+and readable; they never replace the scheduler's own.
+"""
+
+from __future__ import annotations
+
+from radixserve.runtime.io_struct import GenerateRequest, SchedulerInfo
+from radixserve.types import SamplingParams
+
+MAX_TOP_LOGPROBS = 20
+
+
+class RequestValidator:
+    def __init__(self, info: SchedulerInfo, default_max_new_tokens: int = 128) -> None:
+        self.info = info
+        self.default_max_new_tokens = default_max_new_tokens
+
+    def max_new_tokens_for(self, prompt_len: int, requested: int | None) -> int:
+        """``requested``, or when ``None`` the default clipped to the context left."""
+        if requested is not None:
+            return requested
+        return max(min(self.default_max_new_tokens, self.info.max_context_len - prompt_len), 0)
+
+    def check_prompt(self, input_ids: list[int]) -> None:
+        ctx = self.info.max_context_len
+        if not input_ids:
+            raise ValueError("the prompt is empty")
+        if len(input_ids) >= ctx:
+            raise ValueError(
+                f"this model's maximum context length is {ctx} tokens; the prompt has "
+                f"{len(input_ids)} tokens (it must leave room for at least one new token)"
+            )
+        vocab = self.info.vocab_size
+        if any(
+            not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in input_ids
+        ):
+            raise ValueError(f"input_ids must be integers in [0, {vocab})")
+
+    def check(self, request: GenerateRequest) -> GenerateRequest:
+        """Validates ``request`` in place (sampling params normalised) and returns it."""
+        self.check_prompt(request.input_ids)
+        params: SamplingParams = request.sampling_params.validate()
+        ctx = self.info.max_context_len
+        prompt_len = len(request.input_ids)
+        if prompt_len + params.max_new_tokens > ctx:
+            raise ValueError(
+                f"this model's maximum context length is {ctx} tokens; the request asks for "
+                f"{prompt_len} prompt tokens + {params.max_new_tokens} new tokens; lower the "
+                f"maximum number of new tokens to at most {ctx - prompt_len}"
+            )
+        if request.top_logprobs_num < 0 or request.top_logprobs_num > MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
+        if request.logprob_start_len >= prompt_len:
+            raise ValueError(
+                f"logprob_start_len {request.logprob_start_len} is not inside the prompt "
+                f"of {prompt_len} tokens"
+            )
+        if any(t >= self.info.vocab_size for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be in [0, {self.info.vocab_size})")
+        return request

@@ -1,0 +1,224 @@
+"""The scheduler process: a :class:`Scheduler` driven by messages from the HTTP process.
+
+Loop: receive (blocking up to ``IDLE_POLL_MS`` when idle, not at all when busy) -> handle each
+message -> ``step()`` -> push this iteration's messages to the detokenizer as one list.
+A bad request never kills the loop: ``add_request``'s ``ValueError`` becomes a
+:class:`ReqError` for that rid. An exception in ``step()`` is a bug: the loop reports it
+(:class:`SchedulerFatal`, for the HTTP process's log and its 503s) and the process exits 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+import zmq
+
+from radixserve.config import EngineConfig
+from radixserve.runtime.io_struct import (
+    AbortRequest,
+    DetokenizeParams,
+    FlushCacheReq,
+    GenerateRequest,
+    GetServerInfoReq,
+    ReqError,
+    RpcReply,
+    SchedulerFatal,
+    SchedulerInfo,
+)
+from radixserve.runtime.ipc import (
+    IpcEndpoints,
+    ParentWatch,
+    exit_process,
+    make_socket,
+    recv_all,
+    setup_child_process,
+)
+from radixserve.runtime.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+IDLE_POLL_MS = 1000
+STATS_LOG_INTERVAL_S = 10.0
+INTEGRITY_WAIT_S = 2.0  # how long /get_server_info waits for an idle moment to check KV
+PROMPT_TAIL_TOKENS = 5  # prompt context the detokenizer decodes before the first output
+
+
+class SchedulerLoop:
+    """Owns the scheduler and its two sockets; single-threaded."""
+
+    def __init__(
+        self, scheduler: Scheduler, recv: zmq.Socket, send: zmq.Socket, watch: ParentWatch
+    ) -> None:
+        self.scheduler = scheduler
+        self.recv = recv
+        self.send = send
+        self.watch = watch
+        self.outbox: list[object] = []
+        self.pending_info: list[tuple[GetServerInfoReq, float]] = []
+        self._last_log = time.monotonic()
+        self._last_generated = 0
+
+    def run(self) -> None:
+        """Until the parent process is gone."""
+        while not self.watch.parent_gone():
+            self.run_once(IDLE_POLL_MS)
+        logger.warning("the server process is gone; the scheduler exits")
+
+    def run_once(self, idle_timeout_ms: int) -> None:
+        timeout = 0 if self.scheduler.has_work else idle_timeout_ms
+        for msg in recv_all(self.recv, timeout):
+            self.handle(msg)
+        if self.scheduler.has_work:
+            self.outbox.extend(self.scheduler.step())
+        if self.pending_info:
+            self._answer_server_info()
+        self.flush()
+        self._maybe_log_stats()
+
+    def flush(self) -> None:
+        if self.outbox:
+            self.send.send_pyobj(self.outbox)
+            self.outbox = []
+
+    def handle(self, msg: object) -> None:
+        if isinstance(msg, GenerateRequest):
+            self._add(msg)
+        elif isinstance(msg, AbortRequest):
+            self.scheduler.abort_request(msg.rid)
+        elif isinstance(msg, FlushCacheReq):
+            flushed = self.scheduler.flush_cache()
+            logger.info("flush_cache: %s", "done" if flushed else "refused (requests running)")
+            self.outbox.append(RpcReply(msg.call_id, flushed))
+        elif isinstance(msg, GetServerInfoReq):
+            # the integrity check runs between requests: wait (a little) for the scheduler to idle
+            wait = INTEGRITY_WAIT_S if msg.check_integrity else 0.0
+            self.pending_info.append((msg, time.monotonic() + wait))
+        else:
+            logger.warning("ignoring an unknown message %r", type(msg).__name__)
+
+    def _add(self, req: GenerateRequest) -> None:
+        try:
+            self.scheduler.add_request(req)
+        except ValueError as exc:
+            logger.info("request %s refused: %s", req.rid, exc)
+            self.outbox.append(ReqError(req.rid, str(exc)))
+            return
+        except Exception as exc:  # a bug, but one request must not take the server down
+            logger.exception("request %s failed in add_request", req.rid)
+            self.outbox.append(ReqError(req.rid, f"internal error: {exc!r}", status_code=500))
+            return
+        params = req.sampling_params
+        self.outbox.append(
+            DetokenizeParams(
+                req.rid,
+                list(params.stop),
+                params.skip_special_tokens,
+                req.input_ids[-PROMPT_TAIL_TOKENS:],
+            )
+        )
+
+    def _answer_server_info(self) -> None:
+        now, idle = time.monotonic(), not self.scheduler.has_work
+        waiting = []
+        for msg, deadline in self.pending_info:
+            if idle or now >= deadline:
+                self.outbox.append(self._server_info(msg))
+            else:
+                waiting.append((msg, deadline))
+        self.pending_info = waiting
+
+    def _server_info(self, msg: GetServerInfoReq) -> RpcReply:
+        info: dict[str, Any] = {"stats": self.scheduler.get_stats()}
+        info["integrity_ok"], info["integrity_error"] = None, "not checked: requests are running"
+        # checked only between requests: that is when "free + cached == capacity" must hold
+        if msg.check_integrity and not self.scheduler.has_work:
+            try:
+                self.scheduler.check_integrity()
+                info["integrity_ok"], info["integrity_error"] = True, None
+            except AssertionError as exc:
+                logger.error("KV integrity check failed: %s", exc)
+                info["integrity_ok"], info["integrity_error"] = False, str(exc) or repr(exc)
+        return RpcReply(msg.call_id, info)
+
+    def _maybe_log_stats(self) -> None:
+        now = time.monotonic()
+        elapsed = now - self._last_log
+        if elapsed < STATS_LOG_INTERVAL_S:
+            return
+        stats = self.scheduler.get_stats()
+        generated = stats["num_generated_tokens"] - self._last_generated
+        self._last_log, self._last_generated = now, stats["num_generated_tokens"]
+        if generated == 0 and not self.scheduler.has_work:
+            return
+        logger.info(
+            "#running %d  #waiting %d  token usage %.2f  cache hit rate %.2f  "
+            "gen throughput %.1f tok/s  #retractions %d  #preemptions %d",
+            stats["num_running_reqs"],
+            stats["num_waiting_reqs"],
+            stats["token_usage"],
+            stats["cache_hit_rate"],
+            generated / elapsed,
+            stats["num_retractions"],
+            stats["num_preemptions"],
+        )
+
+
+def run_scheduler_process(
+    config: EngineConfig,
+    endpoints: IpcEndpoints,
+    ready: Connection,
+    parent_pid: int,
+    log_level: str = "info",
+) -> None:
+    """Process entry point. Sends a :class:`SchedulerInfo` (or an error string) through
+    ``ready`` once the model is loaded, then runs the loop."""
+    setup_child_process(log_level)
+    try:
+        from transformers import AutoTokenizer
+
+        assert config.model_path is not None
+        tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+        scheduler = Scheduler(config, tokenizer=tokenizer)
+    except Exception:
+        ready.send(f"the scheduler could not load the model:\n{traceback.format_exc()}")
+        raise
+    context = zmq.Context()
+    recv = make_socket(context, zmq.PULL, endpoints.scheduler_in, bind=True)
+    send = make_socket(context, zmq.PUSH, endpoints.detokenizer_in, bind=False)
+    stats = scheduler.get_stats()
+    ready.send(
+        SchedulerInfo(
+            max_context_len=scheduler.max_context_len,
+            max_total_tokens=int(stats["max_total_tokens"]),
+            max_running_requests=config.max_running_requests,
+            vocab_size=scheduler.runner.vocab_size,
+            eos_token_ids=tuple(sorted(scheduler.eos_token_ids)),
+        )
+    )
+    ready.close()
+    logger.info(
+        "scheduler ready: %d KV slots, context length %d",
+        stats["max_total_tokens"],
+        scheduler.max_context_len,
+    )
+    loop = SchedulerLoop(scheduler, recv, send, ParentWatch(parent_pid))
+    code = 0
+    try:
+        loop.run()
+        endpoints.remove_dir()  # the parent is gone: nobody else will
+    except SystemExit:
+        logger.info("scheduler stopping")
+    except BaseException:
+        message = traceback.format_exc()
+        logger.error("the scheduler loop crashed:\n%s", message)
+        loop.outbox = [SchedulerFatal(message)]
+        loop.flush()
+        time.sleep(0.5)  # let the message leave before the process goes
+        code = 1
+    finally:
+        scheduler.shutdown()
+    exit_process(code)

@@ -1,0 +1,298 @@
+"""TokenizerManager: the HTTP process's side of the server (DESIGN.md section 2, step 1).
+
+It tokenizes (``prompts``) and validates (``validator``) requests (``ValueError``: HTTP 400),
+sends them to the scheduler and awaits their outputs per ``rid``: one asyncio reader task takes
+the detokenizer's messages off a zmq socket and puts each into its request's queue. Leaving a request's ``stream`` context
+before its last output (client disconnect, error, cancellation) aborts it in the scheduler.
+
+If a child process dies (or the scheduler reports a crash), every pending and later request
+fails with :class:`SchedulerUnavailable` (HTTP 503), and the log says why; nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import zmq
+import zmq.asyncio
+
+from radixserve.config import ServerConfig
+from radixserve.runtime.io_struct import (
+    AbortRequest,
+    FlushCacheReq,
+    GenerateRequest,
+    GetServerInfoReq,
+    ReqError,
+    RpcReply,
+    SchedulerFatal,
+    SchedulerInfo,
+    TextOutput,
+)
+from radixserve.runtime.ipc import IpcEndpoints, make_socket
+from radixserve.runtime.prompt_tokenizer import PromptTokenizer
+from radixserve.runtime.request_validation import RequestValidator
+
+logger = logging.getLogger(__name__)
+
+DISCONNECT_POLL_S = 0.5
+WATCH_INTERVAL_S = 0.25
+RPC_TIMEOUT_S = 30.0
+
+
+class SchedulerUnavailable(RuntimeError):
+    """The scheduler (or detokenizer) process is gone: HTTP 503."""
+
+
+class RequestFailed(RuntimeError):
+    """The scheduler refused or failed a request; ``status_code`` 400 or 500."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away while its request was running."""
+
+
+class Process(Protocol):
+    """What the watchdog needs of a child (``multiprocessing.Process`` fits)."""
+
+    @property
+    def exitcode(self) -> int | None: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+
+class OutputObserver(Protocol):
+    """Told about every output as it arrives (metrics)."""
+
+    def on_output(self, state: ReqState, out: TextOutput, now: float) -> None: ...
+
+
+@dataclass(eq=False)
+class ReqState:
+    """One request the HTTP process waits on: its outputs (or the exception that ends it) are
+    queued by the reader task; times are ``time.monotonic()``."""
+
+    request: GenerateRequest
+    created: float = field(default_factory=time.monotonic)
+    queue: asyncio.Queue[TextOutput | Exception] = field(default_factory=asyncio.Queue)
+    first_output_time: float | None = None
+    last_output_time: float | None = None
+    finished: bool = False
+
+
+class TokenizerManager:
+    """Lives in the HTTP process, on its event loop: every method runs on that loop's thread.
+
+    ``states`` holds the requests that have a waiting client; outputs of any other rid (its
+    client left) are dropped. ``info`` is the scheduler's ready handshake (context length,
+    vocabulary size). ``children`` are watched: one that exits fails everything with 503.
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        endpoints: IpcEndpoints,
+        info: SchedulerInfo,
+        tokenizer: Any = None,
+        children: Mapping[str, Process] | None = None,
+        observer: OutputObserver | None = None,
+    ) -> None:
+        assert config.engine.model_path is not None
+        self.config = config
+        self.info = info
+        self.prompts = (
+            PromptTokenizer(tokenizer)
+            if tokenizer is not None
+            else PromptTokenizer.from_pretrained(config.engine.model_path)
+        )
+        self.validator = RequestValidator(info, config.default_max_new_tokens)
+        self.children = dict(children or {})
+        self.observer = observer
+        self.states: dict[str, ReqState] = {}
+        self.dead_reason: str | None = None
+        self._rpcs: dict[int, asyncio.Future[Any]] = {}
+        self._call_ids = itertools.count()
+        self._endpoints = endpoints
+        self._tasks: list[asyncio.Task[None]] = []
+        # sends are never blocking (no high-water mark): a plain socket, usable in ``finally``
+        self._send = make_socket(zmq.Context.instance(), zmq.PUSH, endpoints.scheduler_in, False)
+        self._actx = zmq.asyncio.Context()
+        self._recv = make_socket(self._actx, zmq.PULL, endpoints.tokenizer_in, bind=True)
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._read_loop(), name="radixserve-output-reader"),
+            asyncio.create_task(self._watch_children(), name="radixserve-child-watch"),
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._recv.close(linger=0)
+        self._send.close(linger=0)
+        self._actx.term()
+
+    @property
+    def is_alive(self) -> bool:
+        return self.dead_reason is None
+
+    def child_pids(self) -> dict[str, int | None]:
+        return {name: proc.pid for name, proc in self.children.items()}
+
+    @staticmethod
+    def new_rid() -> str:
+        return uuid.uuid4().hex
+
+    # ---- requests ---------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        request: GenerateRequest,
+        is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+    ) -> AsyncIterator[AsyncIterator[TextOutput]]:
+        """Send ``request`` (validated by the caller) and yield an iterator of its outputs,
+        ending after the last one. Leaving the context early aborts the request.
+
+        Raises :class:`SchedulerUnavailable`, :class:`RequestFailed`, ``ValueError`` (a
+        duplicate rid) and :class:`ClientDisconnected` (``is_disconnected`` said so)."""
+        self._check_alive()
+        if request.rid in self.states:
+            raise ValueError(f"a request with rid {request.rid!r} is already running")
+        state = ReqState(request)
+        self.states[request.rid] = state
+        self._send.send_pyobj([request])
+        try:
+            yield self._outputs(state, is_disconnected)
+        finally:
+            self.states.pop(request.rid, None)
+            if not state.finished and self.is_alive:
+                self._send.send_pyobj([AbortRequest(request.rid)])
+
+    async def _outputs(
+        self, state: ReqState, is_disconnected: Callable[[], Awaitable[bool]] | None
+    ) -> AsyncIterator[TextOutput]:
+        # the client is checked every DISCONNECT_POLL_S, whether or not outputs keep coming
+        next_check = time.monotonic() + DISCONNECT_POLL_S
+        while not state.finished:
+            if is_disconnected is not None and time.monotonic() >= next_check:
+                next_check = time.monotonic() + DISCONNECT_POLL_S
+                if await is_disconnected():
+                    logger.info("client of %s disconnected: aborting it", state.request.rid)
+                    raise ClientDisconnected()
+            try:
+                item = await asyncio.wait_for(state.queue.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                continue
+            if isinstance(item, Exception):
+                state.finished = True
+                raise item
+            if item.output.finish_reason is not None:
+                state.finished = True
+            yield item
+
+    def abort(self, rid: str | None = None) -> list[str]:
+        """Abort one request, or every pending one (``rid`` None); returns the rids aborted."""
+        rids = list(self.states) if rid is None else [rid] if rid in self.states else []
+        if rids and self.is_alive:
+            self._send.send_pyobj([AbortRequest(r) for r in rids])
+        return rids
+
+    async def flush_cache(self) -> bool:
+        return bool(await self._rpc(FlushCacheReq(next(self._call_ids))))
+
+    async def get_server_info(self, check_integrity: bool = True) -> dict[str, Any]:
+        reply = await self._rpc(GetServerInfoReq(next(self._call_ids), check_integrity))
+        return dict(reply)
+
+    async def _rpc(self, msg: FlushCacheReq | GetServerInfoReq) -> Any:
+        self._check_alive()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._rpcs[msg.call_id] = future
+        self._send.send_pyobj([msg])
+        try:
+            return await asyncio.wait_for(future, RPC_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise SchedulerUnavailable(
+                f"the scheduler did not answer within {RPC_TIMEOUT_S:.0f} s"
+            ) from None
+        finally:
+            self._rpcs.pop(msg.call_id, None)
+
+    def _check_alive(self) -> None:
+        if self.dead_reason is not None:
+            raise SchedulerUnavailable(self.dead_reason)
+
+    # ---- background tasks -------------------------------------------------------------------
+    async def _read_loop(self) -> None:
+        while True:
+            msgs = await self._recv.recv_pyobj()
+            now = time.monotonic()
+            for msg in msgs:
+                try:
+                    self._dispatch(msg, now)
+                except Exception:  # one bad message must not stop every request
+                    logger.exception("dropping a message the server could not dispatch")
+
+    def _dispatch(self, msg: object, now: float) -> None:
+        if isinstance(msg, TextOutput):
+            state = self.states.get(msg.output.rid)
+            if state is None:
+                return  # its client is gone
+            if self.observer is not None:
+                self.observer.on_output(state, msg, now)
+            if state.first_output_time is None:
+                state.first_output_time = now
+            state.last_output_time = now
+            if msg.stopped_early:
+                self._send.send_pyobj([AbortRequest(msg.output.rid)])
+            state.queue.put_nowait(msg)
+        elif isinstance(msg, ReqError):
+            state = self.states.get(msg.rid)
+            if state is not None:
+                state.queue.put_nowait(RequestFailed(msg.message, msg.status_code))
+        elif isinstance(msg, RpcReply):
+            future = self._rpcs.get(msg.call_id)
+            if future is not None and not future.done():
+                if msg.error is None:
+                    future.set_result(msg.value)
+                else:
+                    future.set_exception(RuntimeError(msg.error))
+        elif isinstance(msg, SchedulerFatal):
+            self._fail_all(f"the scheduler crashed:\n{msg.message}")
+        else:
+            logger.warning("ignoring an unknown message %r", type(msg).__name__)
+
+    async def _watch_children(self) -> None:
+        while self.dead_reason is None:
+            for name, proc in self.children.items():
+                if proc.exitcode is not None:
+                    self._fail_all(f"the {name} process exited with code {proc.exitcode}")
+                    break
+            await asyncio.sleep(WATCH_INTERVAL_S)
+
+    def _fail_all(self, reason: str) -> None:
+        if self.dead_reason is not None:
+            return
+        self.dead_reason = reason
+        logger.error("%s; every request now fails with 503", reason)
+        for state in self.states.values():
+            state.queue.put_nowait(SchedulerUnavailable(reason))
+        for future in self._rpcs.values():
+            if not future.done():
+                future.set_exception(SchedulerUnavailable(reason))

@@ -1,0 +1,59 @@
+"""Server fixtures: the real ``radixserve serve`` in a subprocess on a tiny model written into a
+temp dir (see ``serving_harness``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from serving_harness import MAX_CONTEXT_LEN, Server, start_server, stop_server
+
+
+@pytest.fixture(scope="session")
+def api_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: object) -> Path:
+    """A tiny random Llama (context 1024) with the real ChatML tokenizer."""
+    from radixserve.models.tiny import write_tiny_model
+
+    return write_tiny_model(
+        tmp_path_factory.mktemp("api-model") / "tiny-llama",
+        "llama",
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=MAX_CONTEXT_LEN,
+        tokenizer=tiny_tokenizer,
+        seed=3,
+    )
+
+
+@pytest.fixture(scope="session")
+def server(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server shared by the tests that leave it serving."""
+    log = tmp_path_factory.mktemp("server-log") / "server.log"
+    srv = start_server(
+        ["--model", str(api_model_dir), "--max-total-tokens", "32768", "--log-level", "info"], log
+    )
+    try:
+        yield srv
+    finally:
+        code = stop_server(srv)
+        log = srv.log()
+        assert code == 0, f"the server did not stop cleanly ({code}):\n{log[-4000:]}"
+        assert "Traceback" not in log and " ERROR " not in log, log[-6000:]
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[httpx.Client]:
+    with server.client() as c:
+        yield c
+
+
+@pytest.fixture
+def openai_client(server: Server):  # type: ignore[no-untyped-def]
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)

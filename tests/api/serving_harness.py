@@ -1,0 +1,99 @@
+"""The real ``radixserve serve`` in a subprocess, on a free port; always torn down (SIGTERM,
+then SIGKILL of its process group)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+STARTUP_TIMEOUT_S = 90.0
+MAX_CONTEXT_LEN = 1024
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    api_key: str | None = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def client(self, timeout: float = 60.0) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(
+    args: list[str], log_path: Path, env: dict[str, str] | None = None, api_key: str | None = None
+) -> Server:
+    port = free_port()
+    cmd = [sys.executable, "-m", "radixserve", "serve", "--port", str(port), *args]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    server = Server(f"http://127.0.0.1:{port}", proc, log_path, api_key)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(f"{server.url}/health", timeout=1.0).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    stop_server(server)
+    raise RuntimeError(f"the server did not start in {STARTUP_TIMEOUT_S} s:\n{server.log()}")
+
+
+def stop_server(server: Server, timeout: float = 20.0) -> int | None:
+    """SIGTERM (a clean shutdown), then SIGKILL of the whole process group; the exit code."""
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(server.proc.pid, signal.SIGKILL)  # children left behind, if any
+    except ProcessLookupError:
+        pass
+    if server.proc.poll() is None:
+        server.proc.wait(5)
+    return server.proc.returncode
+
+
+def model_name(server: Server) -> str:
+    return str(httpx.get(f"{server.url}/v1/models", headers=server.headers).json()["data"][0]["id"])
+
+
+def pick_stop(text: str) -> str | None:
+    """A two-character stop string from inside ``text`` (no U+FFFD: a random model's text may
+    hold invalid bytes), or None when the text is too short."""
+    for k in range(1, len(text) - 2):
+        stop = text[k : k + 2]
+        if "\ufffd" not in stop and stop.strip():
+            return stop
+    return None
