@@ -14,6 +14,7 @@ def admit_waiting(
     waiting_queue: Sequence[Req],
     prefix_computed: bool,
     has_chunked_req: bool = False,
+    deprioritized: frozenset[str] = frozenset(),
 ) -> AddReqResult:
     """Offer ``waiting_queue`` (already ordered by ``SchedulePolicy.calc_priority``) in order.
 
@@ -22,9 +23,16 @@ def admit_waiting(
     the loop stops at the first request that is refused and cannot preempt, so no request
     overtakes a refused one. Returns the last ``AddReqResult``. Admitted requests are in
     ``adder.can_run_list``; the caller removes them from the queue.
+
+    ``deprioritized`` (``SchedulePolicy.deprioritized``): once something is admitted, these wait
+    for the next pass, when the prefix they share with an admitted request is cached (seed 004
+    section 4: "schedule only A; B and C reuse its system prompt after A's prefill"). SGLang
+    only moves them to the back, so with room they join the same batch and recompute it.
     """
     result = AddReqResult.CONTINUE
     for req in waiting_queue:
+        if req.rid in deprioritized and adder.can_run_list:
+            continue
         if not prefix_computed:
             match_req_prefix(req, adder.tree_cache)
         num_admitted = len(adder.can_run_list)

@@ -74,6 +74,9 @@ class SchedulePolicy:
         self.schedule_low_priority_values_first = schedule_low_priority_values_first
         self._rng = random.Random(seed)
         self._in_batch_tree = RadixCache.create_simulated(tree_cache.page_size)
+        # rids the last pass's in-batch check deprioritized: their prefix comes from an earlier
+        # request of the same pass, so admission defers them to the next pass
+        self.deprioritized: frozenset[str] = frozenset()
 
     @property
     def is_aging(self) -> bool:
@@ -96,6 +99,7 @@ class SchedulePolicy:
         elif policy == RANDOM:
             facts = PassFacts(random_rank={r.rid: self._rng.random() for r in waiting_queue})
         waiting_queue.sort(key=self._composite_key(policy, facts))
+        self.deprioritized = facts.deprioritized
         return policy in CACHE_AWARE_POLICIES
 
     def on_pass_done(self, still_waiting: Sequence[Req], admitted: Sequence[Req]) -> None:

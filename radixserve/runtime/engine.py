@@ -83,8 +83,7 @@ class Engine:
             )
             for r, ids, p, pr in zip(rids, ids_list, params, prios, strict=True)
         ]
-        for request in requests:
-            self._submit(request)
+        self._submit(requests)
         if stream:
             return self._stream(requests[0])
         results = [self._collect(r) for r in requests]
@@ -126,14 +125,30 @@ class Engine:
         texts = prompt if isinstance(prompt, list) else [prompt]
         return [self.tokenizer.encode(t) for t in texts]
 
-    def _submit(self, request: GenerateRequest) -> None:
+    def _submit(self, requests: list[GenerateRequest]) -> None:
+        """Queue the whole batch in one loop turn (so it is scheduled together), all or nothing:
+        if one request is invalid, those already queued are aborted and the error raised."""
         with self._lock:
-            self._outputs[request.rid] = queue.Queue()
+            for request in requests:
+                self._outputs[request.rid] = queue.Queue()
+
+        def add_all() -> None:
+            added: list[str] = []
+            try:
+                for request in requests:
+                    self.scheduler.add_request(request)
+                    added.append(request.rid)
+            except BaseException:
+                for rid in added:
+                    self.scheduler.abort_request(rid)
+                raise
+
         try:
-            self._call(lambda: self.scheduler.add_request(request))
+            self._call(add_all)
         except BaseException:
             with self._lock:
-                self._outputs.pop(request.rid, None)
+                for request in requests:
+                    self._outputs.pop(request.rid, None)
             raise
 
     def _next_output(self, rid: str) -> ReqOutput:
@@ -143,26 +158,35 @@ class Engine:
         return item
 
     def _collect(self, request: GenerateRequest) -> dict[str, Any]:
-        text = IncrementalText(self.tokenizer, request.sampling_params)
-        while True:
+        text = IncrementalText(self.tokenizer, request)
+        done = False
+        while not done:
             out = self._next_output(request.rid)
-            text.add(out)
-            if out.finish_reason is not None:
-                self._outputs.pop(request.rid, None)
-                return output_dict(text, out)
+            _, done = self._absorb(text, out, request.rid)
+        return output_dict(text, out)
 
     def _stream(self, request: GenerateRequest) -> Iterator[dict[str, Any]]:
-        text = IncrementalText(self.tokenizer, request.sampling_params)
+        text = IncrementalText(self.tokenizer, request)
+        done = False
         try:
-            while True:
+            while not done:
                 out = self._next_output(request.rid)
-                delta = text.add(out)
+                delta, done = self._absorb(text, out, request.rid)
                 yield output_dict(text, out, delta=delta)
-                if out.finish_reason is not None:
-                    return
         finally:
-            if self._outputs.pop(request.rid, None) is not None and text.finish_reason is None:
-                self.abort(request.rid)  # the consumer stopped early
+            if not done:  # the consumer stopped early
+                self._outputs.pop(request.rid, None)
+                self.abort(request.rid)
+
+    def _absorb(self, text: IncrementalText, out: ReqOutput, rid: str) -> tuple[str, bool]:
+        """Feed one output: (the new text, whether the request is done)."""
+        delta = text.add(out)
+        if text.stopped_early:  # a stop string the scheduler has not acted on: stop it there
+            self.abort(rid)
+        done = text.finish_reason is not None
+        if done:
+            self._outputs.pop(rid, None)
+        return delta, done
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         if self._error is not None:

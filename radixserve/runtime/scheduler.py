@@ -161,6 +161,10 @@ class Scheduler:
     # ---- choosing the next batch -------------------------------------------------------------
     def get_next_batch(self) -> ScheduleBatch | None:
         self._apply_aborts()
+        if self.waiting and self.in_flight is not None and not self.in_flight[0].is_decode:
+            # a prefill in flight caches its prompts when processed: admit after that, so the
+            # waiting requests can match them (overlap resumes with the next decode)
+            self.sync()
         if self.chunked_req is not None:
             self.kv.cache_unfinished(self.chunked_req)
         batch = self._get_prefill_batch()
@@ -198,7 +202,11 @@ class Scheduler:
         if self.chunked_req is not None:
             adder.add_chunked_req(self.chunked_req)
         admit_waiting(
-            adder, self.waiting, prefix_computed, has_chunked_req=self.chunked_req is not None
+            adder,
+            self.waiting,
+            prefix_computed,
+            has_chunked_req=self.chunked_req is not None,
+            deprioritized=self.policy.deprioritized,
         )
         admitted = [r for r in adder.can_run_list if r is not self.chunked_req]
         admitted_set = set(admitted)
@@ -277,6 +285,8 @@ class Scheduler:
             if req.is_finished:
                 self._finish(req, release=req not in in_next)
             elif not batch.is_decode:
+                # cache the prompt now, so requests sharing it hit while this one decodes
+                self.kv.cache_unfinished(req)
                 new_running.append(req)
         if new_running:
             self.running.merge(new_running)

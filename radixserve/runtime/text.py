@@ -4,28 +4,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.runtime.io_struct import ReqOutput
-from radixserve.types import FinishKind, FinishReason, SamplingParams
+from radixserve.runtime.detokenizer import INIT_CONTEXT_TOKENS, Detokenizer
+from radixserve.runtime.io_struct import DetokenizeParams, GenerateRequest, ReqOutput
+from radixserve.types import FinishKind, FinishReason
 
 
 class IncrementalText:
     """Accumulates a request's outputs; ``add`` returns the text that became final.
 
-    Text ending in an incomplete UTF-8 sequence (U+FFFD) is held back until the next token
-    completes it; a matched stop string and everything after it is trimmed.
+    Text comes from the server's :class:`Detokenizer` (incomplete UTF-8 held back, a matched
+    stop string and everything after it trimmed). ``stopped_early`` is set when the text hit a
+    stop string that the scheduler has not acted on yet: the caller aborts the request.
     """
 
-    def __init__(self, tokenizer: Any | None, params: SamplingParams) -> None:
-        self.tokenizer = tokenizer
-        self.params = params
+    def __init__(self, tokenizer: Any | None, request: GenerateRequest) -> None:
+        self.rid = request.rid
         self.output_ids: list[int] = []
         self.text = ""
-        self.sent = 0
         self.finish_reason: FinishReason | None = None
+        self.stopped_early = False
         self.logprobs: list[tuple[float, int]] = []
         self.top_logprobs: list[list[tuple[int, float]]] = []
         self.input_logprobs: list[float] | None = None
-        self.last: ReqOutput | None = None
+        self._detok = Detokenizer(tokenizer) if tokenizer is not None else None
+        if self._detok is not None:
+            params = request.sampling_params
+            tail = request.input_ids[-INIT_CONTEXT_TOKENS:]
+            self._detok.register(
+                DetokenizeParams(request.rid, params.stop, params.skip_special_tokens, tail)
+            )
 
     def add(self, out: ReqOutput) -> str:
         self.output_ids.extend(out.new_token_ids)
@@ -34,34 +41,21 @@ class IncrementalText:
         if out.input_logprobs is not None:
             self.input_logprobs = out.input_logprobs
         self.finish_reason = out.finish_reason
-        self.last = out
-        if self.tokenizer is None:
+        if self._detok is None:
             return ""
-        text = self.tokenizer.decode(
-            self.output_ids, skip_special_tokens=self.params.skip_special_tokens
-        )
-        final = out.finish_reason is not None
-        cut = _stop_cut(text, self.params.stop)
-        if cut is not None:
-            text = text[:cut]
-        elif not final:
-            # keep back a possible stop-string prefix and an incomplete character
-            text = text.rstrip("\ufffd")
-            hold = max((len(s) - 1 for s in self.params.stop), default=0)
-            text = text[: max(len(text) - hold, self.sent)]
-        self.text = text
-        delta, self.sent = text[self.sent :], max(len(text), self.sent)
-        return delta
-
-
-def _stop_cut(text: str, stops: list[str]) -> int | None:
-    positions = [text.find(s) for s in stops if s in text]
-    return min(positions) if positions else None
+        text_out = self._detok.process(out)
+        if text_out is None:
+            return ""
+        self.text += text_out.text
+        if text_out.stopped_early or text_out.output.finish_reason is not None:
+            self.finish_reason = text_out.output.finish_reason
+            self.stopped_early = text_out.stopped_early
+        return text_out.text
 
 
 def output_dict(text: IncrementalText, out: ReqOutput, delta: str | None = None) -> dict[str, Any]:
     """SGLang's ``/generate`` result: text, output_ids, meta_info."""
-    reason = out.finish_reason
+    reason = text.finish_reason
     meta: dict[str, Any] = {
         "id": out.rid,
         "prompt_tokens": out.prompt_tokens,

@@ -76,3 +76,30 @@ def test_multi_turn_conversation_reuses_the_previous_turn(engine_model_dir, hf_g
             previous_len = len(prompt)
             prompt = prompt + out["output_ids"] + [rng.randrange(5, 1000) for _ in range(10)]
         engine.check_integrity()
+
+
+@pytest.mark.parametrize("disable_overlap", [True, False])
+def test_lpm_defers_requests_whose_prefix_an_admitted_one_computes(
+    engine_model_dir, hf_greedy, disable_overlap
+) -> None:
+    """A group sharing a system prompt arrives at once: LPM runs one request first and the rest
+    reuse its prompt (FCFS, which has no in-batch check, computes the prompt for each)."""
+    rng = random.Random(7)
+    system = [rng.randrange(5, 1000) for _ in range(64)]
+    prompts = [system + [rng.randrange(5, 1000) for _ in range(8)] for _ in range(4)]
+    params = {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+    cached = {}
+    for policy in ("fcfs", "lpm"):
+        with Engine(
+            str(engine_model_dir),
+            dtype="float32",
+            schedule_policy=policy,
+            disable_overlap_schedule=disable_overlap,
+            max_total_tokens=4096,
+        ) as engine:
+            outs = engine.generate(input_ids=prompts, sampling_params=params)
+            assert [o["output_ids"] for o in outs] == [hf_greedy(p, 4) for p in prompts]
+            cached[policy] = [o["meta_info"]["cached_tokens"] for o in outs]
+            engine.check_integrity()
+    assert cached["fcfs"] == [0, 0, 0, 0]
+    assert sorted(cached["lpm"]) == [0, 64, 64, 64]
