@@ -55,7 +55,7 @@ def main() -> None:
             worker_time: list[float] = []
             run = scheduler.worker._run
 
-            def timed(batch, info, run=run):  # type: ignore[no-untyped-def]
+            def timed(batch, info, run=run, worker_time=worker_time):  # type: ignore[no-untyped-def]
                 start = time.perf_counter()
                 out = run(batch, info)
                 worker_time.append(time.perf_counter() - start)

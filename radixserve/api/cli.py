@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="info",
         help="log level of all three processes",
     )
+    from radixserve.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
@@ -145,6 +148,10 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        from radixserve.bench.cli import run as run_bench
+
+        return run_bench(args)
     if args.command != "serve":
         return 1
     from radixserve.runtime.ipc import LOG_FORMAT

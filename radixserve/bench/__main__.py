@@ -1,0 +1,5 @@
+import sys
+
+from radixserve.bench.cli import main
+
+sys.exit(main())

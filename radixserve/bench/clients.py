@@ -1,0 +1,180 @@
+"""Clients that send one request and time it: in-process Engine, native ``/generate`` and any
+OpenAI-compatible ``/v1/completions``. All of them are safe to call from many threads.
+
+Every request is greedy with ``ignore_eos`` and streamed, so the first output marks the TTFT.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+
+@dataclass(slots=True)
+class Generated:
+    output_ids: list[int] | None  # None: the system does not return token ids
+    num_output_tokens: int
+    first_token_at: float | None  # time.perf_counter() of the first output token
+    cached_tokens: int | None
+
+
+class Client(Protocol):
+    def generate(self, input_ids: list[int], max_new_tokens: int) -> Generated: ...
+
+    def stats(self) -> dict[str, Any] | None:
+        """The scheduler's counters (``get_stats``), or None where the system has none."""
+        ...
+
+    def flush(self) -> None: ...
+
+
+def _sampling(max_new_tokens: int) -> dict[str, Any]:
+    return {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
+
+
+class EngineClient:
+    """An in-process :class:`radixserve.Engine`."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def generate(self, input_ids: list[int], max_new_tokens: int) -> Generated:
+        output_ids: list[int] = []
+        first: float | None = None
+        meta: dict[str, Any] = {}
+        for chunk in self.engine.generate(
+            input_ids=input_ids, sampling_params=_sampling(max_new_tokens), stream=True
+        ):
+            if chunk["output_ids"] and first is None:
+                first = time.perf_counter()
+            output_ids.extend(chunk["output_ids"])  # the Engine streams deltas
+            meta = chunk["meta_info"]
+        return Generated(output_ids, len(output_ids), first, meta.get("cached_tokens"))
+
+    def stats(self) -> dict[str, Any] | None:
+        return dict(self.engine.get_stats())
+
+    def flush(self) -> None:
+        self.engine.flush_cache()
+
+
+def _sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
+    if response.status_code != 200:
+        response.read()
+        raise RuntimeError(f"HTTP {response.status_code}: {response.text[:500]}")
+    for line in response.iter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        event = json.loads(data)
+        if "error" in event:
+            raise RuntimeError(f"the server reported an error: {event['error']}")
+        yield event
+
+
+class HttpClient:
+    """radixserve's (or SGLang's) native ``/generate`` with ``input_ids``, streamed."""
+
+    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 3600.0) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+        self.http = httpx.Client(
+            base_url=url.rstrip("/"), headers=headers, timeout=timeout_s, limits=limits
+        )
+
+    def generate(self, input_ids: list[int], max_new_tokens: int) -> Generated:
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": _sampling(max_new_tokens),
+            "stream": True,
+        }
+        first: float | None = None
+        last: dict[str, Any] = {}
+        with self.http.stream("POST", "/generate", json=body) as response:
+            for event in _sse_events(response):
+                if event.get("output_ids") and first is None:
+                    first = time.perf_counter()
+                last = event  # events are cumulative
+        ids = list(last.get("output_ids", []))
+        return Generated(ids, len(ids), first, last.get("meta_info", {}).get("cached_tokens"))
+
+    def server_info(self) -> dict[str, Any]:
+        response = self.http.get("/get_server_info")
+        response.raise_for_status()
+        return dict(response.json())
+
+    def stats(self) -> dict[str, Any] | None:
+        stats = self.server_info().get("scheduler")
+        return dict(stats) if isinstance(stats, dict) else None
+
+    def flush(self) -> None:
+        self.http.post("/flush_cache").raise_for_status()
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class OpenAIClient:
+    """Any OpenAI-compatible server's ``/v1/completions`` with the prompt as token ids.
+
+    Output token ids come back only from servers that support vLLM's ``return_token_ids``; for
+    the others the runner appends the trace's fallback answer ids to the history instead.
+    Cached tokens come from ``usage.prompt_tokens_details`` when the server reports them.
+    """
+
+    def __init__(self, url: str, model: str | None, api_key: str | None = None) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+        self.http = httpx.Client(
+            base_url=url.rstrip("/"), headers=headers, timeout=3600.0, limits=limits
+        )
+        self.model = model or self._first_model()
+        self.saw_token_ids = False  # any response carried output token ids
+
+    def _first_model(self) -> str:
+        response = self.http.get("/v1/models")
+        response.raise_for_status()
+        return str(response.json()["data"][0]["id"])
+
+    def generate(self, input_ids: list[int], max_new_tokens: int) -> Generated:
+        body = {
+            "model": self.model,
+            "prompt": input_ids,
+            "max_tokens": max_new_tokens,
+            "min_tokens": max_new_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
+        first: float | None = None
+        ids: list[int] = []
+        usage: dict[str, Any] = {}
+        with self.http.stream("POST", "/v1/completions", json=body) as response:
+            for event in _sse_events(response):
+                for choice in event.get("choices") or []:
+                    if first is None and (choice.get("text") or choice.get("token_ids")):
+                        first = time.perf_counter()
+                    ids.extend(choice.get("token_ids") or [])
+                usage = event.get("usage") or usage
+        self.saw_token_ids = self.saw_token_ids or bool(ids)
+        details = usage.get("prompt_tokens_details") or {}
+        num_out = int(usage.get("completion_tokens", len(ids) or max_new_tokens))
+        return Generated(ids or None, num_out, first, details.get("cached_tokens"))
+
+    def stats(self) -> dict[str, Any] | None:
+        return None
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.http.close()

@@ -1,0 +1,165 @@
+"""Ratios between the systems of one run, the ideal cache ratio, and the printed tables.
+
+Ideal cache ratio (what the saved prefill tokens allow): the no-cache run's wall time minus the
+prefill time of every token an ideal cache would have served, with the per-token prefill time
+measured on the same no-cache runtime right after its run (the slope of one-token requests'
+latency between two prompt lengths, so fixed per-request costs cancel)::
+
+    T_ideal = T_nocache - optimal_cached_tokens * t_prefill
+    ideal_cache_ratio = T_nocache / T_ideal
+    cache_ratio = T_nocache / T_radixserve          (= the throughput ratio: same trace)
+
+Decode and everything else is assumed unchanged by the cache; a cache that also shortens
+attention over long cached prefixes can beat it slightly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+TIME_MODEL = (
+    "T_ideal = T_nocache - optimal_cached_tokens * t_prefill; t_prefill: seconds per prefill "
+    "token on the no-cache runtime (slope of max_new_tokens=1 latency between two prompt "
+    "lengths, measured after its run); ideal_cache_ratio = T_nocache / T_ideal"
+)
+
+
+def compute_ratios(
+    systems: list[dict[str, Any]], calibration: dict[str, Any] | None
+) -> dict[str, Any]:
+    cached_runs = [s for s in systems if s.get("kind") == "radixserve"]
+    if not cached_runs:
+        return {}
+    base = cached_runs[0]
+    ratios: dict[str, Any] = {
+        "throughput": {
+            f"{base['name']} / {s['name']}": base["requests_per_s"] / s["requests_per_s"]
+            for s in systems
+            if s is not base and s["requests_per_s"] > 0
+        },
+        "hit_rate": {
+            s["name"]: {
+                "achieved": s["hit_rate"],
+                "optimal": s["optimal_hit_rate"],
+                "achieved_over_optimal": s["hit_rate_vs_optimal"],
+            }
+            for s in cached_runs
+        },
+    }
+    nocache = next((s for s in systems if s.get("kind") == "no-cache"), None)
+    if nocache is not None and calibration is not None:
+        ratios["ideal"] = ideal_ratio(base, nocache, calibration)
+    return ratios
+
+
+def ideal_ratio(
+    base: dict[str, Any], nocache: dict[str, Any], calibration: dict[str, Any]
+) -> dict[str, Any]:
+    t_nocache = nocache["wall_s"]
+    saved_s = base["optimal_cached_tokens"] * calibration["t_prefill_s_per_token"]
+    # a noisy calibration can claim more prefill time than the run took: keep a floor
+    t_ideal = max(t_nocache - saved_s, 0.05 * t_nocache)
+    ideal = t_nocache / t_ideal
+    achieved = t_nocache / base["wall_s"]
+    return {
+        "time_model": TIME_MODEL,
+        "t_prefill_s_per_token": calibration["t_prefill_s_per_token"],
+        "saved_prefill_s": saved_s,
+        "is_clamped": t_nocache - saved_s < 0.05 * t_nocache,
+        "t_nocache_s": t_nocache,
+        "t_ideal_s": t_ideal,
+        "ideal_cache_ratio": ideal,
+        "cache_ratio": achieved,
+        "cache_ratio_over_ideal": achieved / ideal,
+    }
+
+
+def _ms(d: dict[str, float] | None, key: str) -> str:
+    return "-" if d is None else f"{d[key] * 1e3:.0f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def systems_table(systems: list[dict[str, Any]]) -> str:
+    header = (
+        "system",
+        "wall s",
+        "req/s",
+        "in tok/s",
+        "out tok/s",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "lat p50 ms",
+        "lat p99 ms",
+        "hit",
+        "optimal",
+    )
+    rows = [
+        (
+            s["name"],
+            f"{s['wall_s']:.2f}",
+            f"{s['requests_per_s']:.2f}",
+            f"{s['input_tokens_per_s']:.0f}",
+            f"{s['output_tokens_per_s']:.1f}",
+            _ms(s["ttft_s"], "p50"),
+            _ms(s["ttft_s"], "p99"),
+            _ms(s["latency_s"], "p50"),
+            _ms(s["latency_s"], "p99"),
+            _pct(s["hit_rate"]),
+            _pct(s["optimal_hit_rate"]),
+        )
+        for s in systems
+    ]
+    return format_table(header, rows)
+
+
+def policy_table(systems: list[dict[str, Any]]) -> str:
+    runs = [s for s in systems if s.get("kind") == "radixserve"]
+    header = ("policy", "hit", "optimal", "req/s", "out tok/s", "TTFT p99 ms")
+    rows = [
+        (
+            s["policy"],
+            _pct(s["hit_rate"]),
+            _pct(s["optimal_hit_rate"]),
+            f"{s['requests_per_s']:.2f}",
+            f"{s['output_tokens_per_s']:.1f}",
+            _ms(s["ttft_s"], "p99"),
+        )
+        for s in runs
+    ]
+    return format_table(header, rows)
+
+
+def ratios_text(ratios: dict[str, Any]) -> str:
+    lines = [f"throughput {k}: {v:.2f}x" for k, v in ratios.get("throughput", {}).items()]
+    for name, h in ratios.get("hit_rate", {}).items():
+        over = h["achieved_over_optimal"]
+        lines.append(
+            f"hit rate {name}: {_pct(h['achieved'])} of prompt tokens, optimal "
+            f"{_pct(h['optimal'])} ({'-' if over is None else f'{100 * over:.1f}%'} of optimal)"
+        )
+    ideal = ratios.get("ideal")
+    if ideal:
+        lines.append(
+            f"cache ratio {ideal['cache_ratio']:.2f}x vs ideal {ideal['ideal_cache_ratio']:.2f}x "
+            f"({100 * ideal['cache_ratio_over_ideal']:.0f}% of ideal; t_prefill "
+            f"{ideal['t_prefill_s_per_token'] * 1e3:.2f} ms/token"
+            f"{', clamped' if ideal['is_clamped'] else ''})"
+        )
+        lines.append(f"  time model: {TIME_MODEL}")
+    return "\n".join(lines)
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        first = f"{cells[0]:<{widths[0]}}"
+        rest = [f"{c:>{w}}" for c, w in zip(cells[1:], widths[1:], strict=True)]
+        return "  ".join([first, *rest])
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(header), rule, *(line(r) for r in rows)])

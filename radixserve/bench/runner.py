@@ -1,0 +1,127 @@
+"""Drive sessions through a :class:`Client` with P parallel workers, and time prefill alone.
+
+Each worker takes the next session (in arrival order), waits for its arrival time, and runs its
+turns one after another: turn t+1's prompt is turn t's prompt, its answer and the new user
+message. Many workers: P clients (closed loop); arrival times: an open loop up to P in flight.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from tqdm import tqdm
+
+from radixserve.bench.clients import Client
+from radixserve.bench.records import RequestRecord
+from radixserve.bench.workload import Session, TokenSource, num_requests
+
+STAT_KEYS = (
+    "num_prefill_tokens",
+    "num_cached_prompt_tokens",
+    "num_generated_tokens",
+    "num_retractions",
+    "num_preemptions",
+)
+
+
+def run_sessions(
+    client: Client, sessions: list[Session], parallel: int, desc: str
+) -> tuple[list[RequestRecord], float, dict[str, Any] | None]:
+    """Returns the records (in completion order), the wall time and the scheduler-counter
+    deltas over the run (None where the system has no counters)."""
+    todo = sorted(sessions, key=lambda s: (s.arrival_s, s.sid))
+    records: list[RequestRecord] = []
+    lock = threading.Lock()
+    bar = tqdm(total=num_requests(sessions), desc=desc, unit="req", leave=False, dynamic_ncols=True)
+    before = client.stats()
+    start = time.perf_counter()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                session = todo.pop(0)
+            delay = start + session.arrival_s - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            history = list(session.prefix_ids)
+            for t, turn in enumerate(session.turns):
+                prompt = history + turn.user_ids
+                sent = time.perf_counter()
+                out = client.generate(prompt, turn.answer_len)
+                done = time.perf_counter()
+                ids = out.output_ids if out.output_ids is not None else turn.fallback_answer_ids
+                record = RequestRecord(
+                    sid=session.sid,
+                    turn=t,
+                    prompt_ids=prompt,
+                    output_ids=list(ids),
+                    sent_s=sent - start,
+                    done_s=done - start,
+                    first_token_s=None
+                    if out.first_token_at is None
+                    else out.first_token_at - start,
+                    cached_tokens=out.cached_tokens,
+                    num_output_tokens=out.num_output_tokens,
+                )
+                with lock:
+                    records.append(record)
+                bar.update(1)
+                history = prompt + list(ids)
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(sessions)))) as pool:
+            futures = [pool.submit(worker) for _ in range(max(1, min(parallel, len(sessions))))]
+            for f in futures:
+                f.result()
+    finally:
+        bar.close()
+    wall = time.perf_counter() - start
+    return records, wall, stats_delta(before, client.stats())
+
+
+def stats_delta(
+    before: dict[str, Any] | None, after: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    if before is None or after is None:
+        return None
+    delta: dict[str, Any] = {k: after.get(k, 0) - before.get(k, 0) for k in STAT_KEYS}
+    total = delta["num_prefill_tokens"] + delta["num_cached_prompt_tokens"]
+    delta["cache_hit_rate"] = delta["num_cached_prompt_tokens"] / total if total else 0.0
+    return delta
+
+
+def warmup(client: Client, src: TokenSource) -> None:
+    """One short request, then an empty cache, so the run starts warm and cold-cached."""
+    client.generate(src.ids(16), 2)
+    client.flush()
+
+
+def calibrate_prefill(client: Client, src: TokenSource, mean_prompt_len: int) -> dict[str, float]:
+    """Seconds per prefill token: the slope of one-token requests' latency between prompts of
+    half the mean and the mean prompt length (best of 2 each), so fixed costs cancel."""
+    long_len = max(mean_prompt_len, 32)
+    lengths = (long_len // 2, long_len)
+    best: list[float] = []
+    for n in lengths:
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            client.generate(src.ids(n), 1)
+            times.append(time.perf_counter() - t0)
+        best.append(min(times))
+    slope = (best[1] - best[0]) / (lengths[1] - lengths[0])
+    if slope <= 0:  # noise on a shared machine: fall back to the average cost
+        slope = best[1] / lengths[1]
+    client.flush()
+    return {
+        "t_prefill_s_per_token": slope,
+        "short_len": lengths[0],
+        "short_s": best[0],
+        "long_len": lengths[1],
+        "long_s": best[1],
+    }

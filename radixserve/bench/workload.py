@@ -1,0 +1,115 @@
+"""Synthetic workloads as token ids: multi-turn chat and shared-prefix groups.
+
+Both are lists of :class:`Session`: a fixed prefix (a system prompt, or nothing) followed by
+turns, each a user message and an answer of a known length. Turn ``t``'s prompt is the prefix,
+every earlier user message and answer, and user message ``t``; the answers are whatever the
+system under test generates (``ignore_eos``, so their lengths are exact). Token ids are drawn
+uniformly from ``[low, high)``, the tokenizer's ordinary (non-special) ids.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    user_ids: list[int]
+    answer_len: int
+    # appended instead of the answer when a system returns no output ids (a plain OpenAI server)
+    fallback_answer_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """One conversation (or one request, for shared-prefix): run its turns in order."""
+
+    sid: int
+    prefix_ids: list[int]
+    turns: list[Turn]
+    arrival_s: float = 0.0  # offset from the start of the run when it may begin
+
+
+@dataclass(frozen=True, slots=True)
+class MultiTurnSpec:
+    """SGLang's ``benchmark/multi_turn_chat`` shape."""
+
+    num_conversations: int = 8
+    num_turns: int = 4
+    user_len: tuple[int, int] = (64, 64)  # inclusive range
+    answer_len: tuple[int, int] = (32, 32)
+    parallel: int = 8
+    system_len: int = 0  # a system prompt shared by all conversations (0: none, like SGLang)
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPrefixSpec:
+    """SGLang's ``generated-shared-prefix`` shape, with Poisson arrivals (``rate`` inf: all at
+    once)."""
+
+    num_groups: int = 4
+    prompts_per_group: int = 8
+    system_len: int = 512
+    question_len: int = 64
+    output_len: int = 16
+    request_rate: float = float("inf")
+    max_concurrency: int = 64
+    seed: int = 0
+
+
+class TokenSource:
+    """Seeded random token ids in ``[low, high)``."""
+
+    def __init__(self, low: int, high: int, seed: int) -> None:
+        if not 0 <= low < high:
+            raise ValueError(f"bad token id range [{low}, {high})")
+        self.low, self.high = low, high
+        self.rng = random.Random(seed)
+
+    def ids(self, n: int) -> list[int]:
+        return [self.rng.randrange(self.low, self.high) for _ in range(n)]
+
+    def length(self, bounds: tuple[int, int]) -> int:
+        lo, hi = bounds
+        if not 1 <= lo <= hi:
+            raise ValueError(f"bad length range {bounds}")
+        return self.rng.randint(lo, hi)
+
+
+def make_multiturn(spec: MultiTurnSpec, low: int, high: int) -> list[Session]:
+    src = TokenSource(low, high, spec.seed)
+    system = src.ids(spec.system_len)
+    sessions = []
+    for sid in range(spec.num_conversations):
+        turns = []
+        for _ in range(spec.num_turns):
+            user = src.ids(src.length(spec.user_len))
+            answer_len = src.length(spec.answer_len)
+            turns.append(Turn(user, answer_len, src.ids(answer_len)))
+        sessions.append(Session(sid, list(system), turns))
+    return sessions
+
+
+def make_shared_prefix(spec: SharedPrefixSpec, low: int, high: int) -> list[Session]:
+    """Group-major order (all of group 0, then group 1, ...), shuffled like SGLang's, with
+    Poisson arrival offsets at ``request_rate`` requests/s."""
+    src = TokenSource(low, high, spec.seed)
+    systems = [src.ids(spec.system_len) for _ in range(spec.num_groups)]
+    pairs = [
+        (systems[g], Turn(src.ids(spec.question_len), spec.output_len, src.ids(spec.output_len)))
+        for g in range(spec.num_groups)
+        for _ in range(spec.prompts_per_group)
+    ]
+    src.rng.shuffle(pairs)
+    sessions, t = [], 0.0
+    for sid, (system, turn) in enumerate(pairs):
+        sessions.append(Session(sid, list(system), [turn], arrival_s=t))
+        if spec.request_rate != float("inf"):
+            t += src.rng.expovariate(spec.request_rate)
+    return sessions
+
+
+def num_requests(sessions: list[Session]) -> int:
+    return sum(len(s.turns) for s in sessions)

@@ -1,0 +1,89 @@
+"""``radixserve bench ... --quick`` end to end on a tiny model: the report's shape, the files it
+writes, and that the cache hits. Never a speed (timings on a shared machine mean nothing here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from radixserve.bench.cli import main
+
+SYSTEM_KEYS = {
+    "name",
+    "wall_s",
+    "requests_per_s",
+    "input_tokens_per_s",
+    "output_tokens_per_s",
+    "ttft_s",
+    "latency_s",
+    "hit_rate",
+    "optimal_hit_rate",
+}
+
+
+@pytest.fixture(autouse=True)
+def _bench_models_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the bench model cache lives beside the default model's directory
+    monkeypatch.setenv("RADIXSERVE_DEFAULT_MODEL_DIR", str(tmp_path / "models" / "default"))
+
+
+def _report(out: Path, stem: str) -> dict:
+    assert (out / f"{stem}.png").stat().st_size > 10_000
+    return json.loads((out / f"{stem}.json").read_text())
+
+
+@pytest.mark.timeout(600)
+def test_multiturn_quick_with_all_baselines(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(["multiturn", "--quick", "--out", str(out), "--name", "mt"]) == 0
+    report = _report(out, "mt")
+    names = [s["name"] for s in report["systems"]]
+    assert names == ["radixserve", "radixserve-no-cache", "hf-recompute", "hf-kv-carried"]
+    for system in report["systems"]:
+        assert SYSTEM_KEYS <= system.keys()
+        assert system["num_requests"] == report["num_requests"] == 12
+    rs, nocache = report["systems"][0], report["systems"][1]
+    assert rs["hit_rate"] > 0 and rs["optimal_hit_rate"] > 0
+    assert nocache["hit_rate"] == 0
+    assert rs["ttft_s"]["p99"] > 0
+    # the same trace everywhere: same request and token counts
+    assert len({(s["input_tokens"], s["output_tokens"]) for s in report["systems"]}) == 1
+    ratios = report["ratios"]
+    assert "radixserve / hf-recompute" in ratios["throughput"]
+    assert ratios["ideal"]["ideal_cache_ratio"] >= 1.0
+
+
+@pytest.mark.timeout(600)
+def test_shared_prefix_quick_policy_sweep(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["shared-prefix", "--quick", "--policy", "fcfs,lpm", "--baselines", "none"]
+    assert main([*args, "--request-rate", "50", "--out", str(out), "--name", "sp"]) == 0
+    report = _report(out, "sp")
+    assert [s["policy"] for s in report["systems"]] == ["fcfs", "lpm"]
+    assert all(s["hit_rate"] > 0 for s in report["systems"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_multiturn_quick_over_http(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["multiturn", "--quick", "--backend", "http", "--baselines", "no-cache"]
+    assert main([*args, "--out", str(out), "--name", "http"]) == 0
+    report = _report(out, "http")
+    rs = report["systems"][0]
+    assert rs["hit_rate"] > 0 and rs["server"]["schedule_policy"] == "fcfs"
+    assert report["systems"][1]["server"]["disable_radix_cache"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_multiturn_quick_through_the_frontend(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["multiturn", "--quick", "--backend", "frontend", "--baselines", "none"]
+    assert main([*args, "--out", str(out), "--name", "fe"]) == 0
+    rs = _report(out, "fe")["systems"][0]
+    # text crosses the API: the answers' re-tokenization can cost a few hits, never most
+    assert rs["hit_rate"] > 0.5 * rs["optimal_hit_rate"] > 0
+    assert rs["server_stats"]["num_cached_prompt_tokens"] == rs["cached_tokens"]
