@@ -294,6 +294,7 @@ class Scheduler:
 
     def _finish(self, req: Req, release: bool = True) -> None:
         req.status = ReqStatus.FINISHED
+        self.stats.num_finished_reqs += 1
         self.reqs.pop(req.rid, None)
         self.running.filter(drop={req})
         if self.chunked_req is req:
@@ -314,6 +315,7 @@ class Scheduler:
             if req in self.waiting:
                 self.waiting.remove(req)
             req.finish_reason = FinishReason(FinishKind.ABORT, message="aborted by the client")
+            self.stats.num_aborted_reqs += 1
             self.pending_outputs.append(make_output(req, []))
             self._finish(req, release=req not in in_flight)
 

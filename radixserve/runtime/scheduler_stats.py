@@ -19,6 +19,7 @@ class SchedulerStats:
     num_cached_tokens: int = 0  # prompt tokens served from the cache at admission
     num_generated_tokens: int = 0
     num_finished_reqs: int = 0
+    num_aborted_reqs: int = 0
     num_retractions: int = 0
     num_preemptions: int = 0
     started_at: float = field(default_factory=time.monotonic)
@@ -58,6 +59,8 @@ class SchedulerStats:
             "num_prefill_tokens": self.num_prefill_tokens,
             "num_cached_prompt_tokens": self.num_cached_tokens,
             "num_generated_tokens": self.num_generated_tokens,
+            "num_finished_reqs": self.num_finished_reqs,
+            "num_aborted_reqs": self.num_aborted_reqs,
             "num_retractions": self.num_retractions,
             "num_preemptions": self.num_preemptions,
             "new_token_ratio": scheduler.new_token_ratio,
