@@ -5,9 +5,9 @@
 // The weight is streamed once from memory in its native row-major layout; every weight vector
 // loaded is reused for all M rows of x (which stay in L1), so the kernel runs at memory bandwidth
 // until M * (FMA work) catches up with it (M ~ 12-16 on Zen 4). bf16 uses VDPBF16PS (AVX512_BF16,
-// fp32 accumulation, same as oneDNN); fp32 uses VFMADD. Work is split over N with at::parallel_for
+// fp32 accumulation, like oneDNN); fp32 uses VFMADD. Work is split over N with at::parallel_for
 // (PyTorch's own OpenMP pool, so torch.set_num_threads applies). Built by _ext.py with
-// -mavx512f -mavx512bw -mavx512vl -mavx512bf16; the Python side checks the CPU flags before calling.
+// -mavx512f -mavx512bw -mavx512vl -mavx512bf16; the Python side checks the CPU flags first.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -83,7 +83,7 @@ struct F32Ops {
 
 // One register tile: R weight rows x MT rows of x over all of K; out[m * R + r] = dot(w[r], x[m]).
 // Small tiles keep U independent accumulator sets (alternating k steps) to hide FMA latency.
-// While streaming its rows, the tile prefetches the same columns of the next R rows into L1.
+// While streaming its rows, the tile prefetches the same columns two row blocks ahead into L1.
 template <class Ops, int R, int MT>
 inline void dot_tile(const typename Ops::T* w, int64_t ldw, const typename Ops::T* x, int64_t ldx,
                      int64_t K, float* out) {
@@ -97,11 +97,12 @@ inline void dot_tile(const typename Ops::T* w, int64_t ldw, const typename Ops::
     typename Ops::V wv[R];
     for (int r = 0; r < R; ++r) {
       wv[r] = Ops::load(w + r * ldw + k);
-      _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * ldw + k), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + (2 * R + r) * ldw + k), _MM_HINT_T0);
     }
     for (int m = 0; m < MT; ++m) {
       const typename Ops::V xv = Ops::load(x + m * ldx + k);
-      for (int r = 0; r < R; ++r) acc[u * T + m * R + r] = Ops::fma(acc[u * T + m * R + r], wv[r], xv);
+      __m512* a = acc + u * T + m * R;
+      for (int r = 0; r < R; ++r) a[r] = Ops::fma(a[r], wv[r], xv);
     }
   };
   int64_t k = 0;
