@@ -45,6 +45,7 @@ _STACKED = (
 
 class Attention(nn.Module):
     qk_norm_weight: torch.Tensor  # a buffer, present when qk_norm
+
     def __init__(
         self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device
     ) -> None:

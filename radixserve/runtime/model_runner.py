@@ -8,15 +8,19 @@ its ``TokenToKVPoolAllocator(runner.num_kv_slots, config.page_size)`` over the s
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
 from radixserve.config import EngineConfig
 from radixserve.memory_pool import KVCache, ReqToTokenPool, num_slots_for_budget
+from radixserve.models import kernels
 from radixserve.models.attention.registry import create_attention_backend
 from radixserve.models.loader import load_model, resolve_dtype
 from radixserve.runtime.forward_batch import ForwardBatch
+
+PROMPT_LOGPROB_CHUNK = 256  # rows per lm_head call for prompt logprobs (~150 MB of fp32 logits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,10 @@ class ModelRunner:
             raise ValueError("ModelRunner needs config.model_path (a local checkpoint directory)")
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        if torch.device(config.device).type == "cpu":
+            # build or load the decode kernel now, not on the first step (falls back silently)
+            kernels.set_enabled(not config.disable_cpu_linear_kernel)
+            kernels.warmup()
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -86,33 +94,35 @@ class ModelRunner:
         hidden = self.model(batch, self.attn_backend)  # [num_tokens, hidden]
         if batch.is_decode:
             return LogitsOutput(self.model.compute_logits(hidden).float())
-        ext = batch.extend_seq_lens_list
-        ends, acc = [], 0
-        for e in ext:
-            acc += e
-            ends.append(acc - 1)
+        ends = [n - 1 for n in itertools.accumulate(batch.extend_seq_lens_list)]
+        last = hidden.index_select(0, torch.tensor(ends, device=self.device))
+        next_token_logits = self.model.compute_logits(last).float()
         starts = batch.input_logprob_start
         if starts is None or all(s is None for s in starts):
-            last = hidden.index_select(0, torch.tensor(ends, device=self.device))
-            return LogitsOutput(self.model.compute_logits(last).float())
-        # one lm_head over [last rows of every request] + [prompt rows that want logprobs]
-        rows = list(ends)
-        spans: list[tuple[int, int] | None] = []
-        for s, e, end in zip(starts, ext, ends, strict=True):
+            return LogitsOutput(next_token_logits)
+        return LogitsOutput(next_token_logits, self._prompt_logprobs(hidden, batch, ends, starts))
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, batch: ForwardBatch, ends: list[int], starts: list[int | None]
+    ) -> list[torch.Tensor | None]:
+        """Per request, log P(token[j + 1] | tokens <= j) for extend offsets j in [s, len - 1),
+        the lm_head run over ``PROMPT_LOGPROB_CHUNK`` rows at a time to bound memory."""
+        rows: list[int] = []  # token rows of hidden whose next token is scored
+        spans: list[tuple[int, int] | None] = []  # per request: (first entry in rows, count)
+        for s, n, end in zip(starts, batch.extend_seq_lens_list, ends, strict=True):
             if s is None:
                 spans.append(None)
                 continue
-            first = end - e + 1 + s  # token offset s of this request
+            first = end - n + 1 + s  # the row of extend offset s
             spans.append((len(rows), end - first))
             rows.extend(range(first, end))
-        logits = self.model.compute_logits(
-            hidden.index_select(0, torch.tensor(rows, device=self.device))
-        ).float()
-        bs = len(ext)
-        extra_rows = torch.tensor(rows[bs:], device=self.device)
-        targets = batch.input_ids.index_select(0, extra_rows + 1)  # the token each row predicts
-        logprobs = torch.log_softmax(logits[bs:], dim=-1).gather(1, targets.unsqueeze(1)).squeeze(1)
-        per_req = [
-            None if sp is None else logprobs[sp[0] - bs : sp[0] - bs + sp[1]] for sp in spans
-        ]
-        return LogitsOutput(logits[:bs], per_req)
+        rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        targets = batch.input_ids.index_select(0, rows_t + 1)  # the token each row predicts
+        out = torch.empty(len(rows), dtype=torch.float32, device=self.device)
+        for i in range(0, len(rows), PROMPT_LOGPROB_CHUNK):
+            chunk = slice(i, i + PROMPT_LOGPROB_CHUNK)
+            logits = self.model.compute_logits(hidden.index_select(0, rows_t[chunk])).float()
+            out[chunk] = (
+                torch.log_softmax(logits, dim=-1).gather(1, targets[chunk, None]).squeeze(1)
+            )
+        return [None if sp is None else out[sp[0] : sp[0] + sp[1]] for sp in spans]

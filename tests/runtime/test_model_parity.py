@@ -27,7 +27,9 @@ from radixserve.runtime.forward_batch import ForwardBatch
 from radixserve.runtime.model_runner import ModelRunner
 
 NUM_NEW_TOKENS = 32
-LOGIT_TOL = 1e-4  # float32; observed differences are ~1e-6
+LOGIT_TOL = (
+    1e-4  # float32, logits of std ~2.3: observed <= 4.2e-5 (summation order of batched GEMMs)
+)
 CHUNK = 7
 PROMPTS = [
     "import os",

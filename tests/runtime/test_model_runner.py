@@ -83,8 +83,24 @@ def test_lm_head_only_where_needed(
     original = r.model.compute_logits
     monkeypatch.setattr(r.model, "compute_logits", lambda h: rows.append(h.shape[0]) or original(h))
     extend_fresh(r, [[5, 6, 7, 8], [9, 10, 11]])
+    assert rows == [2]  # the last token of each request
+    rows.clear()
     extend_fresh(r, [[5, 6, 7, 8], [9, 10, 11]], starts=[1, None])
-    assert rows == [2, 2 + 2]  # last token of each; plus offsets 1..2 of the first prompt
+    assert rows == [2, 2]  # plus extend offsets 1 and 2 of the first prompt (predicting 3 and 4)
+
+
+def test_prompt_logprobs_in_chunks(
+    tiny_model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from radixserve.runtime import model_runner
+
+    prompts = [list(range(3, 40)), list(range(50, 60))]
+    whole = extend_fresh(runner_for(tiny_model_dirs["llama"]), prompts, starts=[0, 4])
+    monkeypatch.setattr(model_runner, "PROMPT_LOGPROB_CHUNK", 5)
+    chunked = extend_fresh(runner_for(tiny_model_dirs["llama"]), prompts, starts=[0, 4])
+    for a, b in zip(whole.input_token_logprobs, chunked.input_token_logprobs, strict=True):  # type: ignore[attr-defined]
+        torch.testing.assert_close(a, b)
+    assert [len(t) for t in chunked.input_token_logprobs] == [36, 5]  # type: ignore[attr-defined]
 
 
 def test_prompt_logprobs_match_transformers(tiny_model_dirs: dict[str, Path]) -> None:

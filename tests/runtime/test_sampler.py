@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from radixserve.runtime.sampler import Sampler, apply_penalties
+from radixserve.runtime.sampler import TOP_P_WIDTH, Sampler, apply_penalties
 from radixserve.runtime.sampling_batch_info import SamplingBatchInfo
 from radixserve.types import Req, SamplingParams
 
@@ -74,6 +74,25 @@ def test_probs_match_direct_computation_row_alone_and_in_a_mixed_batch(
     expected = direct_probs(logits[i], params).float()
     torch.testing.assert_close(alone, expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(mixed, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [8.0, 0.01], ids=["peaked", "flat"])
+def test_top_p_on_a_large_vocab_partial_search_and_full_sort_fallback(scale: float) -> None:
+    """The nucleus is searched among the TOP_P_WIDTH most likely tokens; a flat row's nucleus
+    is wider than that and takes the full-sort fallback. Both must equal the direct computation."""
+    vocab = 3 * TOP_P_WIDTH
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(5)) * scale
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.9),
+        SamplingParams(temperature=0.8, top_p=0.5, min_p=0.01),
+    ]
+    probs = Sampler().probs(logits, SamplingBatchInfo.from_params(params, [[], []], vocab))
+    kept = [(probs[i] > 0).sum().item() for i in range(2)]
+    assert (max(kept) > TOP_P_WIDTH) == (scale < 1)  # the flat case does exercise the fallback
+    for i, p in enumerate(params):
+        torch.testing.assert_close(
+            probs[i], direct_probs(logits[i], p).float(), rtol=1e-4, atol=1e-7
+        )
 
 
 def test_greedy_rows_are_argmax_and_one_hot() -> None:

@@ -1,0 +1,235 @@
+"""Model-execution throughput: radixserve's ModelRunner vs Hugging Face transformers, same weights.
+
+On a random model of Qwen2.5-0.5B's shape (written once with ``radixserve.models.tiny``):
+
+- prefill tokens/s of one ``--prompt-len``-token prompt;
+- decode tokens/s at each ``--batch-sizes`` with ``--context-len`` tokens of context (prefilled
+  once; each repetition continues the same sequences, so the context grows by
+  ``--decode-steps`` per repetition);
+- decode at batch 1 as a fraction of the memory-bandwidth bound (weight bytes read per step /
+  streaming bandwidth measured here with a big tensor copy).
+
+Both sides run greedy steps in the same process, interleaved repetition by repetition, so host
+noise hits both alike; each figure is the median over ``--reps`` repetitions. Example (short run)::
+
+    python benchmarks/model_throughput.py --dtypes bfloat16 --batch-sizes 1 8 --reps 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from radixserve.config import EngineConfig
+from radixserve.runtime.forward_batch import ForwardBatch
+from radixserve.runtime.model_runner import ModelRunner
+
+
+def median_time(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def stream_bandwidth(num_bytes: int = 1 << 30, reps: int = 5) -> tuple[float, float]:
+    """Bytes/s of a big float32 tensor copy (read + written bytes) and of a sum (read only)."""
+    src = torch.ones(num_bytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    copy = 2 * num_bytes / median_time(lambda: dst.copy_(src), reps)
+    read = num_bytes / median_time(lambda: src.sum(), reps)
+    return copy, read
+
+
+class OurSide:
+    """Drives ModelRunner like a scheduler would, with a fixed slot layout: token ``p`` of row
+    ``r`` lives in KV slot ``1 + r * ctx + p`` (slot 0 is the padding slot)."""
+
+    def __init__(self, model_dir: Path, dtype: str, max_bs: int, ctx: int) -> None:
+        cfg = EngineConfig(
+            model_path=str(model_dir),
+            dtype=dtype,
+            max_total_tokens=max_bs * ctx,
+            max_running_requests=max_bs,
+            max_context_len=ctx,
+        )
+        self.runner = ModelRunner(cfg)
+        self.ctx = ctx
+        self.req_to_token = self.runner.req_to_token_pool.req_to_token
+
+    def prefill(self, prompts: torch.Tensor) -> torch.Tensor:
+        """Prefill ``prompts`` [bs, len] into rows 0..bs-1; returns next tokens [bs]."""
+        bs, n = prompts.shape
+        slots = 1 + torch.arange(bs).view(bs, 1) * self.ctx + torch.arange(n).view(1, n)  # [bs, n]
+        self.req_to_token[:bs, :n] = slots.to(torch.int32)
+        batch = ForwardBatch.extend(
+            prompts.reshape(-1), list(range(bs)), [0] * bs, [n] * bs, slots.reshape(-1)
+        )
+        return self.runner.forward(batch).next_token_logits.argmax(-1)
+
+    def decode(self, tokens: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
+        """One step for rows 0..bs-1 whose KV lengths before the step are ``seq_lens``."""
+        bs = len(seq_lens)
+        rows, lens = torch.arange(bs), torch.tensor(seq_lens)
+        slots = 1 + rows * self.ctx + lens
+        self.req_to_token[rows, lens] = slots.to(torch.int32)
+        batch = ForwardBatch.decode(tokens, list(range(bs)), [s + 1 for s in seq_lens], slots)
+        return self.runner.forward(batch).next_token_logits.argmax(-1)
+
+
+class HFSide:
+    def __init__(self, model_dir: Path, dtype: torch.dtype) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+
+    def prefill(self, prompts: torch.Tensor) -> tuple[torch.Tensor, object]:
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        with torch.inference_mode():
+            out = self.model(prompts, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].argmax(-1), out.past_key_values
+
+    def decode(self, tokens: torch.Tensor, cache: object) -> torch.Tensor:
+        with torch.inference_mode():
+            out = self.model(tokens.view(-1, 1), past_key_values=cache, use_cache=True)
+        return out.logits[:, -1].argmax(-1)
+
+
+class DecodeRun:
+    """A batch prefilled once on one side; :meth:`step_time` times further greedy steps."""
+
+    def __init__(self, side: OurSide | HFSide, prompts: torch.Tensor) -> None:
+        self.side = side
+        if isinstance(side, OurSide):
+            self.tokens = side.prefill(prompts)
+            self.lens = [prompts.shape[1]] * prompts.shape[0]
+        else:
+            self.tokens, self.cache = side.prefill(prompts)
+
+    def step_time(self, steps: int) -> float:
+        """Seconds per decode step, over ``steps`` steps."""
+        start = time.perf_counter()
+        for _ in range(steps):
+            if isinstance(self.side, OurSide):
+                self.tokens = self.side.decode(self.tokens, self.lens)
+                self.lens = [n + 1 for n in self.lens]
+            else:
+                self.tokens = self.side.decode(self.tokens, self.cache)
+        return (time.perf_counter() - start) / steps
+
+
+def run_dtype(
+    args: argparse.Namespace, model_dir: Path, dtype: str, bandwidths: tuple[float, float]
+) -> None:
+    max_bs = max(args.batch_sizes, default=1)
+    ctx = max(args.prompt_len, args.context_len) + (args.reps + 1) * args.decode_steps + 8
+    ours = OurSide(model_dir, dtype, max_bs=max_bs, ctx=ctx)
+    sides: list[OurSide | HFSide] = (
+        [ours] if args.skip_hf else [ours, HFSide(model_dir, getattr(torch, dtype))]
+    )
+    vocab = ours.runner.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    weight_bytes = sum(p.numel() * p.element_size() for p in ours.runner.model.parameters())
+    rows: list[tuple[str, list[float]]] = []  # name, tokens/s per side
+
+    prompt = torch.randint(0, vocab, (1, args.prompt_len), generator=gen)
+    for side in sides:  # warm-up
+        side.prefill(prompt)
+    times: list[list[float]] = [[] for _ in sides]
+    for _ in range(args.reps):  # interleaved, so host noise hits both sides alike
+        for i, side in enumerate(sides):
+            start = time.perf_counter()
+            side.prefill(prompt)
+            times[i].append(time.perf_counter() - start)
+    rows.append(
+        (f"prefill {args.prompt_len} tok", [args.prompt_len / statistics.median(t) for t in times])
+    )
+
+    b1_step = None
+    for bs in args.batch_sizes:
+        prompts = torch.randint(0, vocab, (bs, args.context_len), generator=gen)
+        runs = [DecodeRun(side, prompts) for side in sides]
+        for run in runs:  # warm-up
+            run.step_time(1)
+        times = [[] for _ in sides]
+        for _ in range(args.reps):  # the context grows by decode_steps per repetition
+            for i, run in enumerate(runs):
+                times[i].append(run.step_time(args.decode_steps))
+        del runs
+        step = [statistics.median(t) for t in times]
+        rows.append((f"decode b={bs} ctx={args.context_len}", [bs / t for t in step]))
+        if bs == 1:
+            b1_step = step[0]
+
+    bandwidth = max(bandwidths)  # the higher figure gives the stricter bound
+    bound = bandwidth / weight_bytes  # decode steps/s if a step only streamed the weights once
+    print(
+        f"\n== {dtype}: weights {weight_bytes / 1e6:.0f} MB; streaming bandwidth: copy "
+        f"{bandwidths[0] / 1e9:.1f} GB/s (read+write), sum {bandwidths[1] / 1e9:.1f} GB/s (read) "
+        f"-> bound {bound:.1f} tok/s at b=1; {torch.get_num_threads()} threads, linear={args.linear}"
+    )
+    print(f"{'tokens/s':32s}{'radixserve':>12s}{'HF':>12s}{'ratio':>9s}")
+    for name, values in rows:
+        hf = f"{values[1]:12.1f}{values[0] / values[1]:8.2f}x" if len(values) > 1 else ""
+        print(f"{name:32s}{values[0]:12.1f}{hf}")
+    if b1_step is not None:
+        print(f"{'decode b=1 / bandwidth bound':32s}{(1 / b1_step) / bound:11.0%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=Path("bench_out/qwen25_05b_shaped"),
+        help="written (bf16 weights) if missing",
+    )
+    parser.add_argument(
+        "--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"]
+    )
+    parser.add_argument(
+        "--batch-sizes", nargs="*", type=int, default=[1, 8, 32], help="none: prefill only"
+    )
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--context-len", type=int, default=512)
+    parser.add_argument("--decode-steps", type=int, default=16)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument(
+        "--linear",
+        choices=["kernel", "torch"],
+        default="kernel",
+        help="radixserve's projections through radixserve.models.kernels.linear (kernel) or F.linear (torch)",
+    )
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not (args.model_dir / "config.json").is_file():
+        from radixserve.models.tiny import write_qwen25_05b_shaped
+
+        print(f"writing the Qwen2.5-0.5B-shaped random model to {args.model_dir} ...")
+        write_qwen25_05b_shaped(args.model_dir)
+    if args.linear == "torch":
+        from radixserve.models import kernels
+
+        if hasattr(kernels, "set_enabled"):
+            kernels.set_enabled(False)
+    bandwidths = stream_bandwidth()
+    for dtype in args.dtypes:
+        run_dtype(args, args.model_dir, dtype, bandwidths)
+
+
+if __name__ == "__main__":
+    main()

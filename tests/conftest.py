@@ -1,0 +1,52 @@
+"""Session fixtures shared by the test packages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Tiny random checkpoints, one per family, each exercising a different code path of the decoder.
+TINY_MODEL_SPECS: dict[str, dict[str, Any]] = {
+    # MQA (1 KV head), Llama-3 RoPE scaling, q/k/v/o biases (attention_bias)
+    "llama": dict(
+        num_kv_heads=1,
+        attention_bias=True,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 256,
+        },
+    ),
+    # q/k/v bias, tied embeddings
+    "qwen2": dict(tie_word_embeddings=True),
+    # q/k RMSNorm, head_dim != hidden / heads, group size 3
+    "qwen3": dict(num_heads=6, num_kv_heads=2, head_dim=48),
+    # sliding window shorter than the test prompts
+    "mistral": dict(sliding_window=16),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer() -> Any:
+    from radixserve.models.tiny import train_tokenizer
+
+    return train_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(
+    tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any
+) -> dict[str, Path]:
+    """arch -> directory of a tiny float32 checkpoint with its tokenizer, written once per session."""
+    from radixserve.models.tiny import write_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {
+        arch: write_tiny_model(root / arch, arch, tokenizer=tiny_tokenizer, **spec)
+        for arch, spec in TINY_MODEL_SPECS.items()
+    }

@@ -1,0 +1,219 @@
+"""Attention backends against the paged-attention contract (base.py), without a model.
+
+The pool holds random K/V for cached prefixes at scattered slots; a batch extends or decodes on
+top. ``paged_attention_reference`` (FlashInfer's contract in plain torch, fed CSR metadata built
+here by hand) is the reference; ``TorchNativeBackend`` and ``FlashInferBackend`` (with the
+reference wrappers on CPU, with real FlashInfer on a GPU) must reproduce it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from radixserve.memory_pool import KVCache, ReqToTokenPool
+from radixserve.models.attention.base import AttentionSpec
+from radixserve.models.attention.flashinfer_backend import (
+    FlashInferBackend,
+    build_paged_kv_metadata,
+)
+from radixserve.models.attention.paged_reference import ReferenceWrappers, paged_attention_reference
+from radixserve.models.attention.registry import create_attention_backend, default_backend_name
+from radixserve.models.attention.torch_native import TorchNativeBackend
+from radixserve.runtime.forward_batch import ForwardBatch
+
+NUM_SLOTS = 512
+WINDOW = 5
+
+
+class Setup:
+    """A pool with cached prefixes at random slots and a batch (extend or decode) on top."""
+
+    def __init__(
+        self,
+        spec: AttentionSpec,
+        prefix_lens: list[int],
+        extend_lens: list[int],
+        decode: bool,
+        dtype: torch.dtype,
+        device: str = "cpu",
+        num_slots: int = NUM_SLOTS,
+    ) -> None:
+        gen = torch.Generator().manual_seed(sum(prefix_lens) * 31 + sum(extend_lens))
+        self.spec = spec
+        layers = len(spec.sliding_windows)
+        self.kv = KVCache(layers, num_slots, spec.num_kv_heads, spec.head_dim, dtype, device)
+        for buf in self.kv.k_buffer + self.kv.v_buffer:
+            buf.copy_(torch.randn(buf.shape, generator=gen).to(dtype))
+        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+        self.pool = ReqToTokenPool(8, max(seq_lens) + 3, device)
+        rows = [5, 0, 3, 7][: len(prefix_lens)]
+        perm = (torch.randperm(num_slots - 1, generator=gen) + 1).tolist()  # slot 0 is padding
+        new_slots = []
+        for row, p, s in zip(rows, prefix_lens, seq_lens, strict=True):
+            slots, perm = perm[:s], perm[s:]
+            self.pool.req_to_token[row, :s] = torch.tensor(slots, dtype=torch.int32)
+            new_slots += slots[p:]
+        out_loc = torch.tensor(new_slots, dtype=torch.int64)
+        n = len(new_slots)
+        if decode:
+            self.batch = ForwardBatch.decode(
+                torch.zeros(n, dtype=torch.int64), rows, seq_lens, out_loc, device
+            )
+        else:
+            self.batch = ForwardBatch.extend(
+                [0] * n, rows, prefix_lens, extend_lens, out_loc, device
+            )
+        self.q = torch.randn(n, spec.num_heads, spec.head_dim, generator=gen).to(dtype).to(device)
+        self.k = (
+            torch.randn(n, spec.num_kv_heads, spec.head_dim, generator=gen).to(dtype).to(device)
+        )
+        self.v = (
+            torch.randn(n, spec.num_kv_heads, spec.head_dim, generator=gen).to(dtype).to(device)
+        )
+        self.rows, self.seq_lens, self.extend_lens = rows, seq_lens, extend_lens
+
+    def run(self, backend: object, layer: int) -> torch.Tensor:
+        backend.init_forward_metadata(self.batch)  # type: ignore[attr-defined]
+        fwd = backend.forward_decode if self.batch.is_decode else backend.forward_extend  # type: ignore[attr-defined]
+        return fwd(self.q, self.k, self.v, layer, self.batch)
+
+    def hand_metadata(self) -> tuple[list[int], list[int], list[int]]:
+        """CSR metadata written out request by request (page size 1)."""
+        qo, kv, indices = [0], [0], []
+        for row, s, e in zip(self.rows, self.seq_lens, self.extend_lens, strict=True):
+            qo.append(qo[-1] + e)
+            kv.append(kv[-1] + s)
+            indices += self.pool.req_to_token[row, :s].tolist()
+        return qo, kv, indices
+
+    def reference(self, layer: int) -> torch.Tensor:
+        """The contract computed from the pool after the new K/V were written."""
+        qo, kv, indices = self.hand_metadata()
+        window = self.spec.sliding_windows[layer]
+        k_buf, v_buf = self.kv.get_kv(layer)
+        out = paged_attention_reference(
+            self.q.cpu(),
+            k_buf.cpu().unsqueeze(1),
+            v_buf.cpu().unsqueeze(1),
+            torch.tensor(qo),
+            torch.tensor(kv),
+            torch.tensor(indices),
+            torch.ones(len(self.rows), dtype=torch.int32),
+            causal=True,
+            sm_scale=self.spec.scaling,
+            window_left=-1 if window is None else window - 1,
+        )
+        return out.reshape(len(out), -1)
+
+
+SPECS = {
+    "gqa2": AttentionSpec(4, 2, 32, 32**-0.5, (None, WINDOW)),
+    "gqa3": AttentionSpec(6, 2, 16, 16**-0.5, (WINDOW, None)),
+    "mqa": AttentionSpec(4, 1, 8, 0.3, (None, None)),
+    "mha": AttentionSpec(2, 2, 16, 16**-0.5, (None, WINDOW)),
+}
+BATCHES = {
+    "no_prefix": ([0, 0, 0], [7, 1, 12]),
+    "prefix": ([3, 10, 0], [4, 1, 9]),
+    "uniform": ([6, 6], [5, 5]),
+    "single": ([11], [13]),
+    "long": ([0, 20], [150, 70]),  # several query blocks of the extend path, one partial
+}
+
+
+@pytest.mark.parametrize("spec_name", sorted(SPECS))
+@pytest.mark.parametrize("batch_name", sorted(BATCHES))
+@pytest.mark.parametrize("decode", [False, True], ids=["extend", "decode"])
+def test_torch_native_and_flashinfer_metadata_follow_the_contract(
+    spec_name: str, batch_name: str, decode: bool
+) -> None:
+    spec = SPECS[spec_name]
+    prefix, extend = BATCHES[batch_name]
+    if decode:  # one new token per request on top of everything else
+        prefix, extend = [p + e - 1 for p, e in zip(prefix, extend, strict=True)], [1] * len(prefix)
+    for layer in range(2):
+        native = Setup(spec, prefix, extend, decode, torch.float32)
+        before = [b.clone() for b in native.kv.k_buffer]
+        out_native = native.run(TorchNativeBackend(spec, native.kv, native.pool), layer)
+        written = native.batch.out_cache_loc
+        untouched = torch.ones(NUM_SLOTS, dtype=torch.bool)
+        untouched[written] = False
+        assert torch.equal(native.kv.k_buffer[layer][untouched], before[layer][untouched])
+        assert torch.equal(native.kv.k_buffer[layer][written], native.k)
+        torch.testing.assert_close(out_native, native.reference(layer), rtol=1e-5, atol=1e-5)
+
+        paged = Setup(spec, prefix, extend, decode, torch.float32)
+        backend = FlashInferBackend(spec, paged.kv, paged.pool, wrappers=ReferenceWrappers())
+        out_paged = paged.run(backend, layer)
+        torch.testing.assert_close(out_paged, out_native, rtol=1e-5, atol=1e-5)
+
+
+def test_build_paged_kv_metadata_is_the_hand_written_csr() -> None:
+    for decode in (False, True):
+        s = Setup(
+            SPECS["gqa2"], [3, 10, 0], [4, 1, 9] if not decode else [1, 1, 1], decode, torch.float32
+        )
+        b = s.batch
+        md = build_paged_kv_metadata(
+            s.pool.req_to_token,
+            b.req_pool_indices,
+            b.seq_lens,
+            None if decode else b.extend_seq_lens,
+            sum(b.seq_lens_list),
+        )
+        qo, kv, indices = s.hand_metadata()
+        assert (
+            md.qo_indptr.tolist() == qo
+            and md.kv_indptr.tolist() == kv
+            and md.kv_indices.tolist() == indices
+        )
+        assert md.kv_last_page_len.tolist() == [1, 1, 1]
+        assert {
+            t.dtype for t in (md.qo_indptr, md.kv_indptr, md.kv_indices, md.kv_last_page_len)
+        } == {torch.int32}
+
+
+def test_bfloat16_matches_float32_reference() -> None:
+    spec = SPECS["gqa3"]
+    s = Setup(spec, [3, 10, 0], [4, 1, 9], False, torch.bfloat16)
+    out = s.run(TorchNativeBackend(spec, s.kv, s.pool), 1)
+    torch.testing.assert_close(out.float(), s.reference(1).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_registry(tmp_path: object) -> None:
+    spec = SPECS["gqa2"]
+    kv = KVCache(2, 16, 2, 32)
+    pool = ReqToTokenPool(2, 8)
+    assert default_backend_name(torch.device("cpu")) == "torch_native"
+    assert default_backend_name(torch.device("cuda")) == "flashinfer"
+    assert isinstance(create_attention_backend(None, spec, kv, pool), TorchNativeBackend)
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        create_attention_backend("xformers", spec, kv, pool)
+
+
+def test_cpu_path_never_imports_flashinfer() -> None:
+    code = (
+        "import sys, radixserve.models.attention.registry as r, radixserve.models.attention.flashinfer_backend, "
+        "radixserve.runtime.model_runner; assert 'flashinfer' not in sys.modules, 'flashinfer imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decode", [False, True], ids=["extend", "decode"])
+def test_flashinfer_kernels_match_reference_on_gpu(decode: bool) -> None:
+    pytest.importorskip("flashinfer")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    spec = AttentionSpec(8, 2, 128, 128**-0.5, (None, 64))
+    prefix, extend = ([0, 37, 300], [129, 1, 70]) if not decode else ([128, 37, 369], [1, 1, 1])
+    for layer in range(2):
+        s = Setup(spec, prefix, extend, decode, torch.bfloat16, device="cuda", num_slots=4096)
+        out = s.run(FlashInferBackend(spec, s.kv, s.pool), layer)
+        torch.testing.assert_close(
+            out.float().cpu(), s.reference(layer).float(), rtol=2e-2, atol=2e-2
+        )
