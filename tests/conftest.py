@@ -50,3 +50,21 @@ def tiny_model_dirs(
         arch: write_tiny_model(root / arch, arch, tokenizer=tiny_tokenizer, **spec)
         for arch, spec in TINY_MODEL_SPECS.items()
     }
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any) -> Path:
+    """The small Llama the scheduler, engine and frontend tests share (2 layers, hidden 64)."""
+    from radixserve.models.tiny import write_tiny_model
+
+    return write_tiny_model(
+        tmp_path_factory.mktemp("tiny-llama") / "tiny-llama",
+        "llama",
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        tokenizer=tiny_tokenizer,
+        seed=1,
+    )

@@ -25,20 +25,8 @@ MAX_TOTAL_TOKENS = 32768
 
 
 @pytest.fixture(scope="session")
-def fe_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any) -> Path:
-    from radixserve.models.tiny import write_tiny_model
-
-    return write_tiny_model(
-        tmp_path_factory.mktemp("frontend-model") / "tiny-llama",
-        "llama",
-        num_layers=2,
-        hidden_size=64,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=128,
-        tokenizer=tiny_tokenizer,
-        seed=1,
-    )
+def fe_model_dir(tiny_llama_dir: Path) -> Path:
+    return tiny_llama_dir
 
 
 @pytest.fixture(scope="session")

@@ -5,24 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixserve.models.tiny import train_tokenizer, write_tiny_model
-
 
 @pytest.fixture(scope="session")
-def engine_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Llama with a real tokenizer, shared by the scheduler tests."""
-    out = tmp_path_factory.mktemp("engine-llama")
-    return write_tiny_model(
-        out,
-        "llama",
-        num_layers=2,
-        hidden_size=64,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=128,
-        tokenizer=train_tokenizer(),
-        seed=1,
-    )
+def engine_model_dir(tiny_llama_dir: Path) -> Path:
+    return tiny_llama_dir
 
 
 @pytest.fixture(scope="session")
