@@ -103,3 +103,20 @@ def test_lpm_defers_requests_whose_prefix_an_admitted_one_computes(
             engine.check_integrity()
     assert cached["fcfs"] == [0, 0, 0, 0]
     assert sorted(cached["lpm"]) == [0, 64, 64, 64]
+
+
+def test_extend_over_a_long_cached_prefix_equals_hf(engine_model_dir, hf_greedy) -> None:
+    """A prefix of >= 256 cached tokens takes the single-SDPA extend path."""
+    from radixserve.models.attention.torch_native import SDPA_MIN_PREFIX
+
+    rng = random.Random(11)
+    first = [rng.randrange(5, 1000) for _ in range(SDPA_MIN_PREFIX + 60)]
+    params = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+    with Engine(str(engine_model_dir), dtype="float32", max_total_tokens=4096) as engine:
+        out = engine.generate(input_ids=first, sampling_params=params)
+        second = first + out["output_ids"] + [rng.randrange(5, 1000) for _ in range(30)]
+        batch = [second, second[: SDPA_MIN_PREFIX + 40]]  # extends of different lengths
+        outs = engine.generate(input_ids=batch, sampling_params=params)
+        assert [o["output_ids"] for o in outs] == [hf_greedy(p, 6) for p in batch]
+        assert all(o["meta_info"]["cached_tokens"] >= SDPA_MIN_PREFIX for o in outs)
+        engine.check_integrity()
