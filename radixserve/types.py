@@ -136,7 +136,6 @@ class Req:
     kv_len: int = 0  # row[:kv_len] holds slots; row[prefix_len:kv_len] are the request's own
     extend_len: int = 0
     cached_tokens: int = 0  # prompt tokens served from the cache, summed over (re)admissions
-    is_chunked: int = 0  # > 0 while the request is being prefilled in chunks
     num_preemptions: int = 0
     num_retractions: int = 0
     skipped_passes: int = 0  # passes it was passed over by a cache-aware policy (aging)

@@ -90,10 +90,8 @@ class ScheduleBatch:
         )
         return batch
 
-    def filter(self, keep: set[Req] | None = None, drop: set[Req] | None = None) -> None:
-        self.reqs = [
-            r for r in self.reqs if (keep is None or r in keep) and (drop is None or r not in drop)
-        ]
+    def filter(self, drop: set[Req]) -> None:
+        self.reqs = [r for r in self.reqs if r not in drop]
 
     def merge(self, reqs: list[Req]) -> None:
         self.reqs.extend(reqs)

@@ -224,8 +224,6 @@ class Scheduler:
             req.status = ReqStatus.RUNNING
             req.cached_tokens += req.prefix_len
         self.chunked_req = adder.new_chunked_req
-        if self.chunked_req is not None:
-            self.chunked_req.is_chunked += 1
         self.stats.on_prefill(batch, sum(r.prefix_len for r in admitted))
         return batch
 
@@ -290,7 +288,7 @@ class Scheduler:
                 new_running.append(req)
         if new_running:
             self.running.merge(new_running)
-        self.stats.on_result(batch, self)
+        self.stats.on_result(batch)
 
     def _finish(self, req: Req, release: bool = True) -> None:
         req.status = ReqStatus.FINISHED
@@ -349,7 +347,6 @@ class Scheduler:
         chunked = self.chunked_req
         if chunked is not None and self.kv.available_size() < len(self.running) * steps:
             self.chunked_req = None
-            chunked.is_chunked = 0
             self.kv.release(chunked)
             chunked.status = ReqStatus.WAITING
             self.waiting.insert(0, chunked)

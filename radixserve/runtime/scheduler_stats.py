@@ -33,7 +33,7 @@ class SchedulerStats:
         self.num_prefill_tokens += fb.num_tokens
         self.num_cached_tokens += num_cached_tokens
 
-    def on_result(self, batch: ScheduleBatch, scheduler: Scheduler) -> None:
+    def on_result(self, batch: ScheduleBatch) -> None:
         if batch.is_decode:
             self.num_decode_batches += 1
         self.num_generated_tokens += sum(batch.samples)
