@@ -89,7 +89,8 @@ def summarize(
     """The report entry of one system's run."""
     num_in = sum(len(r.prompt_ids) for r in records)
     num_out = sum(r.num_output for r in records)
-    opt = sum(optimal_hits(records))
+    opt_per_request = optimal_hits(records)
+    opt = sum(opt_per_request)
     reported = [r.cached_tokens for r in records]
     cached = None if any(c is None for c in reported) else sum(c or 0 for c in reported)
     stats = (extra or {}).get("server_stats")
@@ -117,6 +118,7 @@ def summarize(
         "cached_tokens": cached,
         "hit_rate": None if cached is None else cached / max(num_in, 1),
         "optimal_cached_tokens": opt,
+        "optimal_cached_per_request": opt_per_request,  # in the records' (completion) order
         "optimal_hit_rate": opt / max(num_in, 1),
     }
     out["hit_rate_vs_optimal"] = (

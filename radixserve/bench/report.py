@@ -1,16 +1,16 @@
 """Ratios between the systems of one run, the ideal cache ratio, and the printed tables.
 
-Ideal cache ratio (what the saved prefill tokens allow): the no-cache run's wall time minus the
-prefill time of every token an ideal cache would have served, with the per-token prefill time
-measured on the same no-cache runtime right after its run (the slope of one-token requests'
-latency between two prompt lengths, so fixed per-request costs cancel)::
+Ideal cache ratio: the no-cache run's wall time minus the prefill time an ideal cache saves.
+It serves each prompt's prefix, so a request with an optimal cached prefix of c_i tokens saves
+exactly the prefill of those c_i tokens on their own (its new tokens still attend over the whole
+context, which the cached run pays too). The no-cache runtime's one-token latency is fitted as
+t(n) = c0 + a*n + b*n^2 right after its run (:mod:`radixserve.bench.prefill_cost`)::
 
-    T_ideal = T_nocache - optimal_cached_tokens * t_prefill
+    T_ideal = T_nocache - sum_i (a * c_i + b * c_i^2)      (c0: per request, never saved)
     ideal_cache_ratio = T_nocache / T_ideal
     cache_ratio = T_nocache / T_radixserve          (= the throughput ratio: same trace)
 
-Decode and everything else is assumed unchanged by the cache; a cache that also shortens
-attention over long cached prefixes can beat it slightly.
+Decode and everything else is assumed unchanged by the cache.
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from radixserve.bench.prefill_cost import saved_prefill_s
+
 TIME_MODEL = (
-    "T_ideal = T_nocache - optimal_cached_tokens * t_prefill; t_prefill: seconds per prefill "
-    "token on the no-cache runtime (slope of max_new_tokens=1 latency between two prompt "
-    "lengths, measured after its run); ideal_cache_ratio = T_nocache / T_ideal"
+    "T_ideal = T_nocache - sum_i (a*c_i + b*c_i^2); c_i: request i's optimal cached prefix "
+    "tokens; t(n) = c0 + a*n + b*n^2: least-squares fit of max_new_tokens=1 latency at 4 prompt "
+    "lengths up to max c_i on the no-cache runtime, measured after its run (c0, per request, is "
+    "not saved); ideal_cache_ratio = T_nocache / T_ideal"
 )
 
 
@@ -57,15 +60,18 @@ def ideal_ratio(
     base: dict[str, Any], nocache: dict[str, Any], calibration: dict[str, Any]
 ) -> dict[str, Any]:
     t_nocache = nocache["wall_s"]
-    saved_s = base["optimal_cached_tokens"] * calibration["t_prefill_s_per_token"]
+    saved_s = saved_prefill_s(base["optimal_cached_per_request"], calibration)
     # a noisy calibration can claim more prefill time than the run took: keep a floor
     t_ideal = max(t_nocache - saved_s, 0.05 * t_nocache)
     ideal = t_nocache / t_ideal
     achieved = t_nocache / base["wall_s"]
     return {
         "time_model": TIME_MODEL,
-        "t_prefill_s_per_token": calibration["t_prefill_s_per_token"],
+        "fit": calibration["fit"],
+        "a_s_per_token": calibration["a_s_per_token"],
+        "b_s_per_token2": calibration["b_s_per_token2"],
         "saved_prefill_s": saved_s,
+        "saved_s_per_cached_token": saved_s / max(base["optimal_cached_tokens"], 1),
         "is_clamped": t_nocache - saved_s < 0.05 * t_nocache,
         "t_nocache_s": t_nocache,
         "t_ideal_s": t_ideal,
@@ -145,8 +151,9 @@ def ratios_text(ratios: dict[str, Any]) -> str:
     if ideal:
         lines.append(
             f"cache ratio {ideal['cache_ratio']:.2f}x vs ideal {ideal['ideal_cache_ratio']:.2f}x "
-            f"({100 * ideal['cache_ratio_over_ideal']:.0f}% of ideal; t_prefill "
-            f"{ideal['t_prefill_s_per_token'] * 1e3:.2f} ms/token"
+            f"({100 * ideal['cache_ratio_over_ideal']:.0f}% of ideal; t(n) = a n + b n^2, "
+            f"a={ideal['a_s_per_token'] * 1e3:.3g} ms/token, "
+            f"b={ideal['b_s_per_token2'] * 1e6:.3g} us/token^2, {ideal['fit']} fit"
             f"{', clamped' if ideal['is_clamped'] else ''})"
         )
         lines.append(f"  time model: {TIME_MODEL}")

@@ -15,6 +15,7 @@ from typing import Any
 from tqdm import tqdm
 
 from radixserve.bench.clients import Client
+from radixserve.bench.prefill_cost import calibration_lengths, fit_prefill_cost
 from radixserve.bench.records import RequestRecord
 from radixserve.bench.workload import Session, TokenSource, num_requests
 
@@ -101,11 +102,11 @@ def warmup(client: Client, src: TokenSource) -> None:
     client.flush()
 
 
-def calibrate_prefill(client: Client, src: TokenSource, mean_prompt_len: int) -> dict[str, float]:
-    """Seconds per prefill token: the slope of one-token requests' latency between prompts of
-    half the mean and the mean prompt length (best of 2 each), so fixed costs cancel."""
-    long_len = max(mean_prompt_len, 32)
-    lengths = (long_len // 2, long_len)
+def calibrate_prefill(client: Client, src: TokenSource, max_cached_len: int) -> dict[str, Any]:
+    """The prefill cost t(n) = c0 + a*n + b*n^2 of this runtime: one-token requests at
+    prompt lengths from about 1/8 of to the longest optimal cached prefix of the trace (best of
+    2 each), fitted by least squares (:func:`fit_prefill_cost`)."""
+    lengths = calibration_lengths(max_cached_len)
     best: list[float] = []
     for n in lengths:
         times = []
@@ -114,14 +115,5 @@ def calibrate_prefill(client: Client, src: TokenSource, mean_prompt_len: int) ->
             client.generate(src.ids(n), 1)
             times.append(time.perf_counter() - t0)
         best.append(min(times))
-    slope = (best[1] - best[0]) / (lengths[1] - lengths[0])
-    if slope <= 0:  # noise on a shared machine: fall back to the average cost
-        slope = best[1] / lengths[1]
     client.flush()
-    return {
-        "t_prefill_s_per_token": slope,
-        "short_len": lengths[0],
-        "short_s": best[0],
-        "long_len": lengths[1],
-        "long_s": best[1],
-    }
+    return {"lengths": lengths, "best_s": best, **fit_prefill_cost(lengths, best)}

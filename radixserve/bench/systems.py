@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixserve.bench.clients import Client, EngineClient, HttpClient, OpenAIClient
-from radixserve.bench.records import summarize
+from radixserve.bench.records import optimal_hits, summarize
 from radixserve.bench.runner import calibrate_prefill, run_sessions, warmup
 from radixserve.bench.workload import Session, TokenSource
 from radixserve.config import SCHEDULE_POLICIES
@@ -133,8 +133,8 @@ def _run_radixserve(
             records, wall, stats = run_sessions(client, sessions, opts.parallel, name)
         extra["server_stats"] = stats
         if disable_cache:
-            mean_len = sum(len(r.prompt_ids) for r in records) // max(len(records), 1)
-            extra["calibration"] = calibrate_prefill(client, src, mean_len)
+            longest = max(optimal_hits(records), default=0)
+            extra["calibration"] = calibrate_prefill(client, src, longest)
     return summarize(name, records, wall, extra)
 
 
