@@ -53,6 +53,10 @@ class EngineConfig:
     disable_cpu_linear_kernel: bool = field(
         default_factory=lambda: bool(_env_int("RADIXSERVE_DISABLE_CPU_LINEAR_KERNEL"))
     )
+    # the AVX512-BF16 flash-style attention kernel of the torch-native backend (bf16 KV on CPU)
+    disable_cpu_attention_kernel: bool = field(
+        default_factory=lambda: bool(_env_int("RADIXSERVE_DISABLE_CPU_ATTENTION_KERNEL"))
+    )
     constants: SchedulerConstants = field(default_factory=SchedulerConstants)
 
     def __post_init__(self) -> None:

@@ -78,6 +78,7 @@ class ModelRunner:
             self.model.attention_spec,
             self.kv_cache,
             self.req_to_token_pool,
+            cpu_kernel=not config.disable_cpu_attention_kernel,
         )
 
     @property

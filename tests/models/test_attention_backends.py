@@ -23,6 +23,7 @@ from radixserve.models.attention.flashinfer_backend import (
 from radixserve.models.attention.paged_reference import ReferenceWrappers, paged_attention_reference
 from radixserve.models.attention.registry import create_attention_backend, default_backend_name
 from radixserve.models.attention.torch_native import TorchNativeBackend
+from radixserve.models.kernels import attention_kernel
 from radixserve.runtime.forward_batch import ForwardBatch
 
 NUM_SLOTS = 512
@@ -182,6 +183,51 @@ def test_bfloat16_matches_float32_reference() -> None:
     s = Setup(spec, [3, 10, 0], [4, 1, 9], False, torch.bfloat16)
     out = s.run(TorchNativeBackend(spec, s.kv, s.pool), 1)
     torch.testing.assert_close(out.float(), s.reference(1).float(), rtol=2e-2, atol=2e-2)
+
+
+KERNEL_SPECS = {
+    **{k: v for k, v in SPECS.items() if v.head_dim % 16 == 0},
+    "qwen": AttentionSpec(14, 2, 64, 0.125, (None, 70)),
+    "wide": AttentionSpec(4, 4, 128, 128**-0.5, (None, 33)),
+}
+KERNEL_BATCHES = {**BATCHES, "long_prefix": ([300, 5, 130], [41, 200, 1])}
+
+
+@pytest.mark.skipif(
+    attention_kernel(torch.bfloat16, 32) is None, reason="no AVX512-BF16 attention kernel here"
+)
+@pytest.mark.parametrize("spec_name", sorted(KERNEL_SPECS))
+@pytest.mark.parametrize("batch_name", sorted(KERNEL_BATCHES))
+@pytest.mark.parametrize("decode", [False, True], ids=["extend", "decode"])
+def test_cpu_attention_kernel_follows_the_contract(
+    spec_name: str, batch_name: str, decode: bool
+) -> None:
+    """The bf16 kernel (causal, windows, GQA, ragged batches, several 64-key blocks) against
+    the float32 reference on the same bf16 pool, within bf16 rounding; and close to the torch
+    path it replaces."""
+    spec = KERNEL_SPECS[spec_name]
+    prefix, extend = KERNEL_BATCHES[batch_name]
+    if decode:
+        prefix, extend = [p + e - 1 for p, e in zip(prefix, extend, strict=True)], [1] * len(prefix)
+    for layer in range(2):
+        s = Setup(spec, prefix, extend, decode, torch.bfloat16, num_slots=1024)
+        backend = TorchNativeBackend(spec, s.kv, s.pool)
+        assert backend.kernel is not None
+        out = s.run(backend, layer)
+        assert torch.equal(s.kv.k_buffer[layer][s.batch.out_cache_loc], s.k)
+        ref = s.reference(layer).float()
+        torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+        torch_path = s.run(TorchNativeBackend(spec, s.kv, s.pool, cpu_kernel=False), layer)
+        torch.testing.assert_close(out.float(), torch_path.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_cpu_attention_kernel_declines_what_it_cannot_run() -> None:
+    assert attention_kernel(torch.float32, 64) is None
+    assert attention_kernel(torch.bfloat16, 8) is None  # head_dim not a multiple of 16
+    assert attention_kernel(torch.bfloat16, 512) is None
+    spec = SPECS["mqa"]  # head_dim 8: the backend keeps its torch path
+    s = Setup(spec, [3], [4], False, torch.bfloat16)
+    assert TorchNativeBackend(spec, s.kv, s.pool).kernel is None
 
 
 def test_registry(tmp_path: object) -> None:

@@ -157,10 +157,10 @@ def test_threads_split_is_deterministic() -> None:
 def test_unavailable_extension_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     """A failing build (no compiler, bad source...) yields None and F.linear, never an error."""
     monkeypatch.setattr(_ext, "_state", {})
-    monkeypatch.setattr(_ext, "SOURCE", _ext.SOURCE.with_name("missing.cpp"))
+    monkeypatch.setattr(_ext, "SOURCES", (_ext.SOURCES[0].with_name("missing.cpp"),))
     assert _ext.load_extension() is None
     monkeypatch.setattr(_ext, "_state", {})
-    monkeypatch.setattr(_ext, "SOURCE", _ext.SOURCE.with_name("linear.py"))  # not C++
+    monkeypatch.setattr(_ext, "SOURCES", (_ext.SOURCES[0].with_name("linear.py"),))  # not C++
     monkeypatch.setattr(_ext, "_build", lambda: (_ for _ in ()).throw(RuntimeError("boom")))
     assert _ext.load_extension() is None
     monkeypatch.setattr(lin_mod, "_loaded", False)

@@ -25,9 +25,15 @@ def default_backend_name(device: torch.device) -> str:
 
 
 def create_attention_backend(
-    name: str | None, spec: AttentionSpec, kv_cache: KVCache, req_to_token_pool: ReqToTokenPool
+    name: str | None,
+    spec: AttentionSpec,
+    kv_cache: KVCache,
+    req_to_token_pool: ReqToTokenPool,
+    cpu_kernel: bool = True,
 ) -> AttentionBackend:
-    """Build the backend ``name`` (``None``: the device default). ``ValueError`` for an unknown name."""
+    """Build the backend ``name`` (``None``: the device default). ``ValueError`` for an unknown name.
+
+    ``cpu_kernel``: let ``torch_native`` use the AVX512-BF16 attention kernel where it can."""
     name = name or default_backend_name(kv_cache.device)
     if name not in ATTENTION_BACKENDS:
         raise ValueError(
@@ -35,5 +41,6 @@ def create_attention_backend(
         )
     module_name, class_name = ATTENTION_BACKENDS[name]
     cls = getattr(importlib.import_module(module_name), class_name)
-    backend: AttentionBackend = cls(spec, kv_cache, req_to_token_pool)
+    options = {"cpu_kernel": cpu_kernel} if name == "torch_native" else {}
+    backend: AttentionBackend = cls(spec, kv_cache, req_to_token_pool, **options)
     return backend

@@ -1,6 +1,7 @@
-"""Build and load the AVX-512 skinny-GEMM extension (``gemv_avx512.cpp``), never raising.
+"""Build and load the AVX-512 CPU kernels extension, never raising.
 
-The C++ source is JIT-compiled once with ``torch.utils.cpp_extension.load`` (ninja + the system
+One module holds the skinny GEMM (``gemv_avx512.cpp``) and the EXTEND attention
+(``attention_avx512.cpp``), bound in ``bindings.cpp``. The C++ sources are JIT-compiled once with ``torch.utils.cpp_extension.load`` (ninja + the system
 C++ compiler, 9-20 s on 2 vCPUs) into torch's extensions cache (``~/.cache/torch_extensions/...``,
 or ``TORCH_EXTENSIONS_DIR`` as torch itself reads it); later processes only import
 ``cpp_extension`` and re-check the build with ninja (~0.15 s). The module name carries a hash of
@@ -28,7 +29,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("gemv_avx512.cpp")
+SOURCES = tuple(
+    Path(__file__).with_name(n) for n in ("gemv_avx512.cpp", "attention_avx512.cpp", "bindings.cpp")
+)
 CFLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")
 LDFLAGS = ("-fopenmp",)  # resolves to the libgomp torch already loaded (same soname)
 _REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "fma"})
@@ -71,8 +74,10 @@ def supported_dtypes() -> frozenset[torch.dtype]:
     return frozenset({torch.float32})
 
 
-def _module_name(source: bytes) -> str:
-    h = hashlib.sha256(source)
+def _module_name() -> str:
+    h = hashlib.sha256()
+    for src in SOURCES:
+        h.update(src.read_bytes())
     for part in (*CFLAGS, *LDFLAGS, torch.__version__):
         h.update(b"\0" + part.encode())
     return f"radixserve_gemv_{h.hexdigest()[:16]}"
@@ -100,19 +105,20 @@ def _build_lock(build_dir: str) -> Iterator[None]:
 def _build() -> ModuleType:
     from torch.utils import cpp_extension
 
-    name = _module_name(SOURCE.read_bytes())
+    name = _module_name()
     build_dir = cpp_extension._get_build_directory(name, verbose=False)
     with _build_lock(build_dir):
         module = cpp_extension.load(
             name=name,
-            sources=[str(SOURCE)],
+            sources=[str(s) for s in SOURCES],
             extra_cflags=list(CFLAGS),
             extra_ldflags=list(LDFLAGS),
             build_directory=build_dir,
             verbose=False,
         )
-    if not hasattr(module, "try_linear"):
-        raise ImportError(f"{name} lacks try_linear")
+    for fn in ("try_linear", "extend_attention"):
+        if not hasattr(module, fn):
+            raise ImportError(f"{name} lacks {fn}")
     return module
 
 
@@ -129,13 +135,13 @@ def load_extension() -> ModuleType | None:
         if "module" not in _state:
             module: ModuleType | None = None
             if not supported_dtypes():
-                logger.debug("skinny linear kernel disabled: CPU lacks AVX-512 (or not x86-64)")
-            elif not SOURCE.is_file():
-                logger.debug("skinny linear kernel disabled: %s is missing", SOURCE)
+                logger.debug("CPU kernels disabled: CPU lacks AVX-512 (or not x86-64)")
+            elif not all(src.is_file() for src in SOURCES):
+                logger.debug("CPU kernels disabled: a source is missing from %s", SOURCES[0].parent)
             else:
                 try:
                     module = _build()
                 except Exception as e:  # any failure means: use F.linear
-                    logger.debug("skinny linear kernel disabled: build failed: %s", e)
+                    logger.debug("CPU kernels disabled: build failed: %s", e)
             _state["module"] = module
     return _state["module"]

@@ -12,7 +12,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
-#include <torch/csrc/utils/pybind.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -281,9 +280,4 @@ std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
   if (ldx < 0) return std::nullopt;
   return bf16 ? run_typed<Bf16Ops>(x, ldx, w, bias, M, min_task_bytes)
               : run_typed<F32Ops>(x, ldx, w, bias, M, min_task_bytes);
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("try_linear", &try_linear, "x @ w.T + bias for small M, or None if not applicable",
-        py::call_guard<py::gil_scoped_release>());
 }

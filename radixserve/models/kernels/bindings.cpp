@@ -1,0 +1,22 @@
+// Python bindings of the CPU kernels (one extension module; see _ext.py).
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <optional>
+
+std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
+                                     const std::optional<at::Tensor>& bias, int64_t max_m,
+                                     int64_t dtypes, int64_t min_task_bytes);
+
+at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                            const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                            const at::Tensor& prefix_lens, const at::Tensor& extend_lens,
+                            int64_t num_heads, double scale, int64_t window);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("try_linear", &try_linear, "x @ w.T + bias for small M, or None if not applicable",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("extend_attention", &extend_attention,
+        "paged causal attention of a bf16 EXTEND batch (gemv_avx512.cpp's sibling)",
+        py::call_guard<py::gil_scoped_release>());
+}
