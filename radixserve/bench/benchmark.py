@@ -10,7 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from radixserve.bench.report import compute_ratios, policy_table, ratios_text, systems_table
+from radixserve.bench.report import (
+    compute_ratios,
+    policy_table,
+    ratios_text,
+    runs_text,
+    systems_table,
+)
 from radixserve.bench.systems import BenchOptions, run_all
 from radixserve.bench.workload import (
     MultiTurnSpec,
@@ -77,6 +83,8 @@ def run_benchmark(
     }
     print()
     print(systems_table(systems))
+    if runs := runs_text(systems):
+        print(runs)
     if len(opts.policies) > 1:
         print()
         print(policy_table(systems))

@@ -67,6 +67,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     add("--compare-model", default=None, help="its model name (default: its first /v1/models)")
     add("--hf-batch-size", type=int, default=None, help="HF batch (default: the parallelism)")
     add("--threads", type=int, default=None, help="torch threads of every system")
+    add(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of the trace per system, back to back; the fastest is reported (a shared "
+        "host only ever adds time; an --compare-url server runs once)",
+    )
     add("--seed", type=int, default=0)
     add("--out", default="bench_out", help="directory for the JSON and PNG")
     add("--name", default=None, help="file stem of the outputs (default: benchmark and shape)")
@@ -173,6 +180,7 @@ def _run(args: argparse.Namespace) -> int:
         hf_batch_size=args.hf_batch_size or min(parallel, 16),
         num_threads=args.threads,
         token_range=token_range(model),
+        repeat=args.repeat,
     )
     sweep = "-sweep" if len(policies) > 1 else ""
     name = args.name or f"{args.bench_command}-{shape}{sweep}"

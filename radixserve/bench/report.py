@@ -122,6 +122,17 @@ def systems_table(systems: list[dict[str, Any]]) -> str:
     return format_table(header, rows)
 
 
+def runs_text(systems: list[dict[str, Any]]) -> str:
+    """With ``--repeat``: every run's wall time per system (the table shows the fastest)."""
+    repeated = [s for s in systems if len(s.get("wall_runs_s", ())) > 1]
+    if not repeated:
+        return ""
+    runs = "; ".join(
+        f"{s['name']} " + ", ".join(f"{w:.2f}" for w in s["wall_runs_s"]) for s in repeated
+    )
+    return f"wall s is the fastest run of each system; all runs (s): {runs}"
+
+
 def policy_table(systems: list[dict[str, Any]]) -> str:
     runs = [s for s in systems if s.get("kind") == "radixserve"]
     header = ("policy", "hit", "optimal", "req/s", "out tok/s", "TTFT p99 ms")
