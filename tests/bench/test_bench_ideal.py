@@ -7,6 +7,7 @@ import pytest
 from radixserve.bench.prefill_cost import (
     calibration_lengths,
     fit_prefill_cost,
+    merge_calibrations,
     saved_prefill_s,
 )
 from radixserve.bench.records import RequestRecord, summarize
@@ -33,6 +34,24 @@ def test_fit_recovers_a_quadratic_cost() -> None:
     assert fit["c0_s"] == pytest.approx(c0, rel=1e-6)
     assert fit["a_s_per_token"] == pytest.approx(a, rel=1e-6)
     assert fit["b_s_per_token2"] == pytest.approx(b, rel=1e-6)
+
+
+def test_merged_calibrations_keep_the_fastest_time_per_length() -> None:
+    c0, a, b = 0.02, 1.2e-3, 0.9e-6
+    lengths = calibration_lengths(1800)
+    quiet = [_cost(n, c0, a, b) for n in lengths]
+    # two calibrations, each slowed by interference at different lengths
+    first = [t * (1.3 if i % 2 else 1.0) for i, t in enumerate(quiet)]
+    second = [t * (1.0 if i % 2 else 1.2) for i, t in enumerate(quiet)]
+    cals = [
+        {"lengths": lengths, "best_s": ts, **fit_prefill_cost(lengths, ts)}
+        for ts in (first, second)
+    ]
+    merged = merge_calibrations(cals)
+    assert merged["lengths"] == lengths and merged["best_s"] == pytest.approx(quiet)
+    assert merged["num_calibrations"] == 2 and merged["fit"] == "quadratic"
+    assert merged["a_s_per_token"] == pytest.approx(a, rel=1e-6)
+    assert merged["b_s_per_token2"] == pytest.approx(b, rel=1e-6)
 
 
 def test_fit_falls_back_to_a_line_when_noise_bends_it_down() -> None:

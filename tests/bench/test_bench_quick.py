@@ -37,7 +37,8 @@ def _report(out: Path, stem: str) -> dict:
 @pytest.mark.timeout(600)
 def test_multiturn_quick_with_all_baselines(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    assert main(["multiturn", "--quick", "--out", str(out), "--name", "mt"]) == 0
+    args = ["multiturn", "--quick", "--repeat", "2", "--out", str(out), "--name", "mt"]
+    assert main(args) == 0
     report = _report(out, "mt")
     names = [s["name"] for s in report["systems"]]
     assert names == ["radixserve", "radixserve-no-cache", "hf-recompute", "hf-kv-carried"]
@@ -53,6 +54,7 @@ def test_multiturn_quick_with_all_baselines(tmp_path: Path) -> None:
     ratios = report["ratios"]
     assert "radixserve / hf-recompute" in ratios["throughput"]
     assert ratios["ideal"]["ideal_cache_ratio"] >= 1.0
+    assert report["calibration"]["num_calibrations"] == 2  # one after each no-cache run
 
 
 @pytest.mark.timeout(600)
