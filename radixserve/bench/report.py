@@ -23,8 +23,8 @@ from radixserve.bench.prefill_cost import saved_prefill_s
 TIME_MODEL = (
     "T_ideal = T_nocache - sum_i (a*c_i + b*c_i^2); c_i: request i's optimal cached prefix "
     "tokens; t(n) = c0 + a*n + b*n^2: least-squares fit of max_new_tokens=1 latency at 4 prompt "
-    "lengths up to max c_i on the no-cache runtime, measured after its run (c0, per request, is "
-    "not saved); ideal_cache_ratio = T_nocache / T_ideal"
+    "lengths up to max c_i on the no-cache runtime, measured after each of its runs (fastest "
+    "per length; c0, per request, is not saved); ideal_cache_ratio = T_nocache / T_ideal"
 )
 
 
