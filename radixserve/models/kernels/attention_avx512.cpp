@@ -94,15 +94,55 @@ inline int64_t pack_base(const Problem& p, int64_t b, int64_t h) {
   return (p.pack_off[b] * p.kvh + h * spad) * p.d;
 }
 
+// In place: row i, lane j -> row j, lane i (16 x 16 dwords; unpack, then 128-bit shuffles).
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    for (int k = 0; k < 4; ++k) {
+      t[8 * i + k] = _mm512_shuffle_i32x4(r[8 * i + k], r[8 * i + 4 + k], 0x88);
+      t[8 * i + 4 + k] = _mm512_shuffle_i32x4(r[8 * i + k], r[8 * i + 4 + k], 0xDD);
+    }
+  }
+  for (int k = 0; k < 8; ++k) {
+    r[k] = _mm512_shuffle_i32x4(t[k], t[k + 8], 0x88);
+    r[k + 8] = _mm512_shuffle_i32x4(t[k], t[k + 8], 0xDD);
+  }
+}
+
 // K of (b, h) as [Spad/16][d/2][16 keys][2 dims]; V as [Spad/2][d][2 keys]. Pads stay zero.
+// K: each 16-key group is a 16 x (d/2) matrix of dimension pairs (dwords), transposed 16
+// columns at a time.
 void pack(const Problem& p, int64_t b, int64_t h) {
   const int64_t d = p.d, half = d / 2, seq = p.seq[b];
   const int32_t* slots = p.req_to_token + p.row[b] * p.r2t_stride;
   uint32_t* kd = reinterpret_cast<uint32_t*>(p.kp + pack_base(p, b, h));
-  for (int64_t j = 0; j < seq; ++j) {
-    const uint16_t* src = p.k + static_cast<int64_t>(slots[j]) * p.kv_stride + h * d;
-    uint32_t* dst = kd + (j / 16) * half * 16 + (j % 16);
-    for (int64_t q = 0; q < half; ++q) std::memcpy(dst + q * 16, src + 2 * q, 4);
+  for (int64_t j0 = 0; j0 < seq; j0 += 16) {
+    const int64_t m = std::min<int64_t>(16, seq - j0);
+    const uint16_t* src[16];
+    for (int64_t i = 0; i < m; ++i) {
+      src[i] = p.k + static_cast<int64_t>(slots[j0 + i]) * p.kv_stride + h * d;
+    }
+    uint32_t* dst = kd + (j0 / 16) * half * 16;
+    for (int64_t q0 = 0; q0 < half; q0 += 16) {
+      const int64_t w = std::min<int64_t>(16, half - q0);
+      const __mmask16 lanes = static_cast<__mmask16>((1u << w) - 1);
+      __m512i r[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        r[i] = i < m ? _mm512_maskz_loadu_epi32(lanes, src[i] + 2 * q0) : _mm512_setzero_si512();
+      }
+      transpose16(r);
+      for (int64_t q = 0; q < w; ++q) _mm512_storeu_si512(dst + (q0 + q) * 16, r[q]);
+    }
   }
   uint16_t* vd = p.vp + pack_base(p, b, h);
   for (int64_t j = 0; j < seq; j += 2) {
