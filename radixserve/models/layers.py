@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.models.kernels import linear
+from radixserve.models.kernels.norm import rms_norm
 from radixserve.models.model_config import RopeConfig
 
 
@@ -57,10 +58,8 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            return F.rms_norm(x, (self.dim,), self.weight, self.eps)
-        s = x + residual
-        return F.rms_norm(s, (self.dim,), self.weight, self.eps), s
+        out, s = rms_norm(x, self.weight, self.eps, residual)
+        return out if residual is None else (out, s)
 
 
 def rope_inv_freq(head_dim: int, rope: RopeConfig) -> tuple[torch.Tensor, float]:

@@ -1,7 +1,7 @@
 """Build and load the AVX-512 CPU kernels extension, never raising.
 
-One module holds the skinny GEMM (``gemv_avx512.cpp``) and the EXTEND attention
-(``attention_avx512.cpp``), bound in ``bindings.cpp``. The C++ sources are JIT-compiled once with ``torch.utils.cpp_extension.load`` (ninja + the system
+One module holds the skinny GEMM (``gemv_avx512.cpp``), the paged attention
+(``attention_avx512.cpp``) and RMSNorm (``norm_avx512.cpp``), bound in ``bindings.cpp``. The C++ sources are JIT-compiled once with ``torch.utils.cpp_extension.load`` (ninja + the system
 C++ compiler, 9-20 s on 2 vCPUs) into torch's extensions cache (``~/.cache/torch_extensions/...``,
 or ``TORCH_EXTENSIONS_DIR`` as torch itself reads it); later processes only import
 ``cpp_extension`` and re-check the build with ninja (~0.15 s). The module name carries a hash of
@@ -30,7 +30,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCES = tuple(
-    Path(__file__).with_name(n) for n in ("gemv_avx512.cpp", "attention_avx512.cpp", "bindings.cpp")
+    Path(__file__).with_name(n)
+    for n in ("gemv_avx512.cpp", "attention_avx512.cpp", "norm_avx512.cpp", "bindings.cpp")
 )
 CFLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")
 LDFLAGS = ("-fopenmp",)  # resolves to the libgomp torch already loaded (same soname)
@@ -116,7 +117,7 @@ def _build() -> ModuleType:
             build_directory=build_dir,
             verbose=False,
         )
-    for fn in ("try_linear", "extend_attention"):
+    for fn in ("try_linear", "extend_attention", "try_rms_norm"):
         if not hasattr(module, fn):
             raise ImportError(f"{name} lacks {fn}")
     return module

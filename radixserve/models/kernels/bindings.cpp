@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
+#include <tuple>
 
 std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
                                      const std::optional<at::Tensor>& bias, int64_t max_m,
@@ -13,10 +14,17 @@ at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_buf, const 
                             const at::Tensor& prefix_lens, const at::Tensor& extend_lens,
                             int64_t num_heads, double scale, int64_t window);
 
+std::optional<std::tuple<at::Tensor, at::Tensor>> try_rms_norm(
+    const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& residual,
+    double eps);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("try_linear", &try_linear, "x @ w.T + bias for small M, or None if not applicable",
         py::call_guard<py::gil_scoped_release>());
   m.def("extend_attention", &extend_attention,
         "paged causal attention of a bf16 EXTEND batch (gemv_avx512.cpp's sibling)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("try_rms_norm", &try_rms_norm,
+        "(RMSNorm(x [+ residual]), x [+ residual]) for bf16 rows, or None if not applicable",
         py::call_guard<py::gil_scoped_release>());
 }
