@@ -3,7 +3,8 @@
 Systems, in order: radixserve once per schedule policy; radixserve with the radix cache
 disabled (with a prefill calibration after each of its runs, for the time model); Hugging
 Face transformers recomputing the history, and with its KV carried across turns; another
-OpenAI-compatible server. Each starts only after the previous one has stopped, so none competes for the cores.
+OpenAI-compatible server. Each starts only after the previous one has stopped, so none
+competes for the cores.
 
 With ``repeat`` > 1 each system replays the trace that many times back to back (its cache
 flushed in between) and reports the fastest run, with every run's wall time beside it: on a

@@ -1,16 +1,17 @@
 """Build and load the AVX-512 CPU kernels extension, never raising.
 
 One module holds the skinny GEMM (``gemv_avx512.cpp``), the paged attention
-(``attention_avx512.cpp``) and RMSNorm (``norm_avx512.cpp``), bound in ``bindings.cpp``. The C++ sources are JIT-compiled once with ``torch.utils.cpp_extension.load`` (ninja + the system
-C++ compiler, 9-20 s on 2 vCPUs) into torch's extensions cache (``~/.cache/torch_extensions/...``,
+(``attention_avx512.cpp``) and RMSNorm (``norm_avx512.cpp``), bound in ``bindings.cpp``. The C++
+sources are JIT-compiled once with ``torch.utils.cpp_extension.load`` (ninja + the system C++
+compiler, 9-20 s on 2 vCPUs) into torch's extensions cache (``~/.cache/torch_extensions/...``,
 or ``TORCH_EXTENSIONS_DIR`` as torch itself reads it); later processes only import
 ``cpp_extension`` and re-check the build with ninja (~0.15 s). The module name carries a hash of
-the source, the flags and the torch version, so different checkouts or torch builds never share
+the sources, the flags and the torch version, so different checkouts or torch builds never share
 (or fight over) one build directory.
 
 Everything that can go wrong (no x86-64 AVX-512 CPU, no compiler or ninja, a compile error, a
 read-only cache) makes :func:`load_extension` return ``None`` and log once at DEBUG level; the
-caller then uses ``F.linear``.
+callers then keep their torch paths (``F.linear``, the torch attention, ``F.rms_norm``).
 """
 
 from __future__ import annotations

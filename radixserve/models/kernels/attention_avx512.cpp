@@ -1,6 +1,6 @@
 // Paged causal attention for bf16 EXTEND batches on AVX512-BF16 CPUs, flash-attention style.
 //
-//   out[t, h, :] = softmax(scale * q[t, h] . K_b^T, causal, window) V_b     (t a token of request b)
+//   out[t, h, :] = softmax(scale * q[t, h] . K_b^T, causal, window) V_b   (t: a token of request b)
 //
 // K_b/V_b are read straight from the KV buffers [slots, kv_heads, d] through the request's
 // req_to_token row, so no padded copy is made. Two passes, each over torch's intra-op threads:
@@ -151,8 +151,8 @@ void pack(const Problem& p, int64_t b, int64_t h) {
     const uint16_t* v1 = has1 ? p.v + static_cast<int64_t>(slots[j + 1]) * p.kv_stride + h * d : v0;
     uint16_t* dst = vd + (j / 2) * d * 2;
     for (int64_t c = 0; c < d; c += 16) {
-      const __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v0 + c)));
-      __m512i bv = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v1 + c)));
+      const __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_epi16(v0 + c));
+      __m512i bv = _mm512_cvtepu16_epi32(_mm256_loadu_epi16(v1 + c));
       if (!has1) bv = _mm512_setzero_si512();
       _mm512_storeu_si512(dst + c * 2, _mm512_or_si512(a, _mm512_slli_epi32(bv, 16)));
     }
@@ -218,7 +218,8 @@ void tile_block(const Problem& p, const uint16_t* kbase, const uint16_t* vbase, 
     const bool crosses = j0 + kBk - 1 > pos || (p.window > 0 && j0 <= pos - p.window);
     if (crosses) {
       const __m512i hi = _mm512_set1_epi32(static_cast<int>(pos - j0));
-      const __m512i lo = _mm512_set1_epi32(static_cast<int>(p.window > 0 ? pos - p.window - j0 : -1));
+      const int64_t lo_key = p.window > 0 ? pos - p.window - j0 : -1;  // visible: > lo_key
+      const __m512i lo = _mm512_set1_epi32(static_cast<int>(lo_key));
       for (int c = 0; c < 4; ++c) {
         const __m512i kidx = _mm512_add_epi32(iota, _mm512_set1_epi32(16 * c));
         const __mmask16 ok = _mm512_cmp_epi32_mask(kidx, hi, _MM_CMPINT_LE) &
@@ -238,7 +239,9 @@ void tile_block(const Problem& p, const uint16_t* kbase, const uint16_t* vbase, 
       s.l[row] *= alpha;
       const __m512 a = _mm512_set1_ps(alpha);
       float* o = &s.o[row * p.d];
-      for (int64_t c = 0; c < p.d; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), a));
+      for (int64_t c = 0; c < p.d; c += 16) {
+        _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), a));
+      }
       s.m[row] = m_new;
     }
     const __m512 mv = _mm512_set1_ps(m_new);

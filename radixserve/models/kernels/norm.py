@@ -1,9 +1,10 @@
 """``rms_norm``: RMSNorm (optionally fused with the residual add) with a one-call CPU route.
 
 bf16 CPU rows go to ``norm_avx512.cpp`` once the CPU kernels extension is loaded (the model
-runner's linear or attention kernel loads it; it is never built from here); the result equals ``F.rms_norm`` bit for bit on decode-sized inputs (fp32 math, one rounding;
-only the summation order of very long batches can move an ulp). Everything else is
-``F.rms_norm``. Worth ~15 us per call in decode, where torch's composite runs ~8 ops per row.
+runner's linear or attention kernel loads it; it is never built from here); the result equals
+``F.rms_norm`` bit for bit on decode-sized inputs (fp32 math, one rounding; only the summation
+order of very long batches can move an ulp). Everything else is ``F.rms_norm``. Worth ~15 us per
+call in decode, where torch's composite runs ~8 ops per row.
 """
 
 from __future__ import annotations

@@ -67,7 +67,9 @@ bool dense_bf16(const at::Tensor& t) {
 std::optional<std::tuple<at::Tensor, at::Tensor>> try_rms_norm(
     const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& residual,
     double eps) {
-  if (!dense_bf16(x) || !dense_bf16(weight) || x.dim() < 1 || weight.dim() != 1) return std::nullopt;
+  if (!dense_bf16(x) || !dense_bf16(weight) || x.dim() < 1 || weight.dim() != 1) {
+    return std::nullopt;
+  }
   const int64_t dim = weight.size(0);
   if (dim < 1 || x.size(-1) != dim) return std::nullopt;
   if (residual.has_value() && (!dense_bf16(*residual) || residual->sizes() != x.sizes())) {
@@ -78,7 +80,8 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> try_rms_norm(
   at::Tensor out = at::empty_like(x);
   at::Tensor sum = residual.has_value() ? at::empty_like(x) : x;
   const auto* xp = static_cast<const uint16_t*>(x.data_ptr());
-  const auto* rp = residual.has_value() ? static_cast<const uint16_t*>(residual->data_ptr()) : nullptr;
+  const auto* rp =
+      residual.has_value() ? static_cast<const uint16_t*>(residual->data_ptr()) : nullptr;
   const auto* wp = static_cast<const uint16_t*>(weight.data_ptr());
   auto* op = static_cast<uint16_t*>(out.data_ptr());
   auto* sp = residual.has_value() ? static_cast<uint16_t*>(sum.data_ptr()) : nullptr;
