@@ -49,7 +49,8 @@ class EngineConfig:
     schedule_low_priority_values_first: bool = False  # SGLang default: larger value = more urgent
     random_seed: int = 0
     num_threads: int | None = field(default_factory=lambda: _env_int("RADIXSERVE_NUM_THREADS"))
-    # the AVX-512 skinny-GEMM kernel for decode-shaped linears on CPU (models/kernels/)
+    # the AVX-512 skinny-GEMM kernel for decode-shaped linears and the bf16 RMSNorm on CPU
+    # (models/kernels/)
     disable_cpu_linear_kernel: bool = field(
         default_factory=lambda: bool(_env_int("RADIXSERVE_DISABLE_CPU_LINEAR_KERNEL"))
     )

@@ -7,10 +7,13 @@ where torch changes its summation order, not tested here).
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from radixserve.models import kernels
 from radixserve.models.kernels import _ext
 from radixserve.models.kernels.norm import rms_norm
 
@@ -33,6 +36,19 @@ def test_matches_f_rms_norm_bit_for_bit(shape: tuple[int, ...], with_residual: b
     assert torch.equal(s, s_ref)
     assert torch.equal(out, F.rms_norm(s_ref, (dim,), w, 1e-6))
     assert _ext.loaded_extension() is not None  # the kernel route, not the fallback
+
+
+def test_the_dense_layers_switch_turns_it_off() -> None:
+    x = torch.randn(2, 40).to(torch.bfloat16)
+    w = torch.ones(40, dtype=torch.bfloat16)
+    before = kernels.is_enabled()
+    kernels.set_enabled(False)
+    try:
+        with mock.patch.object(_ext.loaded_extension(), "try_rms_norm", side_effect=AssertionError):
+            out, _ = rms_norm(x, w, 1e-6)  # would raise if the kernel were called
+    finally:
+        kernels.set_enabled(before)
+    assert torch.equal(out, F.rms_norm(x, (40,), w, 1e-6))
 
 
 def test_falls_back_for_what_it_cannot_take() -> None:
