@@ -84,7 +84,7 @@ struct Problem {
   float scale;
   int64_t window;  // <= 0: none
   // per request
-  std::vector<int64_t> row, prefix, ext, q_start, seq, pack_off;
+  std::vector<int64_t> row, prefix, q_start, seq, pack_off;
   uint16_t* kp;  // packed K, then V: [sum Spad * kv_heads * d] each
   uint16_t* vp;
 };
@@ -307,13 +307,15 @@ void run_task(const Problem& p, const Task& t, Scratch& s, const uint16_t* zero_
   }
 }
 
-// Every thread pulls the next task (costliest first) until none is left.
-template <typename F>
-void run_dynamic(int64_t n, F&& fn) {
+// Tasks 0..n-1 over torch's threads: each worker makes its state once, then pulls the next
+// task index until none is left (so uneven tasks balance; callers order them costliest first).
+template <typename MakeState, typename F>
+void run_dynamic(int64_t n, MakeState&& make_state, F&& fn) {
   std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(n, at::get_num_threads());
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    for (int64_t i = next++; i < n; i = next++) fn(i);
+    auto state = make_state();
+    for (int64_t i = next++; i < n; i = next++) fn(state, i);
   });
 }
 
@@ -378,7 +380,6 @@ at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_buf, const 
                       "request ", b, " does not fit req_to_token");
     p.row.push_back(rows[b]);
     p.prefix.push_back(pre[b]);
-    p.ext.push_back(ext[b]);
     p.seq.push_back(seq);
     p.q_start.push_back(total_tokens);
     p.pack_off.push_back(total_pad);
@@ -405,24 +406,22 @@ at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_buf, const 
       TORCH_CHECK_VALUE(slots[j] >= 0 && slots[j] < k_buf.size(0), "KV slot out of range");
     }
   }
-  {
-    run_dynamic(bs * kvh, [&](int64_t i) { pack(p, i / kvh, i % kvh); });
-    std::sort(tasks.begin(), tasks.end(),
-              [](const Task& a, const Task& b) { return a.cost > b.cost; });
-    const int64_t max_rows = (tokens_per_task * p.g + kTile - 1) / kTile * kTile;
-    std::vector<uint16_t> zero_row(d, 0);
-    const int64_t ntasks = static_cast<int64_t>(tasks.size());
-    std::atomic<int64_t> next{0};
-    const int64_t workers = std::min<int64_t>(ntasks, at::get_num_threads());
-    at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-      Scratch s;
-      s.o.resize(max_rows * d);
-      s.m.resize(max_rows);
-      s.l.resize(max_rows);
-      s.pos.resize(max_rows);
-      s.qrow.resize(max_rows);
-      for (int64_t i = next++; i < ntasks; i = next++) run_task(p, tasks[i], s, zero_row.data());
-    });
-  }
+  run_dynamic(
+      bs * kvh, [] { return 0; }, [&](int, int64_t i) { pack(p, i / kvh, i % kvh); });
+  std::sort(tasks.begin(), tasks.end(),
+            [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  const int64_t max_rows = (tokens_per_task * p.g + kTile - 1) / kTile * kTile;
+  const std::vector<uint16_t> zero_row(d, 0);
+  const auto make_scratch = [&] {
+    Scratch s;
+    s.o.resize(max_rows * d);
+    s.m.resize(max_rows);
+    s.l.resize(max_rows);
+    s.pos.resize(max_rows);
+    s.qrow.resize(max_rows);
+    return s;
+  };
+  run_dynamic(static_cast<int64_t>(tasks.size()), make_scratch,
+              [&](Scratch& s, int64_t i) { run_task(p, tasks[i], s, zero_row.data()); });
   return out;
 }
