@@ -126,6 +126,14 @@ BATCHES = {
 }
 
 
+def _lengths(batch: tuple[list[int], list[int]], decode: bool) -> tuple[list[int], list[int]]:
+    """(prefix, extend) lengths of a batch; decode: one new token per request on top of all."""
+    prefix, extend = batch
+    if decode:
+        return [p + e - 1 for p, e in zip(prefix, extend, strict=True)], [1] * len(prefix)
+    return prefix, extend
+
+
 @pytest.mark.parametrize("spec_name", sorted(SPECS))
 @pytest.mark.parametrize("batch_name", sorted(BATCHES))
 @pytest.mark.parametrize("decode", [False, True], ids=["extend", "decode"])
@@ -133,9 +141,7 @@ def test_torch_native_and_flashinfer_metadata_follow_the_contract(
     spec_name: str, batch_name: str, decode: bool
 ) -> None:
     spec = SPECS[spec_name]
-    prefix, extend = BATCHES[batch_name]
-    if decode:  # one new token per request on top of everything else
-        prefix, extend = [p + e - 1 for p, e in zip(prefix, extend, strict=True)], [1] * len(prefix)
+    prefix, extend = _lengths(BATCHES[batch_name], decode)
     for layer in range(2):
         native = Setup(spec, prefix, extend, decode, torch.float32)
         before = [b.clone() for b in native.kv.k_buffer]
@@ -206,9 +212,7 @@ def test_cpu_attention_kernel_follows_the_contract(
     the float32 reference on the same bf16 pool, within bf16 rounding; and close to the torch
     path it replaces."""
     spec = KERNEL_SPECS[spec_name]
-    prefix, extend = KERNEL_BATCHES[batch_name]
-    if decode:
-        prefix, extend = [p + e - 1 for p, e in zip(prefix, extend, strict=True)], [1] * len(prefix)
+    prefix, extend = _lengths(KERNEL_BATCHES[batch_name], decode)
     for layer in range(2):
         s = Setup(spec, prefix, extend, decode, torch.bfloat16, num_slots=1024)
         backend = TorchNativeBackend(spec, s.kv, s.pool)
