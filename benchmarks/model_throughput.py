@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from radixserve.config import EngineConfig
-from radixserve.runtime.forward_batch import ForwardBatch
+from radixserve.models.forward_batch import ForwardBatch
 from radixserve.runtime.model_runner import ModelRunner
 
 

@@ -31,7 +31,7 @@ from radixserve.models.layers import (
 from radixserve.models.model_config import ModelConfig
 
 if TYPE_CHECKING:
-    from radixserve.runtime.forward_batch import ForwardBatch
+    from radixserve.models.forward_batch import ForwardBatch
 
 # transformers name -> (our parameter name, shard index) for merged weights
 _STACKED = (

@@ -2,7 +2,7 @@
 
 It owns the :class:`KVCache` and the :class:`ReqToTokenPool` (sized here, from the config) but
 never allocates slots or rows: the scheduler does, and fills ``req_to_token`` before
-:meth:`ModelRunner.forward` (see :mod:`radixserve.runtime.forward_batch`). The scheduler builds
+:meth:`ModelRunner.forward` (see :mod:`radixserve.models.forward_batch`). The scheduler builds
 its ``TokenToKVPoolAllocator(runner.num_kv_slots, config.page_size)`` over the same slots.
 """
 
@@ -17,8 +17,8 @@ from radixserve.config import EngineConfig
 from radixserve.memory_pool import KVCache, ReqToTokenPool, num_slots_for_budget
 from radixserve.models import kernels
 from radixserve.models.attention.registry import create_attention_backend
+from radixserve.models.forward_batch import ForwardBatch
 from radixserve.models.loader import load_model, resolve_dtype
-from radixserve.runtime.forward_batch import ForwardBatch
 
 PROMPT_LOGPROB_CHUNK = 256  # rows per lm_head call for prompt logprobs (~150 MB of fp32 logits)
 

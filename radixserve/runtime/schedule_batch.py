@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from radixserve.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixserve.models.forward_batch import ForwardBatch, ForwardMode
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.types import Req
 

@@ -23,8 +23,8 @@ from radixserve.models.attention.flashinfer_backend import (
 from radixserve.models.attention.paged_reference import ReferenceWrappers, paged_attention_reference
 from radixserve.models.attention.registry import create_attention_backend, default_backend_name
 from radixserve.models.attention.torch_native import TorchNativeBackend
+from radixserve.models.forward_batch import ForwardBatch
 from radixserve.models.kernels import attention_kernel
-from radixserve.runtime.forward_batch import ForwardBatch
 
 NUM_SLOTS = 512
 WINDOW = 5

@@ -23,7 +23,7 @@ from radixserve.config import EngineConfig
 from radixserve.memory_pool import TokenToKVPoolAllocator
 from radixserve.models.attention.flashinfer_backend import FlashInferBackend
 from radixserve.models.attention.paged_reference import ReferenceWrappers
-from radixserve.runtime.forward_batch import ForwardBatch
+from radixserve.models.forward_batch import ForwardBatch
 from radixserve.runtime.model_runner import ModelRunner
 
 NUM_NEW_TOKENS = 32

@@ -7,8 +7,8 @@ import torch
 
 from radixserve.config import EngineConfig
 from radixserve.memory_pool import num_slots_for_budget
+from radixserve.models.forward_batch import ForwardBatch
 from radixserve.models.loader import resolve_dtype
-from radixserve.runtime.forward_batch import ForwardBatch
 from radixserve.runtime.model_runner import ModelRunner
 
 

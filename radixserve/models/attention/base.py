@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from radixserve.runtime.forward_batch import ForwardBatch
+    from radixserve.models.forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True, slots=True)

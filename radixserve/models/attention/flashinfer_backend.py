@@ -23,7 +23,7 @@ from radixserve.memory_pool import KVCache, ReqToTokenPool
 from radixserve.models.attention.base import AttentionSpec
 
 if TYPE_CHECKING:
-    from radixserve.runtime.forward_batch import ForwardBatch
+    from radixserve.models.forward_batch import ForwardBatch
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 

@@ -34,7 +34,7 @@ from radixserve.models.attention.base import AttentionSpec
 from radixserve.models.kernels import attention_kernel
 
 if TYPE_CHECKING:
-    from radixserve.runtime.forward_batch import ForwardBatch
+    from radixserve.models.forward_batch import ForwardBatch
 
 # Query rows per block of EXTEND attention. Blocks skip the keys after their last query (half
 # the work of a causal prefill) and keep the scores small; on this CPU a 512-token bf16 prefill

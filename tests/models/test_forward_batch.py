@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixserve.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixserve.models.forward_batch import ForwardBatch, ForwardMode
 
 
 def test_extend_positions_and_lengths() -> None:
