@@ -195,7 +195,7 @@ def run_scheduler_process(
             max_context_len=scheduler.max_context_len,
             max_total_tokens=int(stats["max_total_tokens"]),
             max_running_requests=config.max_running_requests,
-            vocab_size=scheduler.runner.vocab_size,
+            vocab_size=scheduler.worker.vocab_size,
             eos_token_ids=tuple(sorted(scheduler.eos_token_ids)),
         )
     )
