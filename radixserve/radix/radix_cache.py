@@ -63,7 +63,6 @@ class RadixCache:
             if child is None:
                 break
             child.last_access_time = now
-            child.hit_count += 1
             n = self._common_len(child.key, tokens[pos:])
             if n < len(child.key):
                 child = self._split(child, n)
@@ -237,7 +236,6 @@ class RadixCache:
             child.key[:n], child.value[:n], parent, child.extra_key, child.last_access_time
         )
         upper.lock_ref = child.lock_ref
-        upper.hit_count = child.hit_count
         child.key, child.value = child.key[n:], child.value[n:]
         child.parent = upper
         upper.children[self._child_key(child.extra_key, child.key)] = child

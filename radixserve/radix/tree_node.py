@@ -26,7 +26,6 @@ class TreeNode:
         "extra_key",
         "lock_ref",
         "last_access_time",
-        "hit_count",
     )
 
     def __init__(
@@ -45,7 +44,6 @@ class TreeNode:
         self.extra_key = extra_key
         self.lock_ref = 0
         self.last_access_time = last_access_time
-        self.hit_count = 0
 
     @property
     def is_leaf(self) -> bool:
