@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import torch
 
-from radixserve.radix.base import MatchResult, TokenKey
+from radixserve.radix.base import InsertResult, MatchResult, TokenKey
 from radixserve.radix.tree_node import TreeNode
 
 _EMPTY_KEY = np.empty(0, dtype=np.int32)
@@ -19,6 +19,10 @@ def _as_key(key: TokenKey) -> np.ndarray:
     if isinstance(key, torch.Tensor):
         return key.to(torch.int32).cpu().numpy()
     return np.asarray(key, dtype=np.int32)
+
+
+def _cat(values: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(values) if len(values) > 1 else (values[0] if values else _EMPTY_VALUE)
 
 
 class RadixCache:
@@ -53,24 +57,8 @@ class RadixCache:
     # ---- queries -------------------------------------------------------------------------
     def match_prefix(self, key: TokenKey, extra_key: str | None = None) -> MatchResult:
         tokens = self._page_aligned(_as_key(key))
-        now = next(self._clock)
-        node = self._root
-        node.last_access_time = now
-        values: list[torch.Tensor] = []
-        pos = 0
-        while pos < len(tokens):
-            child = node.children.get(self._child_key(extra_key, tokens[pos:]))
-            if child is None:
-                break
-            child.last_access_time = now
-            n = self._common_len(child.key, tokens[pos:])
-            if n < len(child.key):
-                child = self._split(child, n)
-            values.append(child.value)
-            node = child
-            pos += n
-        indices = torch.cat(values) if len(values) > 1 else (values[0] if values else _EMPTY_VALUE)
-        return MatchResult(indices, node)
+        node, _, values = self._walk(tokens, extra_key)
+        return MatchResult(_cat(values), node)
 
     def evictable_size(self) -> int:
         return self._evictable_size
@@ -86,33 +74,30 @@ class RadixCache:
         return torch.cat(values) if values else _EMPTY_VALUE
 
     # ---- commits -------------------------------------------------------------------------
-    def insert(self, key: TokenKey, value: torch.Tensor, extra_key: str | None = None) -> int:
+    def insert(
+        self, key: TokenKey, value: torch.Tensor, extra_key: str | None = None
+    ) -> InsertResult:
         tokens = _as_key(key)
         if len(tokens) != len(value):
             raise ValueError(f"key ({len(tokens)}) and value ({len(value)}) lengths differ")
         tokens = self._page_aligned(tokens)
-        now = next(self._clock)
-        node = self._root
-        pos = 0
-        while pos < len(tokens):
-            child = node.children.get(self._child_key(extra_key, tokens[pos:]))
-            if child is None:
-                break
-            child.last_access_time = now
-            n = self._common_len(child.key, tokens[pos:])
-            if n < len(child.key):
-                child = self._split(child, n)
-            node = child
-            pos += n
+        node, pos, values = self._walk(tokens, extra_key)
         if pos < len(tokens):
+            # the key may be a view of a request's growing buffer: the leaf keeps its own copy
             leaf = TreeNode(
-                tokens[pos:].copy(), value[pos : len(tokens)].clone(), node, extra_key, now
+                tokens[pos:].copy(),
+                value[pos : len(tokens)].clone(),
+                node,
+                extra_key,
+                node.last_access_time,
             )
             node.children[self._child_key(extra_key, leaf.key)] = leaf
             self._leaves.discard(node)
             self._leaves.add(leaf)
             self._evictable_size += len(leaf)
-        return pos
+            values.append(leaf.value)
+            node = leaf
+        return InsertResult(pos, _cat(values), node)
 
     def evict(self, num_tokens: int) -> torch.Tensor:
         # (time, id, node) tuples compare in C: heapify stays cheap with thousands of leaves
@@ -206,6 +191,30 @@ class RadixCache:
         return "\n".join(lines)
 
     # ---- internals -----------------------------------------------------------------------
+    def _walk(
+        self, tokens: np.ndarray, extra_key: str | None
+    ) -> tuple[TreeNode, int, list[torch.Tensor]]:
+        """The walk ``match_prefix`` and ``insert`` share: follow ``tokens`` (whole pages) down
+        from the root, touching access times and splitting the node a partial hit ends in.
+        Returns the last node reached, the number of tokens matched and the values on the way."""
+        now = next(self._clock)
+        node = self._root
+        node.last_access_time = now
+        values: list[torch.Tensor] = []
+        pos = 0
+        while pos < len(tokens):
+            child = node.children.get(self._child_key(extra_key, tokens[pos:]))
+            if child is None:
+                break
+            child.last_access_time = now
+            n = self._common_len(child.key, tokens[pos:])
+            if n < len(child.key):
+                child = self._split(child, n)
+            values.append(child.value)
+            node = child
+            pos += n
+        return node, pos, values
+
     def _nodes(self) -> list[TreeNode]:
         out, stack = [], [self._root]
         while stack:

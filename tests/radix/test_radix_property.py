@@ -61,8 +61,8 @@ def make_machine(page_size: int, max_len: int):
         @rule(key=keys, extra=st.sampled_from(EXTRA_KEYS))
         def insert(self, key: list[int], extra: str | None) -> None:
             slots = [next(self.next_slot) for _ in key]
-            present = self.tree.insert(key, torch.tensor(slots, dtype=torch.int64), extra)
-            assert present == self.ref.insert(key, slots, extra)
+            result = self.tree.insert(key, torch.tensor(slots, dtype=torch.int64), extra)
+            assert result.num_present == self.ref.insert(key, slots, extra)
 
         @rule(key=keys, extra=st.sampled_from(EXTRA_KEYS))
         def match(self, key: list[int], extra: str | None) -> None:
