@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import torch
 
-_node_ids = itertools.count()
-
 
 class TreeNode:
-    """A node owns the token run ``key`` on the edge from its parent and the matching ``value``.
+    """A node owns the token run on the edge from its parent and the matching ``value``.
 
-    ``children`` maps a child's first token (first page when ``page_size > 1``, namespaced by the
-    extra key) to the child. ``lock_ref`` counts the locks held on this node or a descendant.
+    The run is kept once, as the bytes of its int32 tokens (``key_bytes``: the tree compares a
+    whole edge with one ``bytes.startswith``), and ``key`` is a read-only int32 view of them.
+    ``children`` maps a child's first page of tokens (as bytes; under the root, paired with the
+    extra key, which namespaces whole paths) to the child. ``lock_ref`` counts the locks held on
+    this node or a descendant. ``id`` (given by the tree) breaks LRU ties by creation order.
     """
 
     __slots__ = (
         "id",
+        "key_bytes",
         "key",
         "value",
         "parent",
@@ -30,17 +30,19 @@ class TreeNode:
 
     def __init__(
         self,
-        key: np.ndarray,  # [n] int32 tokens
+        node_id: int,
+        key_bytes: bytes,  # [n] int32 tokens, native byte order
         value: torch.Tensor,  # [n] int64 KV slots
         parent: TreeNode | None,
         extra_key: str | None = None,
         last_access_time: int = 0,
     ) -> None:
-        self.id = next(_node_ids)
-        self.key = key
+        self.id = node_id
+        self.key_bytes = key_bytes
+        self.key = np.frombuffer(key_bytes, dtype=np.int32)  # [n] read-only view
         self.value = value
         self.parent = parent
-        self.children: dict[tuple[str | None, bytes], TreeNode] = {}
+        self.children: dict[object, TreeNode] = {}
         self.extra_key = extra_key
         self.lock_ref = 0
         self.last_access_time = last_access_time
