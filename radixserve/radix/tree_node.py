@@ -9,8 +9,8 @@ import torch
 class TreeNode:
     """A node owns the token run on the edge from its parent and the matching ``value``.
 
-    The run is kept once, as the bytes of its int32 tokens (``key_bytes``: the tree compares a
-    whole edge with one ``bytes.startswith``), and ``key`` is a read-only int32 view of them.
+    The run is kept as the bytes of its int32 tokens (``key_bytes``: the tree compares a whole
+    edge with one ``bytes.startswith``); ``key`` is a read-only int32 view of them, made on use.
     ``children`` maps a child's first page of tokens (as bytes; under the root, paired with the
     extra key, which namespaces whole paths) to the child. ``lock_ref`` counts the locks held on
     this node or a descendant. ``id`` (given by the tree) breaks LRU ties by creation order.
@@ -19,7 +19,6 @@ class TreeNode:
     __slots__ = (
         "id",
         "key_bytes",
-        "key",
         "value",
         "parent",
         "children",
@@ -39,7 +38,6 @@ class TreeNode:
     ) -> None:
         self.id = node_id
         self.key_bytes = key_bytes
-        self.key = np.frombuffer(key_bytes, dtype=np.int32)  # [n] read-only view
         self.value = value
         self.parent = parent
         self.children: dict[object, TreeNode] = {}
@@ -48,11 +46,15 @@ class TreeNode:
         self.last_access_time = last_access_time
 
     @property
+    def key(self) -> np.ndarray:  # [n] int32, read-only
+        return np.frombuffer(self.key_bytes, dtype=np.int32)
+
+    @property
     def is_leaf(self) -> bool:
         return not self.children
 
     def __len__(self) -> int:
-        return len(self.key)
+        return len(self.key_bytes) >> 2  # int32 tokens
 
     def __repr__(self) -> str:
         head = self.key[:6].tolist()
