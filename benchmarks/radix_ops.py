@@ -1,35 +1,31 @@
-"""Replay a multi-turn-chat trace through RadixCache: match, lock, insert, unlock, evict.
+"""Radix operations per second, before and after, in one run: a multi-turn-chat trace replayed
+through RadixCache (match, lock, insert, unlock, evict) as the scheduler passes it.
 
-Prints operations per second and matched tokens per second, side by side with the same tree
-using a per-token Python comparison loop (SGLang's ``_key_match_page_size1`` shape), so the
-effect of the vectorised key comparison is measured in one run.
+Four runs of the same operations: the tree at ``--rev`` (default: where issue #11 started) and
+the current tree, each with list keys (what the scheduler passed before #11) and with int32-array
+keys (``Req.fill_ids`` after #11). The old tree is exported from git (``git archive``) into a
+temp dir and every run is a subprocess importing ``radixserve`` from its own tree; runs
+alternate, each one ``--repeat`` times, and the fastest counts. The matched length of every
+match must be identical in all four.
 
-    python benchmarks/radix_ops.py --conversations 2000 --turns 8
+    python benchmarks/radix_ops.py --conversations 500 --turns 8 --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import random
+import subprocess
+import sys
 import time
 
 import numpy as np
 import torch
+from git_revision import REPO, describe, env_with_path, exported
 
-from radixserve.radix import RadixCache
-
-
-class PythonLoopRadixCache(RadixCache):
-    """The same tree, comparing keys token by token in Python (the baseline)."""
-
-    def _common_len(self, a: np.ndarray, b: np.ndarray) -> int:
-        a_list, b_list = a.tolist(), b.tolist()
-        i = 0
-        for x, y in zip(a_list, b_list, strict=False):
-            if x != y:
-                break
-            i += 1
-        return i - i % self.page_size
+KEY_FORMS = ("list", "int32")
 
 
 def make_trace(args: argparse.Namespace) -> list[tuple[np.ndarray, int]]:
@@ -50,60 +46,118 @@ def make_trace(args: argparse.Namespace) -> list[tuple[np.ndarray, int]]:
     return order
 
 
-def replay(
-    tree: RadixCache, trace: list[tuple[np.ndarray, int]], capacity: int
-) -> tuple[int, int, float]:
-    """Returns (operations, matched tokens, seconds)."""
-    next_slot = 1
-    ops = matched = 0
+def replay(tree, trace: list, capacity: int) -> tuple[int, list[int], float]:  # type: ignore[no-untyped-def]
+    """Returns (operations, matched length of each match, seconds). ``trace`` holds lists or
+    int32 arrays; slicing them is what the scheduler does too. Values are opaque to the tree,
+    so every insert passes a view of one slot range (no allocation outside the tree)."""
+    slots = torch.arange(1, 1 + max(len(key) for key, _ in trace))
+    ops = 0
+    matched: list[int] = []
     start = time.perf_counter()
     for key, prompt_len in trace:
         result = tree.match_prefix(key[: prompt_len - 1])
         tree.inc_lock_ref(result.last_node)
-        matched += len(result.indices)
+        matched.append(len(result.indices))
         overflow = tree.total_size() + len(key) - capacity
         if overflow > 0:
             tree.evict(overflow)
             ops += 1
-        num_new = len(key) - len(result.indices)
-        value = torch.cat([result.indices, torch.arange(next_slot, next_slot + num_new)])
-        next_slot += num_new
-        tree.insert(key, value)
+        tree.insert(key, slots[: len(key)])
         tree.dec_lock_ref(result.last_node)
         ops += 4
     return ops, matched, time.perf_counter() - start
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One timed replay in this process, with whatever ``radixserve`` is on the path."""
+    import radixserve.radix
+    from radixserve.radix import RadixCache
+
+    trace = make_trace(args)
+    if args.worker == "list":
+        trace = [(key.tolist(), prompt_len) for key, prompt_len in trace]
+    tree = RadixCache(args.page_size)
+    ops, matched, secs = replay(tree, trace, args.capacity)
+    tree.check_integrity(unique_values=False)
+    digest = hashlib.sha256(np.asarray(matched, dtype=np.int64).tobytes()).hexdigest()
+    module = radixserve.radix.__file__
+    print(
+        json.dumps(
+            {"ops": ops, "matched": sum(matched), "digest": digest, "secs": secs, "module": module}
+        )
+    )
+
+
+def run_worker(args: argparse.Namespace, key_form: str, path: str) -> dict:
+    cmd = [sys.executable, __file__, "--worker", key_form, *args.forwarded]
+    out = subprocess.run(cmd, env=env_with_path(path), capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"worker {key_form} on {path} failed:\n{out.stderr}")
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["module"].startswith(path), f"{res['module']} is not from {path}"
+    return res
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--conversations", type=int, default=2000)
-    parser.add_argument("--turns", type=int, default=8)
-    parser.add_argument("--num-systems", type=int, default=16)
-    parser.add_argument("--system-len", type=int, default=512)
-    parser.add_argument("--question-len", type=int, nargs=2, default=(32, 128))
-    parser.add_argument("--answer-len", type=int, nargs=2, default=(32, 256))
-    parser.add_argument("--capacity", type=int, default=2_000_000, help="tokens the tree may hold")
-    parser.add_argument("--page-size", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    shape = parser.add_argument_group("trace (passed on to every run)")
+    shape.add_argument("--conversations", type=int, default=500)
+    shape.add_argument("--turns", type=int, default=8)
+    shape.add_argument("--num-systems", type=int, default=16)
+    shape.add_argument("--system-len", type=int, default=512)
+    shape.add_argument("--question-len", type=int, nargs=2, default=(32, 128))
+    shape.add_argument("--answer-len", type=int, nargs=2, default=(32, 256))
+    shape.add_argument("--capacity", type=int, default=2_000_000, help="tokens the tree may hold")
+    shape.add_argument("--page-size", type=int, default=1)
+    shape.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rev", default="4470cc1", help="the 'before' tree (a git revision)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each; the fastest counts")
+    parser.add_argument("--worker", choices=KEY_FORMS, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    args.forwarded = []
+    for action in shape._group_actions:
+        value = getattr(args, action.dest)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        args.forwarded += [action.option_strings[0], *map(str, values)]
 
     trace = make_trace(args)
     print(f"trace: {len(trace)} turns, {sum(len(k) for k, _ in trace):,} tokens")
-    rows = []
-    for name, cls in (
-        ("radixserve (numpy compare)", RadixCache),
-        ("per-token Python loop", PythonLoopRadixCache),
-    ):
-        tree = cls(args.page_size)
-        ops, matched, secs = replay(tree, trace, args.capacity)
-        tree.check_integrity(unique_values=False)
-        rows.append((name, ops / secs, matched / secs, secs))
-    print(f"{'tree':<28}{'ops/s':>12}{'matched tok/s':>16}{'seconds':>10}")
-    for name, ops_s, tok_s, secs in rows:
-        print(f"{name:<28}{ops_s:>12,.0f}{tok_s:>16,.0f}{secs:>10.2f}")
-    print(f"speed-up of the vectorised compare: {rows[0][1] / rows[1][1]:.2f}x")
+    print(f"before: {describe(args.rev)}")
+    print(f"after:  the working tree at {REPO}")
+    best: dict[tuple[str, str], dict] = {}
+    with exported(args.rev, ["radixserve/__init__.py", "radixserve/radix"]) as old_path:
+        trees = (("before", old_path), ("after", str(REPO)))
+        for _ in range(args.repeat):  # alternate, so drifting load hits all four alike
+            for key_form in KEY_FORMS:
+                for name, path in trees:
+                    res = run_worker(args, key_form, path)
+                    prev = best.get((name, key_form))
+                    if prev is None or res["secs"] < prev["secs"]:
+                        best[(name, key_form)] = res
+    digests = {res["digest"] for res in best.values()}
+    if len(digests) != 1:
+        raise SystemExit(f"matched lengths differ between runs: {best}")
+    print(
+        f"matched lengths identical in all runs ({next(iter(best.values()))['matched']:,} tokens)"
+    )
+    print(f"{'tree':<8}{'keys':<8}{'ops/s':>12}{'seconds':>10}{'vs before/list':>16}")
+    base = best[("before", "list")]
+    for key_form in KEY_FORMS:
+        for name, _ in trees:
+            res = best[(name, key_form)]
+            ratio = base["secs"] / res["secs"] * res["ops"] / base["ops"]
+            print(
+                f"{name:<8}{key_form:<8}{res['ops'] / res['secs']:>12,.0f}"
+                f"{res['secs']:>10.2f}{ratio:>15.2f}x"
+            )
+    for key_form in KEY_FORMS:
+        after, before = best[("after", key_form)], best[("before", key_form)]
+        print(f"after / before, {key_form} keys: {before['secs'] / after['secs']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,13 @@
 
 Ownership rules (the contract every implementation keeps):
 - Keys are token-id sequences, values KV-slot index tensors (int64) of the same length.
-- ``match_prefix`` is read-only apart from access times, hit counts and node splits.
-- ``insert`` takes ownership of the value entries it stores and returns how many leading entries
-  it did *not* take because it already held that prefix; the caller frees those it allocated.
+- Keys travel as contiguous int32 ndarrays (``Req.fill_ids``): the tree stores slices of them
+  and converts nothing. A list or tensor key also works (converted once per call).
+- ``match_prefix`` is read-only apart from access times and node splits.
+- ``insert`` takes ownership of the value entries it stores. Its :class:`InsertResult` says how
+  many leading entries it did *not* take because it already held that prefix (the caller frees
+  those it allocated beyond what it already shared), and hands back what a ``match_prefix`` of
+  the same key would return now, so nobody walks the tree twice.
 - ``evict`` returns the indices it dropped; the caller frees them. A cache never frees memory.
 - A locked node (``inc_lock_ref``) and its ancestors are never evicted.
 """
@@ -27,6 +31,24 @@ class MatchResult:
     last_node: Any  # the node the match ends at; lock it to keep the prefix alive
 
 
+@dataclass(frozen=True, slots=True)
+class InsertResult:
+    """What ``insert(key, value)`` leaves behind.
+
+    Interval table over the page-aligned key ``key[:aligned]``::
+
+        [0, num_present)        the tree already held these: the caller frees its own copies
+                                (beyond the prefix it already shared with the tree)
+        [num_present, aligned)  taken from ``value``: the tree owns these slots now
+        [aligned, len(key))     a partial page: never taken, the caller keeps (and frees) it
+    """
+
+    num_present: int  # tokens of the key the tree held before this insert
+    indices: torch.Tensor  # [aligned] int64: the tree's slots for the key, as match_prefix(key)
+    #   (empty for the null cache, which holds nothing)
+    last_node: Any  # the node the key ends at (what match_prefix(key).last_node is now)
+
+
 class PrefixCache(Protocol):
     page_size: int
 
@@ -42,8 +64,11 @@ class PrefixCache(Protocol):
         """Longest cached prefix of ``key`` (whole pages only), splitting a node on a partial hit."""
         ...
 
-    def insert(self, key: TokenKey, value: torch.Tensor, extra_key: str | None = None) -> int:
-        """Store ``key -> value`` (truncated to whole pages); return the length already present."""
+    def insert(
+        self, key: TokenKey, value: torch.Tensor, extra_key: str | None = None
+    ) -> InsertResult:
+        """Store ``key -> value`` (truncated to whole pages) in the same walk as a match: the
+        result's ``indices`` and ``last_node`` equal a ``match_prefix(key)`` made right after."""
         ...
 
     def evict(self, num_tokens: int) -> torch.Tensor:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from radixserve.radix.base import MatchResult, TokenKey
+from radixserve.radix.base import InsertResult, MatchResult, TokenKey
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
 class NoPrefixCache:
     """Caches nothing. ``insert`` takes nothing: like ``RadixCache`` it looks at whole pages only
-    and reports them all as already present, so the caller frees every page it allocated (and its
-    partial last page, which no cache takes). Matches are always empty; locks are no-ops."""
+    and reports them all as already present (``num_present``), so the caller frees every page it
+    allocated (and its partial last page, which no cache takes); its ``indices`` are empty, as a
+    match would be. Matches are always empty and end at the root; locks are no-ops."""
 
     def __init__(self, page_size: int = 1) -> None:
         self.page_size = page_size
@@ -29,8 +30,10 @@ class NoPrefixCache:
     def match_prefix(self, key: TokenKey, extra_key: str | None = None) -> MatchResult:
         return MatchResult(_EMPTY, self._root)
 
-    def insert(self, key: TokenKey, value: torch.Tensor, extra_key: str | None = None) -> int:
-        return len(value) - len(value) % self.page_size
+    def insert(
+        self, key: TokenKey, value: torch.Tensor, extra_key: str | None = None
+    ) -> InsertResult:
+        return InsertResult(len(value) - len(value) % self.page_size, _EMPTY, self._root)
 
     def evict(self, num_tokens: int) -> torch.Tensor:
         return _EMPTY

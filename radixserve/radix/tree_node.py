@@ -2,57 +2,59 @@
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import torch
 
-_node_ids = itertools.count()
-
 
 class TreeNode:
-    """A node owns the token run ``key`` on the edge from its parent and the matching ``value``.
+    """A node owns the token run on the edge from its parent and the matching ``value``.
 
-    ``children`` maps a child's first token (first page when ``page_size > 1``, namespaced by the
-    extra key) to the child. ``lock_ref`` counts the locks held on this node or a descendant.
+    The run is kept as the bytes of its int32 tokens (``key_bytes``: the tree compares a whole
+    edge with one ``bytes.startswith``); ``key`` is a read-only int32 view of them, made on use.
+    ``children`` maps a child's first page of tokens (as bytes; under the root, paired with the
+    extra key, which namespaces whole paths) to the child. ``lock_ref`` counts the locks held on
+    this node or a descendant. ``id`` (given by the tree) breaks LRU ties by creation order.
     """
 
     __slots__ = (
         "id",
-        "key",
+        "key_bytes",
         "value",
         "parent",
         "children",
         "extra_key",
         "lock_ref",
         "last_access_time",
-        "hit_count",
     )
 
     def __init__(
         self,
-        key: np.ndarray,  # [n] int32 tokens
+        node_id: int,
+        key_bytes: bytes,  # [n] int32 tokens, native byte order
         value: torch.Tensor,  # [n] int64 KV slots
         parent: TreeNode | None,
         extra_key: str | None = None,
         last_access_time: int = 0,
     ) -> None:
-        self.id = next(_node_ids)
-        self.key = key
+        self.id = node_id
+        self.key_bytes = key_bytes
         self.value = value
         self.parent = parent
-        self.children: dict[tuple[str | None, bytes], TreeNode] = {}
+        self.children: dict[object, TreeNode] = {}
         self.extra_key = extra_key
         self.lock_ref = 0
         self.last_access_time = last_access_time
-        self.hit_count = 0
+
+    @property
+    def key(self) -> np.ndarray:  # [n] int32, read-only
+        return np.frombuffer(self.key_bytes, dtype=np.int32)
 
     @property
     def is_leaf(self) -> bool:
         return not self.children
 
     def __len__(self) -> int:
-        return len(self.key)
+        return len(self.key_bytes) >> 2  # int32 tokens
 
     def __repr__(self) -> str:
         head = self.key[:6].tolist()

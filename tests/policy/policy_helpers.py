@@ -50,7 +50,7 @@ def cache_tokens(
     assert len(tokens) % allocator.page_size == 0
     slots = allocator.alloc(len(tokens))
     assert slots is not None
-    present = tree.insert(list(tokens), slots, extra_key)
+    present = tree.insert(list(tokens), slots, extra_key).num_present
     if present:
         allocator.free(slots[:present])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import hypothesis.strategies as st
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
@@ -13,6 +14,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from radixserve.radix import RadixCache
 
 EXTRA_KEYS = (None, "salt-a")
+# the key forms a caller may pass: the int32 array a request carries (also a strided view of
+# one), and a list, an int64 array or a tensor, which the tree converts once
+KEY_FORMS = {
+    "list": list,
+    "int32": lambda key: np.asarray(key, dtype=np.int32),
+    "int32-view": lambda key: np.repeat(np.asarray(key, dtype=np.int32), 2)[::2],
+    "int64": lambda key: np.asarray(key, dtype=np.int64),
+    "tensor": lambda key: torch.tensor(key, dtype=torch.int64),
+}
 
 
 class NaiveReference:
@@ -47,6 +57,15 @@ class NaiveReference:
         return len(self.slots_of) * self.page_size
 
 
+def path_tokens(node: object) -> list[int]:
+    """The tokens from the root down to ``node``."""
+    runs: list[list[int]] = []
+    while node.parent is not None:  # type: ignore[attr-defined]
+        runs.append(node.key.tolist())  # type: ignore[attr-defined]
+        node = node.parent  # type: ignore[attr-defined]
+    return [t for run in reversed(runs) for t in run]
+
+
 def make_machine(page_size: int, max_len: int):
     keys = st.lists(st.integers(0, 3), min_size=0, max_size=max_len)
 
@@ -58,16 +77,25 @@ def make_machine(page_size: int, max_len: int):
             self.next_slot = itertools.count(1)
             self.locks: list[tuple[object, str | None, tuple[int, ...]]] = []
 
-        @rule(key=keys, extra=st.sampled_from(EXTRA_KEYS))
-        def insert(self, key: list[int], extra: str | None) -> None:
+        @rule(key=keys, extra=st.sampled_from(EXTRA_KEYS), form=st.sampled_from(list(KEY_FORMS)))
+        def insert(self, key: list[int], extra: str | None, form: str) -> None:
             slots = [next(self.next_slot) for _ in key]
-            present = self.tree.insert(key, torch.tensor(slots, dtype=torch.int64), extra)
-            assert present == self.ref.insert(key, slots, extra)
-
-        @rule(key=keys, extra=st.sampled_from(EXTRA_KEYS))
-        def match(self, key: list[int], extra: str | None) -> None:
-            result = self.tree.match_prefix(key, extra)
+            value = torch.tensor(slots, dtype=torch.int64)
+            result = self.tree.insert(KEY_FORMS[form](key), value, extra)
+            assert result.num_present == self.ref.insert(key, slots, extra)
+            # what the insert hands back is what a fresh match sees
+            assert result.indices.dtype == torch.int64
             assert result.indices.tolist() == self.ref.match(key, extra)
+            aligned = len(key) - len(key) % page_size
+            assert len(result.indices) == aligned
+            assert path_tokens(result.last_node) == key[:aligned]
+            assert result.last_node is self.tree.match_prefix(key, extra).last_node
+
+        @rule(key=keys, extra=st.sampled_from(EXTRA_KEYS), form=st.sampled_from(list(KEY_FORMS)))
+        def match(self, key: list[int], extra: str | None, form: str) -> None:
+            result = self.tree.match_prefix(KEY_FORMS[form](key), extra)
+            assert result.indices.tolist() == self.ref.match(key, extra)
+            assert path_tokens(result.last_node) == key[: len(result.indices)]
 
         @rule(key=keys, extra=st.sampled_from(EXTRA_KEYS))
         def lock(self, key: list[int], extra: str | None) -> None:

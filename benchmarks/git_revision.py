@@ -1,0 +1,60 @@
+"""Old code for before/after benchmarks, taken from git into a temp dir (never committed).
+
+``exported(rev, paths)`` extracts ``paths`` at ``rev`` (``git archive``); ``worktree(rev)`` makes
+a detached checkout (``git worktree add --detach``, removed afterwards). Either yields a
+directory to put first on ``PYTHONPATH`` of a subprocess, so ``import radixserve`` finds the old
+package there rather than the checkout this script runs from.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def describe(rev: str) -> str:
+    """``rev`` as a short hash and subject line."""
+    return _git("log", "-1", "--format=%h %s", rev).strip()
+
+
+@contextmanager
+def exported(rev: str, paths: list[str]) -> Iterator[str]:
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", rev, *paths],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tempfile.TemporaryDirectory(prefix=f"radixserve-{rev}-") as tmp:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(tmp, filter="data")
+        yield tmp
+
+
+@contextmanager
+def worktree(rev: str) -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix=f"radixserve-{rev}-") as tmp:
+        path = os.path.join(tmp, "checkout")
+        _git("worktree", "add", "--detach", "--quiet", path, rev)
+        try:
+            yield path
+        finally:
+            _git("worktree", "remove", "--force", path)
+
+
+def env_with_path(path: str) -> dict[str, str]:
+    """The environment of a subprocess that imports ``radixserve`` from ``path``."""
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), *args], check=True, capture_output=True, text=True
+    ).stdout
