@@ -187,13 +187,12 @@ class KVManager:
         and other requests can match it while this one continues."""
         if self.tree.is_disabled or req.kv_len == 0:
             return
-        key = req.fill_ids[: req.kv_len]
         slots = self.row_slots(req)
         old_prefix_len = req.prefix_len
-        present = self.tree.insert(key, slots, req.extra_key)
+        result = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.extra_key)
+        present = result.num_present
         if present > old_prefix_len:  # someone cached the same tokens meanwhile: drop our copies
             self.allocator.free(slots[old_prefix_len:present])
-        result = self.tree.match_prefix(key, req.extra_key)
         new_prefix = result.indices
         assert len(new_prefix) >= old_prefix_len
         self.req_to_token_pool.write(_row(req), old_prefix_len, new_prefix[old_prefix_len:])
@@ -211,7 +210,7 @@ class KVManager:
         shared = req.prefix_len
         aligned = len(slots) - len(slots) % self.page_size
         if insert:
-            present = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.extra_key)
+            present = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.extra_key).num_present
         else:
             present = aligned
         # [shared, present): duplicates of what the tree holds; [aligned, kv_len): partial page
