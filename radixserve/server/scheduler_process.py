@@ -18,18 +18,19 @@ from typing import Any
 import zmq
 
 from radixserve.config import EngineConfig
-from radixserve.runtime.io_struct import (
+from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.runtime.scheduler import Scheduler
+from radixserve.server.io_struct import (
     AbortRequest,
     DetokenizeParams,
     FlushCacheReq,
-    GenerateRequest,
     GetServerInfoReq,
     ReqError,
     RpcReply,
     SchedulerFatal,
     SchedulerInfo,
 )
-from radixserve.runtime.ipc import (
+from radixserve.server.ipc import (
     IpcEndpoints,
     ParentWatch,
     exit_process,
@@ -37,7 +38,6 @@ from radixserve.runtime.ipc import (
     recv_all,
     setup_child_process,
 )
-from radixserve.runtime.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
