@@ -1,9 +1,9 @@
 """The FastAPI application: routes over a :class:`TokenizerManager`.
 
 Routes: ``/generate`` (SGLang native), ``/v1/completions``, ``/v1/chat/completions``,
-``/v1/models``, ``/health``, ``/get_model_info``, ``/get_server_info``, ``/flush_cache``,
-``/abort_request``, ``/metrics``. With an API key, every route but ``/health`` needs
-``Authorization: Bearer <key>`` (401 otherwise).
+``/v1/models``, ``/health``, ``/get_model_info``, ``/get_server_info``, ``/get_load``,
+``/flush_cache``, ``/abort_request``, ``/metrics``. With an API key, every route but ``/health``
+needs ``Authorization: Bearer <key>`` (401 otherwise).
 """
 
 from __future__ import annotations
@@ -153,6 +153,21 @@ def create_app(
             "integrity_error": info.get("integrity_error"),
             "num_pending_http_requests": len(tm.states),
             "pids": {"http": os.getpid(), **tm.child_pids()},
+        }
+
+    @router.get("/get_load")
+    async def get_load() -> dict[str, Any]:
+        """What sglang-router's load-aware policies read: ``load`` (requests running or
+        waiting here), with the parts SGLang's own ``/get_load`` reports."""
+        stats = (await tm.get_server_info(check_integrity=False))["stats"]
+        running, waiting = stats["num_running_reqs"], stats["num_waiting_reqs"]
+        used = stats["max_total_tokens"] - stats["num_free_tokens"] - stats["num_evictable_tokens"]
+        return {
+            "load": running + waiting,
+            "dp_rank": 0,
+            "num_reqs": running + waiting,
+            "num_waiting_reqs": waiting,
+            "num_tokens": used,
         }
 
     @router.api_route("/flush_cache", methods=["GET", "POST"])

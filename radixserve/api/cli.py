@@ -98,8 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="info",
         help="log level of all three processes",
     )
+    from radixserve.api.data_parallel import add_arguments as add_data_parallel_arguments
     from radixserve.bench.cli import add_bench_parser
 
+    add_data_parallel_arguments(serve)
     add_bench_parser(sub)
     return parser
 
@@ -157,11 +159,18 @@ def main(argv: list[str] | None = None) -> int:
     from radixserve.server.ipc import LOG_FORMAT
 
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    from radixserve.api import data_parallel
+
     try:
+        dp = data_parallel.from_args(args)
+        if dp.dp_size > 1 and not data_parallel.router_available():
+            raise ValueError(data_parallel.INSTALL_HINT)
         config = make_server_config(args)
     except ValueError as exc:
         print(f"radixserve serve: {exc}", file=sys.stderr)
         return 2
+    if dp.dp_size > 1:
+        return data_parallel.serve_data_parallel(config, dp)
     from radixserve.api.server import StartupError, launch_server
 
     try:

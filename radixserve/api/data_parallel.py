@@ -1,0 +1,238 @@
+"""``radixserve serve --dp-size N``: N radixserve workers behind SGLang's router.
+
+Each worker is a whole radixserve server (its own scheduler, radix cache and model) on a free
+loopback port, started in a process of its own; ``sglang-router`` (the optional extra
+``radixserve[router]``) then listens on the public host and port and routes ``/generate`` and
+the OpenAI routes to them (``cache_aware`` by default: an approximate radix tree per worker, so
+a conversation's turns go where its prefix is cached). No transport or routing of our own.
+
+Supervision, until SIGINT/SIGTERM: a worker that dies is reported and the rest keep serving
+(the router's health checks take it out of rotation); if the router dies, or every worker,
+everything stops and the command exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import logging
+import multiprocessing
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from types import FrameType
+
+from radixserve.config import ServerConfig
+
+logger = logging.getLogger("radixserve.dp")
+
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "manual")
+INSTALL_HINT = "--dp-size > 1 needs SGLang's router: pip install 'radixserve[router]'"
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class DataParallelConfig:
+    dp_size: int = 1
+    router_policy: str = "cache_aware"
+    threads_per_worker: int | None = None  # torch threads per worker (None: cores / dp_size)
+    router_args: tuple[str, ...] = ()  # passed to sglang_router.launch_router as they are
+
+    def __post_init__(self) -> None:
+        if self.dp_size < 1:
+            raise ValueError("--dp-size must be >= 1")
+        if self.router_policy not in ROUTER_POLICIES:
+            raise ValueError(f"--router-policy must be one of {ROUTER_POLICIES}")
+        if self.threads_per_worker is not None and self.threads_per_worker < 1:
+            raise ValueError("--threads-per-worker must be >= 1")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dp-size",
+        type=int,
+        default=1,
+        help="data parallel: this many workers (scheduler, radix cache and model each) behind "
+        "SGLang's router on --host/--port (needs radixserve[router])",
+    )
+    parser.add_argument(
+        "--router-policy",
+        choices=ROUTER_POLICIES,
+        default="cache_aware",
+        help="the router's policy with --dp-size > 1 (manual: route by a routing-key header)",
+    )
+    parser.add_argument(
+        "--threads-per-worker",
+        type=int,
+        default=None,
+        help="torch threads of each worker with --dp-size > 1 (default: cores / dp-size)",
+    )
+    parser.add_argument(
+        "--router-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra argument for sglang_router.launch_router, e.g. "
+        "--router-arg=--balance-abs-threshold=8 (repeatable)",
+    )
+
+
+def from_args(args: argparse.Namespace) -> DataParallelConfig:
+    return DataParallelConfig(
+        args.dp_size, args.router_policy, args.threads_per_worker, tuple(args.router_arg)
+    )
+
+
+def router_available() -> bool:
+    return importlib.util.find_spec("sglang_router") is not None
+
+
+def serve_data_parallel(config: ServerConfig, dp: DataParallelConfig) -> int:
+    """Start the workers and the router; supervise until a signal. Returns the exit code."""
+    if not router_available():
+        raise ValueError(INSTALL_HINT)
+    threads = dp.threads_per_worker or max(1, (multiprocessing.cpu_count() or 1) // dp.dp_size)
+    engine = dataclasses.replace(config.engine, num_threads=threads)
+    ports = free_ports(dp.dp_size)
+    worker_configs = [
+        dataclasses.replace(config, engine=engine, host="127.0.0.1", port=p) for p in ports
+    ]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    ctx = multiprocessing.get_context("spawn")
+    workers: list[BaseProcess] = []
+    router: subprocess.Popen[bytes] | None = None
+    old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        for i, wc in enumerate(worker_configs):
+            workers.append(ctx.Process(target=_run_worker, args=(wc,), name=f"radixserve-dp{i}"))
+            workers[-1].start()
+        deadline = time.monotonic() + config.startup_timeout_s
+        for i, (worker, url) in enumerate(zip(workers, urls, strict=True)):
+            if not wait_healthy(url, deadline, worker):
+                logger.error("worker %d (%s) did not start", i, url)
+                return 1
+        router = subprocess.Popen(router_command(config, dp, urls))
+        if not wait_healthy(f"http://{_connect_host(config.host)}:{config.port}", deadline):
+            logger.error("the router did not start")
+            return 1
+        _print_ready(config, dp, urls)
+        return _supervise(workers, urls, router)
+    except KeyboardInterrupt:
+        logger.info("stopping the router and %d workers", len(workers))
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        _stop(workers, router)
+
+
+def router_command(config: ServerConfig, dp: DataParallelConfig, urls: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "sglang_router.launch_router"]
+    cmd += ["--host", config.host, "--port", str(config.port), "--policy", dp.router_policy]
+    cmd += ["--worker-urls", *urls, "--log-level", _router_log_level(config.log_level)]
+    return cmd + list(dp.router_args)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports that were free a moment ago."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_healthy(url: str, deadline: float, proc: BaseProcess | None = None) -> bool:
+    """Poll ``url/health`` until it answers 200, the deadline passes or ``proc`` exits."""
+    while time.monotonic() < deadline:
+        if proc is not None and proc.exitcode is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return True
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.25)
+    return False
+
+
+def _run_worker(config: ServerConfig) -> None:
+    from radixserve.api.server import launch_server
+    from radixserve.server.ipc import LOG_FORMAT
+
+    logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops workers with SIGTERM
+    launch_server(config)
+
+
+def _supervise(workers: list[BaseProcess], urls: list[str], router: subprocess.Popen[bytes]) -> int:
+    reported: set[int] = set()
+    while True:
+        if router.poll() is not None:
+            logger.error("the router exited with code %s: stopping the workers", router.returncode)
+            return 1
+        for i, proc in enumerate(workers):
+            if proc.exitcode is not None and i not in reported:
+                reported.add(i)
+                logger.error(
+                    "worker %d (%s) exited with code %s; the others keep serving",
+                    i,
+                    urls[i],
+                    proc.exitcode,
+                )
+        if len(reported) == len(workers):
+            logger.error("every worker has exited: stopping the router")
+            return 1
+        time.sleep(0.5)
+
+
+def _stop(workers: list[BaseProcess], router: subprocess.Popen[bytes] | None) -> None:
+    if router is not None and router.poll() is None:
+        router.terminate()
+    for proc in workers:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    if router is not None:
+        try:
+            router.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            router.kill()
+    for proc in workers:
+        proc.join(max(deadline - time.monotonic(), 0.1))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(1.0)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _connect_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def _router_log_level(level: str) -> str:
+    return {"warning": "warn"}.get(level, level)
+
+
+def _print_ready(config: ServerConfig, dp: DataParallelConfig, urls: list[str]) -> None:
+    url = f"http://{_connect_host(config.host)}:{config.port}"
+    body = f'{{"model": "{config.model_name}", "prompt": "def fibonacci(n):", "max_tokens": 16}}'
+    print(
+        f"radixserve is ready at {url}: sglang-router ({dp.router_policy}) over "
+        f"{len(urls)} workers: {' '.join(urls)}\n"
+        f"try:\n  curl {url}/v1/completions -H 'Content-Type: application/json' -d '{body}'",
+        flush=True,
+    )

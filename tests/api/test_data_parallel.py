@@ -1,0 +1,123 @@
+"""``radixserve serve --dp-size 2``: two workers behind the real sglang-router (cache_aware).
+
+Slow: it starts two servers and the router. Checks that a conversation's turns stay on one
+worker (each turn hits exactly the previous turn's prompt plus answer, minus the last token),
+that the official ``openai`` client streams through the router, and that killing a worker
+leaves the other serving.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from serving_harness import Server, model_name, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+NUM_CONVERSATIONS = 16
+NUM_TURNS = 3
+
+
+@pytest.fixture(scope="module")
+def dp_server(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Server:
+    pytest.importorskip("sglang_router", reason="needs radixserve[router] (sglang-router)")
+    log = tmp_path_factory.mktemp("dp-log") / "dp.log"
+    srv = start_server(
+        [
+            "--model",
+            str(api_model_dir),
+            "--dp-size",
+            "2",
+            "--threads-per-worker",
+            "1",
+            "--max-total-tokens",
+            "16384",
+            "--log-level",
+            "info",
+        ],
+        log,
+    )
+    yield srv  # type: ignore[misc]
+    code = stop_server(srv, timeout=30)
+    assert code == 0, srv.log()[-4000:]
+
+
+def worker_urls(server: Server) -> list[str]:
+    match = re.search(r"over 2 workers: (\S+) (\S+)", server.log())
+    assert match, server.log()[-3000:]
+    return [match.group(1), match.group(2)]
+
+
+def conversation(url: str, c: int) -> list[tuple[int, int, int]]:
+    """Turns of one conversation over /generate with token ids: (prompt_len, output_len,
+    cached_tokens) per turn; each turn's prompt is the previous prompt, its answer and a new
+    user turn."""
+    prompt = [100 + c, 7, 8, 9] * 6
+    turns = []
+    with httpx.Client(timeout=120) as client:
+        for t in range(NUM_TURNS):
+            body = {
+                "input_ids": prompt,
+                "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+            }
+            out = client.post(f"{url}/generate", json=body).raise_for_status().json()
+            meta = out["meta_info"]
+            turns.append((len(prompt), len(out["output_ids"]), meta["cached_tokens"]))
+            prompt = prompt + out["output_ids"] + [200 + t, 11, 12, 13]
+    return turns
+
+
+def test_turns_stay_on_one_worker_and_the_openai_client_streams(dp_server: Server) -> None:
+    with ThreadPoolExecutor(8) as pool:
+        runs = list(pool.map(lambda c: conversation(dp_server.url, c), range(NUM_CONVERSATIONS)))
+    for turns in runs:
+        for (prev_prompt, prev_out, _), (_, _, cached) in zip(turns, turns[1:], strict=False):
+            assert cached == prev_prompt + prev_out - 1, turns
+    finished = []
+    for url in worker_urls(dp_server):
+        stats = httpx.get(f"{url}/get_server_info", timeout=30).json()["scheduler"]
+        finished.append(stats["num_finished_reqs"])
+        load = httpx.get(f"{url}/get_load", timeout=30).json()
+        assert load["load"] == 0 and load["num_waiting_reqs"] == 0
+    assert sum(finished) == NUM_CONVERSATIONS * NUM_TURNS
+    assert all(f > 0 for f in finished), f"one worker got everything: {finished}"
+
+    import openai
+
+    client = openai.OpenAI(base_url=f"{dp_server.url}/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(
+        model=model_name(dp_server),
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=8,
+        stream=True,
+    )
+    chunks = list(stream)
+    assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_killed_worker_leaves_the_other_serving(dp_server: Server) -> None:
+    urls = worker_urls(dp_server)
+    victim = httpx.get(f"{urls[1]}/get_server_info", timeout=30).json()["pids"]["http"]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while "exited with code" not in dp_server.log() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "worker 1" in dp_server.log() and "the others keep serving" in dp_server.log()
+    ok = 0
+    with httpx.Client(timeout=60) as client:
+        for i in range(8):
+            body = {
+                "text": f"request {i} after the failure",
+                "sampling_params": {"max_new_tokens": 4},
+            }
+            if client.post(f"{dp_server.url}/generate", json=body).status_code == 200:
+                ok += 1
+    assert ok == 8
+    assert dp_server.proc.poll() is None, "the launcher must keep running"

@@ -1,0 +1,44 @@
+"""``--dp-size`` argument handling, without starting anything."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixserve.api import cli, data_parallel
+from radixserve.config import EngineConfig, ServerConfig
+
+
+def test_dp_size_without_the_router_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(data_parallel, "router_available", lambda: False)
+    assert cli.main(["serve", "--dp-size", "2"]) == 2
+    assert "pip install 'radixserve[router]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dp-size", "0"], "--dp-size must be >= 1"),
+        (["--dp-size", "2", "--threads-per-worker", "0"], "--threads-per-worker must be >= 1"),
+    ],
+)
+def test_bad_dp_arguments_are_rejected(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["serve", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_router_command_puts_the_router_on_the_public_address() -> None:
+    config = ServerConfig(
+        engine=EngineConfig(model_path="/m"), host="0.0.0.0", port=8000, log_level="warning"
+    )
+    dp = data_parallel.DataParallelConfig(2, "round_robin", None, ("--balance-abs-threshold=8",))
+    cmd = data_parallel.router_command(config, dp, ["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    assert cmd[1:3] == ["-m", "sglang_router.launch_router"]
+    joined = " ".join(cmd)
+    assert "--host 0.0.0.0 --port 8000 --policy round_robin" in joined
+    assert "--worker-urls http://127.0.0.1:1 http://127.0.0.1:2" in joined
+    assert "--log-level warn" in joined and cmd[-1] == "--balance-abs-threshold=8"
+    assert len(set(data_parallel.free_ports(4))) == 4
