@@ -136,6 +136,8 @@ def router_command(config: ServerConfig, dp: DataParallelConfig, urls: list[str]
     cmd = [sys.executable, "-m", "sglang_router.launch_router"]
     cmd += ["--host", config.host, "--port", str(config.port), "--policy", dp.router_policy]
     cmd += ["--worker-urls", *urls, "--log-level", _router_log_level(config.log_level)]
+    if config.api_key:  # the router's own calls to the workers (server info, load)
+        cmd += ["--api-key", config.api_key]
     return cmd + list(dp.router_args)
 
 
