@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import json
 import logging
 import multiprocessing
 import signal
@@ -119,8 +120,9 @@ def serve_data_parallel(config: ServerConfig, dp: DataParallelConfig) -> int:
                 logger.error("worker %d (%s) did not start", i, url)
                 return 1
         router = subprocess.Popen(router_command(config, dp, urls))
-        if not wait_healthy(f"http://{_connect_host(config.host)}:{config.port}", deadline):
-            logger.error("the router did not start")
+        router_url = f"http://{_connect_host(config.host)}:{config.port}"
+        if not wait_router_ready(router_url, len(urls), deadline, router):
+            logger.error("the router did not start or did not register the workers")
             return 1
         _print_ready(config, dp, urls)
         return _supervise(workers, urls, router)
@@ -163,6 +165,23 @@ def wait_healthy(url: str, deadline: float, proc: BaseProcess | None = None) -> 
                 if resp.status == 200:
                     return True
         except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.25)
+    return False
+
+
+def wait_router_ready(
+    url: str, num_workers: int, deadline: float, router: subprocess.Popen[bytes] | None = None
+) -> bool:
+    """Poll the router's ``/workers`` until it lists ``num_workers`` healthy workers (its
+    ``/health`` answers before it has registered them)."""
+    while time.monotonic() < deadline and (router is None or router.poll() is None):
+        try:
+            with urllib.request.urlopen(f"{url}/workers", timeout=2) as resp:
+                workers = json.load(resp).get("workers", [])
+            if sum(bool(w.get("is_healthy")) for w in workers) >= num_workers:
+                return True
+        except (OSError, ValueError, urllib.error.URLError):
             pass
         time.sleep(0.25)
     return False

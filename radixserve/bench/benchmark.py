@@ -12,6 +12,7 @@ from typing import Any
 
 from radixserve.bench.report import (
     compute_ratios,
+    data_parallel_table,
     policy_table,
     ratios_text,
     runs_text,
@@ -88,6 +89,9 @@ def run_benchmark(
     if len(opts.policies) > 1:
         print()
         print(policy_table(systems))
+    if opts.dp_size > 1:
+        print()
+        print(data_parallel_table(systems))
     print()
     print(ratios_text(report["ratios"]))
     json_path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")

@@ -74,6 +74,18 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help="runs of the trace per system, back to back; the fastest is reported (a shared "
         "host only ever adds time; an --compare-url server runs once)",
     )
+    add(
+        "--dp-size",
+        type=int,
+        default=1,
+        help="> 1: radixserve serve --dp-size N behind sglang-router, one system per "
+        "--router-policy (needs --backend http)",
+    )
+    add(
+        "--router-policy",
+        default="cache_aware,round_robin",
+        help="comma list of sglang-router policies compared with --dp-size",
+    )
     add("--seed", type=int, default=0)
     add("--out", default="bench_out", help="directory for the JSON and PNG")
     add("--name", default=None, help="file stem of the outputs (default: benchmark and shape)")
@@ -181,8 +193,10 @@ def _run(args: argparse.Namespace) -> int:
         num_threads=args.threads,
         token_range=token_range(model),
         repeat=args.repeat,
+        dp_size=args.dp_size,
+        router_policies=tuple(args.router_policy.split(",")),
     )
-    sweep = "-sweep" if len(policies) > 1 else ""
+    sweep = "-sweep" if len(policies) > 1 else (f"-dp{args.dp_size}" if args.dp_size > 1 else "")
     name = args.name or f"{args.bench_command}-{shape}{sweep}"
     run_benchmark(spec, opts, Path(args.out), name)
     return 0

@@ -121,6 +121,35 @@ class HttpClient:
         self.http.close()
 
 
+class RouterClient(HttpClient):
+    """``/generate`` through sglang-router (``radixserve serve --dp-size``); the scheduler
+    stats are the workers' (listed by the router's ``/workers``), summed."""
+
+    def worker_urls(self) -> list[str]:
+        response = self.http.get("/workers")
+        response.raise_for_status()
+        return [str(w["url"]) for w in response.json()["workers"]]
+
+    def worker_stats(self) -> list[dict[str, Any]]:
+        out = []
+        for url in self.worker_urls():
+            response = httpx.get(f"{url}/get_server_info", timeout=60)
+            response.raise_for_status()
+            out.append(dict(response.json()["scheduler"]))
+        return out
+
+    def server_info(self) -> dict[str, Any]:
+        url = self.worker_urls()[0]
+        response = httpx.get(f"{url}/get_server_info", timeout=60)
+        response.raise_for_status()
+        return dict(response.json())
+
+    def stats(self) -> dict[str, Any] | None:
+        per_worker = self.worker_stats()
+        keys = [k for k, v in per_worker[0].items() if isinstance(v, (int, float))]
+        return {k: sum(w[k] for w in per_worker) for k in keys}
+
+
 class OpenAIClient:
     """Any OpenAI-compatible server's ``/v1/completions`` with the prompt as token ids.
 

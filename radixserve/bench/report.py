@@ -31,7 +31,7 @@ TIME_MODEL = (
 def compute_ratios(
     systems: list[dict[str, Any]], calibration: dict[str, Any] | None
 ) -> dict[str, Any]:
-    cached_runs = [s for s in systems if s.get("kind") == "radixserve"]
+    cached_runs = [s for s in systems if s.get("kind") in ("radixserve", "data-parallel")]
     if not cached_runs:
         return {}
     base = cached_runs[0]
@@ -144,6 +144,24 @@ def policy_table(systems: list[dict[str, Any]]) -> str:
             f"{s['requests_per_s']:.2f}",
             f"{s['output_tokens_per_s']:.1f}",
             _ms(s["ttft_s"], "p99"),
+        )
+        for s in runs
+    ]
+    return format_table(header, rows)
+
+
+def data_parallel_table(systems: list[dict[str, Any]]) -> str:
+    """Router policies side by side: hit rates and each worker's share of the requests."""
+    runs = [s for s in systems if s.get("kind") == "data-parallel"]
+    header = ("router policy", "hit", "optimal", "req/s", "TTFT p99 ms", "requests per worker")
+    rows = [
+        (
+            s["router_policy"],
+            _pct(s["hit_rate"]),
+            _pct(s["optimal_hit_rate"]),
+            f"{s['requests_per_s']:.2f}",
+            _ms(s["ttft_s"], "p99"),
+            " / ".join(_pct(x) for x in s.get("load_split", [])),
         )
         for s in runs
     ]

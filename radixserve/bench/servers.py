@@ -29,9 +29,15 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def launched_server(
-    model_path: str, dtype: str, policy: str, disable_radix_cache: bool, num_threads: int | None
+    model_path: str,
+    dtype: str,
+    policy: str,
+    disable_radix_cache: bool,
+    num_threads: int | None,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[str]:
-    """Yields the server's URL; the server (its whole process group) is stopped on exit."""
+    """Yields the server's URL; the server (its whole process group) is stopped on exit.
+    ``extra_args``: more ``radixserve serve`` flags (``--dp-size`` ...)."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -51,6 +57,7 @@ def launched_server(
     ]
     if disable_radix_cache:
         cmd.append("--disable-radix-cache")
+    cmd += extra_args
     env = dict(os.environ)
     if num_threads is not None:
         env["RADIXSERVE_NUM_THREADS"] = str(num_threads)  # read by radixserve.config

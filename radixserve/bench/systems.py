@@ -16,11 +16,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.bench.clients import Client, EngineClient, HttpClient, OpenAIClient
+from radixserve.bench.clients import Client, EngineClient, HttpClient, OpenAIClient, RouterClient
 from radixserve.bench.prefill_cost import merge_calibrations
 from radixserve.bench.records import RequestRecord, optimal_hits, summarize
 from radixserve.bench.runner import calibrate_prefill, run_sessions, warmup
@@ -47,6 +48,8 @@ class BenchOptions:
     num_threads: int | None = None  # torch threads of every system (None: torch's default)
     token_range: tuple[int, int] = (3, 2048)
     repeat: int = 1  # runs per system; the fastest is reported
+    dp_size: int = 1  # > 1: radixserve serve --dp-size behind sglang-router, per router policy
+    router_policies: tuple[str, ...] = ("cache_aware", "round_robin")
 
     def __post_init__(self) -> None:
         if self.repeat < 1:
@@ -63,6 +66,8 @@ class BenchOptions:
             raise ValueError("a policy sweep starts its own servers: drop --url")
         if self.backend == "engine" and self.url is not None:
             raise ValueError("--url needs --backend http or frontend")
+        if self.dp_size > 1 and (self.backend != "http" or self.url is not None):
+            raise ValueError("--dp-size starts its own router: use --backend http, no --url")
 
 
 def _load() -> dict[str, float]:
@@ -94,9 +99,14 @@ def _fastest(
 def run_all(opts: BenchOptions, sessions: list[Session]) -> dict[str, Any]:
     """Every system's summary, and the no-cache run's prefill calibration (or None)."""
     systems: list[dict[str, Any]] = []
-    for policy in opts.policies:
-        name = "radixserve" if len(opts.policies) == 1 else f"radixserve[{policy}]"
-        systems.append(_run_radixserve(opts, sessions, name, policy, disable_cache=False))
+    if opts.dp_size > 1:
+        for rp in opts.router_policies:
+            name = f"radixserve-dp{opts.dp_size}[{rp}]"
+            systems.append(_run_radixserve(opts, sessions, name, opts.policies[0], False, rp))
+    else:
+        for policy in opts.policies:
+            name = "radixserve" if len(opts.policies) == 1 else f"radixserve[{policy}]"
+            systems.append(_run_radixserve(opts, sessions, name, policy, disable_cache=False))
     calibration = None
     if "no-cache" in opts.baselines:
         entry = _run_radixserve(
@@ -148,15 +158,22 @@ def _warmup_source(opts: BenchOptions) -> TokenSource:
 
 
 def _run_radixserve(
-    opts: BenchOptions, sessions: list[Session], name: str, policy: str, disable_cache: bool
+    opts: BenchOptions,
+    sessions: list[Session],
+    name: str,
+    policy: str,
+    disable_cache: bool,
+    router_policy: str | None = None,
 ) -> dict[str, Any]:
     extra: dict[str, Any] = {
         "kind": "no-cache" if disable_cache else "radixserve",
         "policy": policy,
         "backend": opts.backend,
     }
+    if router_policy is not None:
+        extra.update(kind="data-parallel", dp_size=opts.dp_size, router_policy=router_policy)
     src = _warmup_source(opts)
-    with _client(opts, policy, disable_cache) as (client, url):
+    with _client(opts, policy, disable_cache, router_policy) as (client, url):
         warmup(client, src)
         if isinstance(client, HttpClient):  # what the server says it runs
             info = client.server_info()
@@ -179,7 +196,12 @@ def _run_radixserve(
                 calibrations.append(calibrate_prefill(client, src, longest))
             return result
 
+        finished_before = _finished_per_worker(client)
         (records, wall, stats), walls = _fastest(opts.repeat, run, client.flush)
+        if finished_before is not None:  # the share of the requests each worker served
+            after = _finished_per_worker(client) or []
+            served = [a - b for a, b in zip(after, finished_before, strict=True)]
+            extra["load_split"] = [n / max(sum(served), 1) for n in served]
         extra["server_stats"] = stats
         extra["wall_runs_s"] = walls
         if disable_cache:
@@ -187,9 +209,15 @@ def _run_radixserve(
     return summarize(name, records, wall, extra)
 
 
+def _finished_per_worker(client: Client) -> list[int] | None:
+    if not isinstance(client, RouterClient):
+        return None
+    return [int(w["num_finished_reqs"]) for w in client.worker_stats()]
+
+
 @contextlib.contextmanager
 def _client(
-    opts: BenchOptions, policy: str, disable_cache: bool
+    opts: BenchOptions, policy: str, disable_cache: bool, router_policy: str | None = None
 ) -> Iterator[tuple[Client, str | None]]:
     """The client of one radixserve system (and its URL over HTTP), stopped on exit."""
     if opts.backend == "engine":
@@ -219,10 +247,21 @@ def _client(
         return
     from radixserve.bench.servers import launched_server
 
+    extra_args: tuple[str, ...] = ()
+    if router_policy is not None:
+        worker_threads = str(opts.num_threads or 1)
+        extra_args = ("--dp-size", str(opts.dp_size), "--router-policy", router_policy)
+        extra_args += ("--threads-per-worker", worker_threads)
     with launched_server(
-        opts.model_path, opts.dtype, policy, disable_cache, opts.num_threads
+        opts.model_path, opts.dtype, policy, disable_cache, opts.num_threads, extra_args
     ) as url:
-        http = HttpClient(url)
+        if router_policy is not None:
+            from radixserve.api.data_parallel import wait_router_ready
+
+            deadline = time.monotonic() + 600
+            if not wait_router_ready(url, opts.dp_size, deadline):
+                raise RuntimeError(f"the router at {url} did not register {opts.dp_size} workers")
+        http = RouterClient(url) if router_policy is not None else HttpClient(url)
         try:
             yield http, url
         finally:
