@@ -1,6 +1,6 @@
-"""Validation happens once, at the edge, and both edges are the same validator: every bad
-request that ``/generate`` answers with a 400 makes ``Engine.generate`` (on the same model)
-raise a ``ValueError`` with the same message."""
+"""The Engine and the server on the same model: one validator at both edges (every bad request
+that ``/generate`` answers with a 400 makes ``Engine.generate`` raise a ``ValueError`` with the
+same message) and one result shape."""
 
 from __future__ import annotations
 
@@ -53,3 +53,32 @@ def test_engine_and_server_refuse_alike(client: httpx.Client, engine: Engine, ca
         engine.generate(sampling_params=params, **kwargs)
     assert str(info.value) == message
     engine.check_integrity()
+
+
+def test_engine_and_server_return_one_shape(client: httpx.Client, engine: Engine) -> None:
+    """The same request in process and over HTTP: the same dict, key for key (logprobs as
+    [logprob, token_id, text] triples on both sides)."""
+    request = {
+        "input_ids": [5, 17, 42, 99, 7, 13],
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "logprob_start_len": 0,
+        "return_text_in_logprobs": True,
+    }
+    params = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
+    served = client.post("/generate", json={**request, "sampling_params": params}).json()
+    local = engine.generate(sampling_params=params, **request)
+    assert isinstance(local, dict)
+    assert local.keys() == served.keys() and local["meta_info"].keys() == served["meta_info"].keys()
+    assert local["output_ids"] == served["output_ids"] and local["text"] == served["text"]
+    for key in ("finish_reason", "prompt_tokens", "completion_tokens"):
+        assert local["meta_info"][key] == served["meta_info"][key], key
+    for key in ("input_token_logprobs", "output_token_logprobs"):
+        ours, theirs = local["meta_info"][key], served["meta_info"][key]
+        assert [e[1:] for e in ours] == [e[1:] for e in theirs], key
+        assert all(
+            (a[0] is None and b[0] is None) or abs(a[0] - b[0]) < 1e-4
+            for a, b in zip(ours, theirs, strict=True)
+        ), key
+    tops = local["meta_info"]["output_top_logprobs"], served["meta_info"]["output_top_logprobs"]
+    assert [[e[1:] for e in top] for top in tops[0]] == [[e[1:] for e in top] for top in tops[1]]
