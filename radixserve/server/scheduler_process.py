@@ -2,8 +2,10 @@
 
 Loop: receive (blocking up to ``IDLE_POLL_MS`` when idle, not at all when busy) -> handle each
 message -> ``step()`` -> push this iteration's messages to the detokenizer as one list.
-A bad request never kills the loop: ``add_request``'s ``ValueError`` becomes a
-:class:`ReqError` for that rid. An exception in ``step()`` is a bug: the loop reports it
+Requests arrive validated (the HTTP process's ``RequestValidator``); what only the scheduler
+can refuse (``add_request``'s ``ValueError``: a duplicate rid, a request the KV pool can never
+hold) becomes a :class:`ReqError` for that rid. An exception in ``step()`` is a bug: the loop
+reports it
 (:class:`SchedulerFatal`, for the HTTP process's log and its 503s) and the process exits 1.
 """
 
