@@ -76,7 +76,7 @@ class RuntimeEndpoint:
             "POST", "/generate", {"text": prompt, "sampling_params": sampling_params}
         )
         body = out.json()
-        return GenChunk(body["text"], body["meta_info"])
+        return GenChunk.of(body)
 
     def generate_stream(self, prompt: str, sampling_params: dict[str, Any]) -> Iterator[GenChunk]:
         """Text deltas; the server's events carry the text so far (SGLang's shape)."""

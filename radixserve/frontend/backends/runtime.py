@@ -51,11 +51,11 @@ class Runtime:
 
     def generate(self, prompt: str, sampling_params: dict[str, Any]) -> GenChunk:
         out = self.engine.generate(prompt, sampling_params)
-        return GenChunk(out["text"], out["meta_info"])
+        return GenChunk.of(out)
 
     def generate_stream(self, prompt: str, sampling_params: dict[str, Any]) -> Iterator[GenChunk]:
         for out in self.engine.generate(prompt, sampling_params, stream=True):
-            yield GenChunk(out["text"], out["meta_info"])
+            yield GenChunk.of(out)
 
     def cache_prefix(self, prompt: str) -> dict[str, Any]:
         return dict(self.engine.generate(prompt, _PREFILL_ONLY)["meta_info"])
