@@ -22,9 +22,9 @@ from radixserve.api.responses import (
     TopLogprob,
     UsageInfo,
 )
-from radixserve.api.streaming import RequestResult
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.server.result import RequestResult
 from radixserve.server.tokenizer_manager import TokenizerManager
 from radixserve.types import FinishReason
 
@@ -153,7 +153,7 @@ def _param_of(message: str, max_tokens_param: str, prompt_param: str) -> str | N
     """The request field a validation message is about (OpenAI's ``param``)."""
     for key, param in (
         ("the prompt", prompt_param),
-        ("input_ids", prompt_param),
+        ("input ids", prompt_param),
         ("max_new_tokens", max_tokens_param),
         ("maximum context length", max_tokens_param),
         ("temperature", "temperature"),

@@ -24,13 +24,13 @@ from radixserve.api.responses import (
 from radixserve.api.streaming import (
     SSE_DONE,
     OpenRequests,
-    RequestResult,
     SSEResponse,
     collect_all,
     open_requests,
     sse,
 )
 from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.server.result import RequestResult
 from radixserve.server.tokenizer_manager import ClientDisconnected
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions

@@ -21,15 +21,14 @@ from radixserve.api.protocol import GenerateReqInput, NativeSamplingParams
 from radixserve.api.streaming import (
     SSE_DONE,
     OpenRequests,
-    RequestResult,
     SSEResponse,
     collect_all,
     open_requests,
     sse,
 )
 from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.server.result import RequestResult, generate_result
 from radixserve.server.tokenizer_manager import ClientDisconnected, TokenizerManager
-from radixserve.types import FinishKind, FinishReason
 
 T = TypeVar("T")
 
@@ -115,56 +114,8 @@ class NativeServing:
         yield SSE_DONE
 
     def result_dict(self, result: RequestResult, with_text: bool, started: float) -> dict[str, Any]:
-        request = result.request
-        meta: dict[str, Any] = {
-            "id": request.rid,
-            "finish_reason": finish_reason_json(result.finish_reason, request),
-            "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": result.completion_tokens,
-            "cached_tokens": result.cached_tokens,
-            "e2e_latency": time.monotonic() - started,
-        }
-        if request.return_logprob:
-            meta["output_token_logprobs"] = [
-                self._lp(lp, tid, with_text)
-                for lp, tid in zip(result.logprobs, result.output_ids, strict=False)
-            ]
-            meta["output_top_logprobs"] = [
-                [self._lp(lp, tid, with_text) for tid, lp in top] for top in result.top_logprobs
-            ]
-            if request.logprob_start_len >= 0:
-                meta["input_token_logprobs"] = self._input_logprobs(result, with_text)
-        return {"text": result.text, "output_ids": list(result.output_ids), "meta_info": meta}
-
-    def _lp(self, logprob: float | None, token_id: int, with_text: bool) -> list[Any]:
-        return [logprob, token_id, self.tm.prompts.decode_token(token_id) if with_text else None]
-
-    def _input_logprobs(self, result: RequestResult, with_text: bool) -> list[list[Any]]:
-        """Prompt tokens from ``logprob_start_len`` on, each with log P(token | tokens before).
-        The scheduler returns values for positions ``max(start, 1) ..``; the prompt's first token
-        has no logprob, so with ``start == 0`` it is reported with None (as SGLang does)."""
-        prompt = result.request.input_ids
-        start = result.request.logprob_start_len
-        first = max(start, 1)
-        values = result.input_logprobs or []
-        out = [self._lp(None, prompt[0], with_text)] if start == 0 else []
-        out += [
-            self._lp(lp, prompt[first + j], with_text)
-            for j, lp in enumerate(values)
-            if first + j < len(prompt)
-        ]
-        return out
-
-
-def finish_reason_json(reason: FinishReason | None, request: GenerateRequest) -> Any:
-    if reason is None:
-        return None
-    out: dict[str, Any] = {"type": reason.openai_reason, "matched": reason.matched}
-    if reason.kind is FinishKind.LENGTH:
-        out["length"] = request.sampling_params.max_new_tokens
-    elif reason.kind is FinishKind.ABORT:
-        out["message"] = reason.message
-    return out
+        token_text = self.tm.prompts.decode_token if with_text else None
+        return generate_result(result, started, token_text)
 
 
 def _or(value: int | None, default: int) -> int:

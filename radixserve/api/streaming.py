@@ -12,16 +12,15 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
+from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.io_struct import TextOutput
+from radixserve.server.result import RequestResult
 from radixserve.server.tokenizer_manager import TokenizerManager
-from radixserve.types import FinishReason
 
 T = TypeVar("T")
 SSE_DONE = "data: [DONE]\n\n"
@@ -64,45 +63,6 @@ async def gather_or_cancel(coros: list[Awaitable[T]]) -> list[T]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-
-
-@dataclass(eq=False)
-class RequestResult:
-    """Everything one request produced so far."""
-
-    request: GenerateRequest
-    text: str = ""
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    input_logprobs: list[float] | None = None
-    last: ReqOutput | None = None
-
-    def add(self, out: TextOutput) -> None:
-        o = out.output
-        self.text += out.text
-        self.output_ids.extend(o.new_token_ids)
-        self.logprobs.extend(o.new_logprobs)
-        self.top_logprobs.extend(o.new_top_logprobs)
-        if o.input_logprobs is not None:
-            self.input_logprobs = list(o.input_logprobs)
-        self.last = o
-
-    @property
-    def finish_reason(self) -> FinishReason | None:
-        return None if self.last is None else self.last.finish_reason
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.request.input_ids)
-
-    @property
-    def completion_tokens(self) -> int:
-        return 0 if self.last is None else self.last.completion_tokens
-
-    @property
-    def cached_tokens(self) -> int:
-        return 0 if self.last is None else self.last.cached_tokens
 
 
 class OpenRequests:

@@ -5,14 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from radixserve.runtime.io_struct import ReqOutput
+from radixserve.runtime.stop_strings import match_stop_str
 from radixserve.types import FinishKind, FinishReason, Req
-
-STOP_STR_LOOKBACK_TOKENS = 16
 
 
 def check_finished(req: Req, max_context_len: int, tokenizer: Any | None) -> FinishReason | None:
-    """Why ``req`` stops after its last output token, or ``None``. Order: stop token, length,
-    stop string (seen in the decoded tail, which needs a tokenizer)."""
+    """Why ``req`` stops after its last output token, or ``None``: the one judge of a request's
+    end. Order: stop token, stop string (the text the client sees; needs a tokenizer, see
+    ``stop_strings.py``), length. A stop string completed by the last allowed token is a stop
+    string (its text is cut), not a length."""
     params = req.sampling_params
     if req.output_ids:
         last = req.output_ids[-1]
@@ -20,15 +21,18 @@ def check_finished(req: Req, max_context_len: int, tokenizer: Any | None) -> Fin
             return FinishReason(FinishKind.STOP_TOKEN, last)
         if not params.ignore_eos and last in req.eos_token_ids:
             return FinishReason(FinishKind.STOP_TOKEN, last)
+    if params.stop and tokenizer is not None:
+        stop = match_stop_str(
+            tokenizer,
+            req.origin_input_ids,
+            req.output_ids,
+            params.stop,
+            params.skip_special_tokens,
+        )
+        if stop is not None:
+            return FinishReason(FinishKind.STOP_STR, stop)
     if req.output_len >= params.max_new_tokens or req.seq_len >= max_context_len:
         return FinishReason(FinishKind.LENGTH)
-    if params.stop and tokenizer is not None and req.output_ids:
-        tail = tokenizer.decode(
-            req.output_ids[-STOP_STR_LOOKBACK_TOKENS:], skip_special_tokens=False
-        )
-        for stop in params.stop:
-            if stop in tail:
-                return FinishReason(FinishKind.STOP_STR, stop)
     return None
 
 

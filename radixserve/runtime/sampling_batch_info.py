@@ -84,13 +84,11 @@ class SamplingBatchInfo:
         return_logprob: bool | Sequence[bool] = False,
         top_logprobs_nums: Sequence[int] | None = None,
     ) -> SamplingBatchInfo:
-        """From parameters and each row's output tokens so far (``prompt_ids`` only matter for
-        ``repetition_penalty``). Raises ``ValueError`` for invalid parameters."""
+        """From parameters (validated once, at the edge: ``SamplingParams.validate``) and each
+        row's output tokens so far (``prompt_ids`` only matter for ``repetition_penalty``)."""
         bs = len(params)
         if len(output_ids) != bs or (prompt_ids is not None and len(prompt_ids) != bs):
             raise ValueError("one output_ids (and prompt_ids) list per request is needed")
-        for p in params:
-            p.validate()
         greedy = [p.is_greedy for p in params]
         ks = [vocab_size if p.top_k == -1 or p.top_k >= vocab_size else p.top_k for p in params]
         sampled_rows = [i for i in range(bs) if not greedy[i]]

@@ -78,23 +78,16 @@ class Scheduler:
 
     # ---- requests in -----------------------------------------------------------------------
     def add_request(self, request: GenerateRequest) -> None:
-        """Queue a request. Raises ``ValueError`` for one that can never run."""
-        params = request.sampling_params.validate()
+        """Queue a request validated at the edge (``server/request_validation.py``). Raises
+        ``ValueError`` for what only the scheduler can see: a duplicate rid, a request that
+        the KV pool can never hold."""
+        params = request.sampling_params
         prompt_len = len(request.input_ids)
-        if prompt_len == 0:
-            raise ValueError("the prompt is empty")
         if request.rid in self.reqs:
             raise ValueError(f"a request with rid {request.rid!r} is already running")
-        if prompt_len >= self.max_context_len:
-            raise ValueError(
-                f"the prompt has {prompt_len} tokens; the context length is {self.max_context_len}"
-            )
         need = prompt_len + min(params.max_new_tokens, self.max_context_len - prompt_len)
         if need > self.kv.capacity - self.page_size:
             raise ValueError(f"the request needs {need} KV slots; the pool has {self.kv.capacity}")
-        vocab = self.worker.vocab_size
-        if any(not 0 <= t < vocab for t in request.input_ids):
-            raise ValueError(f"input ids must be in [0, {vocab})")
         req = Req(
             rid=request.rid,
             origin_input_ids=list(request.input_ids),

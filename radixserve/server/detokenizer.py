@@ -13,23 +13,23 @@ Two pieces, both pure (no sockets; the process loop is ``detokenizer_process``):
   Each step decodes ``ids[prefix_offset:]`` and emits what it adds to ``ids[prefix_offset:
   read_offset]``, unless it ends in U+FFFD (an incomplete UTF-8 sequence: a later token
   completes it); then the tokens wait. The last step of a request flushes whatever is left.
-- :class:`Detokenizer`, which adds per-request stop strings: a matched stop string and
-  everything after it is trimmed, and a tail that could still become a stop string is held
-  back until it cannot (or the request ends).
+- :class:`Detokenizer`, which trims at stop strings but never judges them (the scheduler
+  does, ``runtime/stop_strings.py``): told ``STOP_STR`` with the matched string, it cuts its
+  text at that string's first occurrence; while a request streams, a tail that could still
+  become a stop string is held back until it cannot (or the request ends).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from radixserve.runtime.io_struct import ReqOutput
+from radixserve.runtime.stop_strings import PROMPT_CONTEXT_TOKENS, decode
 from radixserve.server.io_struct import DetokenizeParams, TextOutput
-from radixserve.types import FinishKind, FinishReason
+from radixserve.types import FinishKind
 
 REPLACEMENT_CHAR = "\ufffd"
-INIT_CONTEXT_TOKENS = 5  # prompt tokens decoded as context before the first output (SGLang: 5)
 
 
 class IncrementalDecoder:
@@ -59,25 +59,7 @@ class IncrementalDecoder:
         return full_text[len(prefix_text) :]
 
     def _decode(self, ids: list[int]) -> str:
-        if not ids:
-            return ""
-        return str(
-            self.tokenizer.decode(
-                ids,
-                skip_special_tokens=self.skip_special_tokens,
-                clean_up_tokenization_spaces=False,
-            )
-        )
-
-
-def find_stop(text: str, stops: list[str], start: int = 0) -> tuple[int, str] | None:
-    """The earliest match of any stop string in ``text[start:]``: (position, stop) or None."""
-    best: tuple[int, str] | None = None
-    for stop in stops:
-        pos = text.find(stop, start)
-        if pos >= 0 and (best is None or pos < best[0]):
-            best = (pos, stop)
-    return best
+        return decode(self.tokenizer, ids, self.skip_special_tokens)
 
 
 def stop_prefix_len(text: str, stops: list[str]) -> int:
@@ -96,11 +78,8 @@ def stop_prefix_len(text: str, stops: list[str]) -> int:
 class _ReqText:
     decoder: IncrementalDecoder
     stops: list[str]
-    max_stop_len: int
-    text: str = ""  # final text so far, cut at a matched stop string
+    text: str = ""  # final text so far
     sent: int = 0  # characters of ``text`` already emitted
-    matched: str | None = None
-    stopped_early: bool = False  # matched before the scheduler finished: drop what comes next
 
 
 class Detokenizer:
@@ -130,46 +109,29 @@ class Detokenizer:
         return results
 
     def register(self, params: DetokenizeParams) -> None:
-        context = params.prompt_tail_ids[-INIT_CONTEXT_TOKENS:]
+        context = params.prompt_tail_ids[-PROMPT_CONTEXT_TOKENS:]
         self.reqs[params.rid] = _ReqText(
             decoder=IncrementalDecoder(self.tokenizer, context, params.skip_special_tokens),
             stops=list(params.stop),
-            max_stop_len=max((len(s) for s in params.stop), default=0),
         )
 
-    def process(self, out: ReqOutput) -> TextOutput | None:
-        """The text message for ``out``, or None when the request was already stopped here."""
+    def process(self, out: ReqOutput) -> TextOutput:
+        """The text message for ``out``: the text that became final since the last one."""
         state = self.reqs.get(out.rid)
         if state is None:
             self.register(DetokenizeParams(out.rid, [], True, []))
             state = self.reqs[out.rid]
-        final = out.finish_reason is not None
-        if final:
+        reason = out.finish_reason
+        if reason is not None:
             del self.reqs[out.rid]
-        if state.stopped_early:
-            return None
-        old_len = len(state.text)
-        state.text += state.decoder.add(out.new_token_ids, final)
-        if state.stops and state.matched is None:
-            hit = find_stop(state.text, state.stops, max(0, old_len - state.max_stop_len + 1))
-            if hit is not None:
-                state.text, state.matched = state.text[: hit[0]], hit[1]
-        if final or state.matched is not None:
-            end = len(state.text)
-        else:
+        state.text += state.decoder.add(out.new_token_ids, reason is not None)
+        if reason is None:
             end = len(state.text) - stop_prefix_len(state.text, state.stops)
+        elif reason.kind is FinishKind.STOP_STR and isinstance(reason.matched, str):
+            pos = state.text.find(reason.matched)
+            end = len(state.text) if pos < 0 else max(pos, state.sent)
+        else:
+            end = len(state.text)
         delta = state.text[state.sent : end]
         state.sent = max(state.sent, end)
-        if state.matched is None:
-            return TextOutput(out, delta)
-        if final:
-            if out.finish_reason is not None and out.finish_reason.kind is not FinishKind.ABORT:
-                out = dataclasses.replace(
-                    out, finish_reason=FinishReason(FinishKind.STOP_STR, state.matched)
-                )
-            return TextOutput(out, delta)
-        state.stopped_early = True
-        stopped = dataclasses.replace(
-            out, finish_reason=FinishReason(FinishKind.STOP_STR, state.matched)
-        )
-        return TextOutput(stopped, delta, stopped_early=True)
+        return TextOutput(out, delta)

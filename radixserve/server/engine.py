@@ -7,8 +7,10 @@ per-request output queues, so ``generate`` may be called from many threads at on
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -16,7 +18,11 @@ from typing import Any
 from radixserve.config import EngineConfig
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.scheduler import Scheduler
-from radixserve.server.text import IncrementalText, output_dict
+from radixserve.runtime.stop_strings import decode
+from radixserve.server.detokenizer import Detokenizer
+from radixserve.server.io_struct import DetokenizeParams, SchedulerInfo, TextOutput
+from radixserve.server.request_validation import RequestValidator
+from radixserve.server.result import RequestResult, TokenText, generate_result
 from radixserve.types import SamplingParams, new_rid
 
 _Call = tuple[Callable[[], Any], Future[Any]]
@@ -35,6 +41,7 @@ class Engine:
             tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(self.config, tokenizer=tokenizer)
+        self.validator = RequestValidator(SchedulerInfo.of(self.scheduler))
         self._inbox: queue.Queue[_Call | None] = queue.Queue()  # None: stop the loop
         self._outputs: dict[str, queue.Queue[ReqOutput | BaseException]] = {}
         self._lock = threading.Lock()
@@ -52,41 +59,51 @@ class Engine:
         return_logprob: bool = False,
         logprob_start_len: int = -1,
         top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
         priority: int | list[int] = 0,
         rid: str | list[str] | None = None,
         extra_key: str | None = None,
         stream: bool = False,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
-        """Generate for one prompt (a dict) or a batch (a list of dicts, in order); ``stream``
-        (single prompt only) yields dicts whose ``text`` is the new text since the last one."""
+        """Generate for one prompt (a dict) or a batch (a list of dicts, in order), in the
+        shape of ``/generate`` (``server/result.py``); ``stream`` (single prompt only) yields
+        dicts whose ``text`` and ``output_ids`` are the new part since the last one."""
+        started = time.monotonic()
         batch = isinstance(prompt, list) or (
             input_ids is not None and len(input_ids) > 0 and isinstance(input_ids[0], list)
         )
         ids_list = self._tokenize(prompt, input_ids)
         n = len(ids_list)
-        params = _per_item(sampling_params, n)
+        raw_params = _per_item(sampling_params, n)
         prios = priority if isinstance(priority, list) else [priority] * n
         rids = (
             rid
             if isinstance(rid, list)
             else ([rid] if rid is not None else [new_rid() for _ in range(n)])
         )
-        if len(params) != n or len(prios) != n or len(rids) != n:
+        if len(raw_params) != n or len(prios) != n or len(rids) != n:
             raise ValueError(
                 "per-item sampling_params, priority and rid must match the number of prompts"
             )
         if stream and batch:
             raise ValueError("stream=True takes a single prompt")
+        params = [
+            self._sampling_params(p, len(ids)) for p, ids in zip(raw_params, ids_list, strict=True)
+        ]
         requests = [
-            GenerateRequest(
-                r, ids, p, pr, extra_key, return_logprob, top_logprobs_num, logprob_start_len
+            self.validator.check(
+                GenerateRequest(
+                    r, ids, p, pr, extra_key, return_logprob, top_logprobs_num, logprob_start_len
+                )
             )
             for r, ids, p, pr in zip(rids, ids_list, params, prios, strict=True)
         ]
         self._submit(requests)
+        with_text = return_text_in_logprobs and self.tokenizer is not None
+        token_text = self._token_text if with_text else None
         if stream:
-            return self._stream(requests[0])
-        results = [self._collect(r) for r in requests]
+            return self._stream(requests[0], started, token_text)
+        results = [self._collect(r, started, token_text) for r in requests]
         return results if batch else results[0]
 
     def abort(self, rid: str) -> None:
@@ -125,6 +142,25 @@ class Engine:
         texts = prompt if isinstance(prompt, list) else [prompt]
         return [self.tokenizer.encode(t) for t in texts]
 
+    def _sampling_params(
+        self, params: dict[str, Any] | SamplingParams | None, prompt_len: int
+    ) -> SamplingParams:
+        """A copy of ``params`` for one prompt; without ``max_new_tokens``, the default clipped
+        to the context left (as ``/generate`` does)."""
+        if isinstance(params, SamplingParams):
+            out = dataclasses.replace(params)  # validate() may normalise it: not the caller's
+        else:
+            fields = dict(params or {})
+            if fields.get("max_new_tokens") is None:
+                fields["max_new_tokens"] = self.validator.max_new_tokens_for(prompt_len, None)
+            try:
+                out = SamplingParams(**fields)
+            except TypeError as exc:
+                raise ValueError(f"unknown sampling parameter: {exc}") from None
+        if out.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer: this engine has none")
+        return out
+
     def _submit(self, requests: list[GenerateRequest]) -> None:
         """Queue the whole batch in one loop turn (so it is scheduled together), all or nothing:
         if one request is invalid, those already queued are aborted and the error raised."""
@@ -157,36 +193,39 @@ class Engine:
             raise RuntimeError(f"the engine failed while running {rid}") from item
         return item
 
-    def _collect(self, request: GenerateRequest) -> dict[str, Any]:
-        text = IncrementalText(self.tokenizer, request)
-        done = False
-        while not done:
-            out = self._next_output(request.rid)
-            _, done = self._absorb(text, out, request.rid)
-        return output_dict(text, out)
+    def _collect(
+        self, request: GenerateRequest, started: float, token_text: TokenText | None
+    ) -> dict[str, Any]:
+        result, detokenize = RequestResult(request), self._detokenizer(request)
+        while result.finish_reason is None:
+            result.add(detokenize(self._next_output(request.rid)))
+        self._outputs.pop(request.rid, None)
+        return generate_result(result, started, token_text)
 
-    def _stream(self, request: GenerateRequest) -> Iterator[dict[str, Any]]:
-        text = IncrementalText(self.tokenizer, request)
-        done = False
+    def _stream(
+        self, request: GenerateRequest, started: float, token_text: TokenText | None
+    ) -> Iterator[dict[str, Any]]:
+        result, detokenize = RequestResult(request), self._detokenizer(request)
         try:
-            while not done:
-                out = self._next_output(request.rid)
-                delta, done = self._absorb(text, out, request.rid)
-                yield output_dict(text, out, delta=delta)
+            while result.finish_reason is None:
+                out = detokenize(self._next_output(request.rid))
+                result.add(out)
+                yield generate_result(result, started, token_text, delta=out)
         finally:
-            if not done:  # the consumer stopped early
-                self._outputs.pop(request.rid, None)
+            self._outputs.pop(request.rid, None)
+            if result.finish_reason is None:  # the consumer stopped early
                 self.abort(request.rid)
 
-    def _absorb(self, text: IncrementalText, out: ReqOutput, rid: str) -> tuple[str, bool]:
-        """Feed one output: (the new text, whether the request is done)."""
-        delta = text.add(out)
-        if text.stopped_early:  # a stop string the scheduler has not acted on: stop it there
-            self.abort(rid)
-        done = text.finish_reason is not None
-        if done:
-            self._outputs.pop(rid, None)
-        return delta, done
+    def _detokenizer(self, request: GenerateRequest) -> Callable[[ReqOutput], TextOutput]:
+        """The request's text, as the server's detokenizer process would make it."""
+        if self.tokenizer is None:
+            return lambda out: TextOutput(out, "")
+        detokenizer = Detokenizer(self.tokenizer)
+        detokenizer.register(DetokenizeParams.of(request))
+        return detokenizer.process
+
+    def _token_text(self, token_id: int) -> str:
+        return decode(self.tokenizer, [token_id], skip_special_tokens=False)
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         if self._error is not None:
@@ -226,19 +265,5 @@ class Engine:
             raise
 
 
-def _per_item(
-    params: dict[str, Any] | SamplingParams | list[Any] | None, n: int
-) -> list[SamplingParams]:
-    def one(p: dict[str, Any] | SamplingParams | None) -> SamplingParams:
-        if p is None:
-            return SamplingParams()
-        if isinstance(p, SamplingParams):
-            return p
-        try:
-            return SamplingParams(**p)
-        except TypeError as exc:
-            raise ValueError(f"unknown sampling parameter: {exc}") from None
-
-    if isinstance(params, list):
-        return [one(p) for p in params]
-    return [one(params) for _ in range(n)]
+def _per_item(params: dict[str, Any] | SamplingParams | list[Any] | None, n: int) -> list[Any]:
+    return list(params) if isinstance(params, list) else [params] * n

@@ -7,8 +7,13 @@ Small picklable dataclasses, sent over pyzmq IPC sockets.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from radixserve.runtime.io_struct import ReqOutput
+from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
+from radixserve.runtime.stop_strings import PROMPT_CONTEXT_TOKENS
+
+if TYPE_CHECKING:  # a type only: the HTTP process reads these messages without the model code
+    from radixserve.runtime.scheduler import Scheduler
 
 #   HTTP --(GenerateRequest | AbortRequest | FlushCacheReq | GetServerInfoReq)--> scheduler
 #   scheduler --list[DetokenizeParams | ReqOutput | ReqError | RpcReply | SchedulerFatal]--> detok
@@ -32,20 +37,21 @@ class DetokenizeParams:
     skip_special_tokens: bool
     prompt_tail_ids: list[int]  # the last prompt tokens: context for the first output's text
 
+    @classmethod
+    def of(cls, request: GenerateRequest) -> DetokenizeParams:
+        params = request.sampling_params
+        tail = request.input_ids[-PROMPT_CONTEXT_TOKENS:]
+        return cls(request.rid, list(params.stop), params.skip_special_tokens, tail)
+
 
 @dataclass(slots=True)
 class TextOutput:
     """A ``ReqOutput`` with its text: ``text`` is the new text since the previous TextOutput of
-    the request (held-back partial characters and stop-string prefixes come later).
-
-    ``stopped_early``: the detokenizer saw a stop string that the scheduler had not seen (its
-    ``output.finish_reason`` is then STOP_STR while the scheduler still runs the request): the
-    receiver aborts it in the scheduler. Later outputs of the rid are dropped.
-    """
+    the request (held-back partial characters and stop-string prefixes come later; a matched
+    stop string and what follows it never)."""
 
     output: ReqOutput
     text: str
-    stopped_early: bool = False
 
 
 @dataclass(slots=True)
@@ -94,3 +100,13 @@ class SchedulerInfo:
     max_running_requests: int
     vocab_size: int
     eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def of(cls, scheduler: Scheduler) -> SchedulerInfo:
+        return cls(
+            max_context_len=scheduler.max_context_len,
+            max_total_tokens=int(scheduler.get_stats()["max_total_tokens"]),
+            max_running_requests=scheduler.config.max_running_requests,
+            vocab_size=scheduler.worker.vocab_size,
+            eos_token_ids=tuple(sorted(scheduler.eos_token_ids)),
+        )

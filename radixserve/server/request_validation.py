@@ -1,8 +1,10 @@
-"""RequestValidator: the checks a request passes before it reaches the scheduler.
+"""RequestValidator: the checks a request passes before it reaches the scheduler, made once,
+at the edge: by the HTTP process for the server, by ``Engine.generate`` in process (both give
+the same errors).
 
 Every failure is a ``ValueError`` whose message is shown to the client (HTTP 400). The
-scheduler repeats what it must (``add_request``), so these checks only make errors early
-and readable; they never replace the scheduler's own.
+scheduler trusts what passed and checks only what it alone can see (``add_request``: a
+duplicate rid, the KV pool's capacity); the sampler never validates.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class RequestValidator:
         if any(
             not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in input_ids
         ):
-            raise ValueError(f"input_ids must be integers in [0, {vocab})")
+            raise ValueError(f"input ids must be integers in [0, {vocab})")
 
     def check(self, request: GenerateRequest) -> GenerateRequest:
         """Validates ``request`` in place (sampling params normalised) and returns it."""

@@ -2,8 +2,10 @@
 
 Loop: receive (blocking up to ``IDLE_POLL_MS`` when idle, not at all when busy) -> handle each
 message -> ``step()`` -> push this iteration's messages to the detokenizer as one list.
-A bad request never kills the loop: ``add_request``'s ``ValueError`` becomes a
-:class:`ReqError` for that rid. An exception in ``step()`` is a bug: the loop reports it
+Requests arrive validated (the HTTP process's ``RequestValidator``); what only the scheduler
+can refuse (``add_request``'s ``ValueError``: a duplicate rid, a request the KV pool can never
+hold) becomes a :class:`ReqError` for that rid. An exception in ``step()`` is a bug: the loop
+reports it
 (:class:`SchedulerFatal`, for the HTTP process's log and its 503s) and the process exits 1.
 """
 
@@ -44,7 +46,6 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 1000
 STATS_LOG_INTERVAL_S = 10.0
 INTEGRITY_WAIT_S = 2.0  # how long /get_server_info waits for an idle moment to check KV
-PROMPT_TAIL_TOKENS = 5  # prompt context the detokenizer decodes before the first output
 
 
 class SchedulerLoop:
@@ -111,15 +112,7 @@ class SchedulerLoop:
             logger.exception("request %s failed in add_request", req.rid)
             self.outbox.append(ReqError(req.rid, f"internal error: {exc!r}", status_code=500))
             return
-        params = req.sampling_params
-        self.outbox.append(
-            DetokenizeParams(
-                req.rid,
-                list(params.stop),
-                params.skip_special_tokens,
-                req.input_ids[-PROMPT_TAIL_TOKENS:],
-            )
-        )
+        self.outbox.append(DetokenizeParams.of(req))
 
     def _answer_server_info(self) -> None:
         now, idle = time.monotonic(), not self.scheduler.has_work
@@ -189,21 +182,13 @@ def run_scheduler_process(
     context = zmq.Context()
     recv = make_socket(context, zmq.PULL, endpoints.scheduler_in, bind=True)
     send = make_socket(context, zmq.PUSH, endpoints.detokenizer_in, bind=False)
-    stats = scheduler.get_stats()
-    ready.send(
-        SchedulerInfo(
-            max_context_len=scheduler.max_context_len,
-            max_total_tokens=int(stats["max_total_tokens"]),
-            max_running_requests=config.max_running_requests,
-            vocab_size=scheduler.worker.vocab_size,
-            eos_token_ids=tuple(sorted(scheduler.eos_token_ids)),
-        )
-    )
+    info = SchedulerInfo.of(scheduler)
+    ready.send(info)
     ready.close()
     logger.info(
         "scheduler ready: %d KV slots, context length %d",
-        stats["max_total_tokens"],
-        scheduler.max_context_len,
+        info.max_total_tokens,
+        info.max_context_len,
     )
     loop = SchedulerLoop(scheduler, recv, send, ParentWatch(parent_pid))
     code = 0

@@ -259,8 +259,6 @@ class TokenizerManager:
             if state.first_output_time is None:
                 state.first_output_time = now
             state.last_output_time = now
-            if msg.stopped_early:
-                self._send.send_pyobj([AbortRequest(msg.output.rid)])
             state.queue.put_nowait(msg)
         elif isinstance(msg, ReqError):
             state = self.states.get(msg.rid)

@@ -1,5 +1,6 @@
 """Detokenizer unit tests on the real byte-level BPE tokenizer: multi-byte characters split over
-tokens, stop strings spanning token boundaries, special tokens."""
+tokens, stop strings spanning token boundaries (judged by the scheduler's ``match_stop_str``,
+trimmed here), special tokens."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 import pytest
 
 from radixserve.runtime.io_struct import ReqOutput
-from radixserve.server.detokenizer import Detokenizer, find_stop, stop_prefix_len
+from radixserve.runtime.stop_strings import find_stop, match_stop_str
+from radixserve.server.detokenizer import Detokenizer, stop_prefix_len
 from radixserve.server.io_struct import DetokenizeParams, TextOutput
 from radixserve.types import FinishKind, FinishReason
 
@@ -70,26 +72,34 @@ def test_stop_string_spanning_tokens_is_trimmed(tiny_tokenizer: Any, stop: str) 
     text = "hello world STOP here 😀 x and more text after it"
     ids = tiny_tokenizer.encode(text)
     # the scheduler finishes on the stop string at the token that completes it
-    results = run(tiny_tokenizer, ids, stop=[stop, "never matches"])
+    stops = [stop, "never matches"]
+    k, matched = stop_point(tiny_tokenizer, ids, stops)
+    stopped = FinishReason(FinishKind.STOP_STR, matched)
+    results = run(tiny_tokenizer, ids[: k + 1], stop=stops, finish=stopped)
     joined = "".join(r.text for r in results)
     assert joined == text[: text.find(stop)]
     final = results[-1].output.finish_reason
     assert final is not None and final.kind is FinishKind.STOP_STR and final.matched == stop
 
 
-def test_stop_seen_first_by_the_detokenizer_stops_early(tiny_tokenizer: Any) -> None:
+def stop_point(tok: Any, ids: list[int], stops: list[str]) -> tuple[int, str]:
+    """Where the scheduler's judge stops ``ids`` (fed one token per step): (index, stop)."""
+    prompt = tok.encode("Say:")
+    for k in range(len(ids)):
+        matched = match_stop_str(tok, prompt, ids[: k + 1], stops)
+        if matched is not None:
+            return k, matched
+    raise AssertionError("no stop string matched")
+
+
+def test_the_detokenizer_does_not_judge_stop_strings(tiny_tokenizer: Any) -> None:
+    """Not told STOP_STR, it passes a stop string through: the scheduler is the one judge."""
     text = "alpha beta gamma delta epsilon"
     ids = tiny_tokenizer.encode(text)
-    detok = Detokenizer(tiny_tokenizer)
-    detok.register(DetokenizeParams("r", ["gamma"], True, []))
-    outputs = [detok.process(out("r", [t], None)) for t in ids]
-    emitted = [o for o in outputs if o is not None]
-    assert emitted[-1].stopped_early
-    assert emitted[-1].output.finish_reason == FinishReason(FinishKind.STOP_STR, "gamma")
-    assert "".join(o.text for o in emitted) == "alpha beta "
-    # the scheduler's abort output that follows is dropped, and the state with it
-    assert detok.process(out("r", [], FinishReason(FinishKind.ABORT))) is None
-    assert "r" not in detok.reqs
+    results = run(tiny_tokenizer, ids, stop=["gamma"])
+    assert "".join(r.text for r in results) == text
+    assert results[-1].output.finish_reason == FinishReason(FinishKind.LENGTH)
+    assert "gamma" in "".join(r.text for r in results[:-1]), "only a prefix is held back"
 
 
 def test_held_back_stop_prefix_is_released_when_it_does_not_match(tiny_tokenizer: Any) -> None:

@@ -67,10 +67,16 @@ def request(rid: str, ids: list[int], max_new: int = 4, **params: object) -> Gen
 
 
 def test_bad_request_becomes_an_error_output(harness: Harness) -> None:
-    harness.send(request("too-long", list(range(1, 2000))), request("ok", [1, 2, 3]))
+    # input is validated at the edge (the HTTP process); the scheduler refuses only what it
+    # alone can see, such as a rid that is already running
+    harness.send(
+        request("twice", [4, 5, 6], max_new=8, ignore_eos=True),
+        request("twice", [7, 8, 9]),
+        request("ok", [1, 2, 3]),
+    )
     msgs = harness.run_until_idle()
     errors = [m for m in msgs if isinstance(m, ReqError)]
-    assert [e.rid for e in errors] == ["too-long"] and errors[0].status_code == 400
+    assert [e.rid for e in errors] == ["twice"] and errors[0].status_code == 400
     outs = [m for m in msgs if isinstance(m, ReqOutput) and m.rid == "ok"]
     assert outs[-1].finish_reason is not None and sum(len(o.new_token_ids) for o in outs) >= 1
 

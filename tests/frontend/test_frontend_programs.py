@@ -73,7 +73,7 @@ def _oracle_choice_logprobs(engine: Any, prefix: str, choice: str) -> list[float
         return_logprob=True,
         logprob_start_len=0,
     )
-    logprobs = out["meta_info"]["input_token_logprobs"]  # positions 1..len-1
+    logprobs = [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"]][1:]  # 1..len-1
     return logprobs[boundary - 1 :]
 
 

@@ -24,6 +24,11 @@ class GenChunk:
     text: str
     meta_info: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, result: dict[str, Any]) -> GenChunk:
+        """From a ``/generate`` result (the Engine returns the same dicts)."""
+        return cls(result["text"], result.get("meta_info", {}))
+
 
 class Backend(Protocol):
     """The operations a program runs; ``prompt`` is always the state's full text so far (the

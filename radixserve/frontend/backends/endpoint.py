@@ -23,7 +23,11 @@ from typing import Any
 import httpx
 
 from radixserve.frontend.backends.base import GenChunk
-from radixserve.frontend.backends.scoring import PromptInputs, score_choices
+from radixserve.frontend.backends.scoring import (
+    PromptInputs,
+    prompt_logprob_rows,
+    score_choices,
+)
 from radixserve.frontend.chat_template import ChatTemplate
 from radixserve.frontend.errors import BackendError
 from radixserve.frontend.select_methods import ChoiceLogprobs
@@ -72,7 +76,7 @@ class RuntimeEndpoint:
             "POST", "/generate", {"text": prompt, "sampling_params": sampling_params}
         )
         body = out.json()
-        return GenChunk(body["text"], body["meta_info"])
+        return GenChunk.of(body)
 
     def generate_stream(self, prompt: str, sampling_params: dict[str, Any]) -> Iterator[GenChunk]:
         """Text deltas; the server's events carry the text so far (SGLang's shape)."""
@@ -116,22 +120,7 @@ class RuntimeEndpoint:
             "logprob_start_len": start,
         }
         outs = self._request("POST", "/generate", body).json()
-        first = max(start, 1)
-        rows = []
-        for item, out in zip(inputs, outs, strict=True):
-            meta = out["meta_info"]
-            # SGLang: one [logprob, token_id, text] per prompt token from logprob_start_len on;
-            # only the prompt's very first token has no logprob (None)
-            entries = list(meta.get("input_token_logprobs") or [])[first - start :]
-            if any(e[0] is None for e in entries) or (
-                by_ids and [int(e[1]) for e in entries] != list(item)[first:]  # type: ignore[arg-type]
-            ):
-                raise BackendError(
-                    f"the server's input_token_logprobs for logprob_start_len={start} are not "
-                    "aligned with the prompt tokens (one logprob per token from that position)"
-                )
-            rows.append(([float(e[0]) for e in entries], [int(e[1]) for e in entries], meta))
-        return rows
+        return prompt_logprob_rows(inputs, outs, start)
 
     def score_choices(self, prefix: str, choices: list[str]) -> list[ChoiceLogprobs]:
         return score_choices(self, prefix, choices)

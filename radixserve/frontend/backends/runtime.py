@@ -11,7 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from radixserve.frontend.backends.base import GenChunk
-from radixserve.frontend.backends.scoring import PromptInputs, score_choices
+from radixserve.frontend.backends.scoring import (
+    PromptInputs,
+    prompt_logprob_rows,
+    score_choices,
+)
 from radixserve.frontend.chat_template import ChatTemplate
 from radixserve.frontend.select_methods import ChoiceLogprobs
 
@@ -47,11 +51,11 @@ class Runtime:
 
     def generate(self, prompt: str, sampling_params: dict[str, Any]) -> GenChunk:
         out = self.engine.generate(prompt, sampling_params)
-        return GenChunk(out["text"], out["meta_info"])
+        return GenChunk.of(out)
 
     def generate_stream(self, prompt: str, sampling_params: dict[str, Any]) -> Iterator[GenChunk]:
         for out in self.engine.generate(prompt, sampling_params, stream=True):
-            yield GenChunk(out["text"], out["meta_info"])
+            yield GenChunk.of(out)
 
     def cache_prefix(self, prompt: str) -> dict[str, Any]:
         return dict(self.engine.generate(prompt, _PREFILL_ONLY)["meta_info"])
@@ -67,13 +71,7 @@ class Runtime:
             return_logprob=True,
             logprob_start_len=start,
         )
-        first = max(start, 1)
-        rows: list[tuple[list[float], list[int], dict[str, Any]]] = []
-        for item, out in zip(inputs, outs, strict=True):
-            meta = out["meta_info"]
-            ids = [int(t) for t in item[first:]] if isinstance(item, list) else []
-            rows.append(([float(x) for x in meta["input_token_logprobs"]], ids, meta))
-        return rows
+        return prompt_logprob_rows(inputs, outs, start)
 
     def score_choices(self, prefix: str, choices: list[str]) -> list[ChoiceLogprobs]:
         return score_choices(self, prefix, choices)

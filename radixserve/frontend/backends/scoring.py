@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from radixserve.frontend.errors import BackendError
 from radixserve.frontend.select_methods import ChoiceLogprobs
 
 PromptInputs = list[list[int]] | list[str]
@@ -64,6 +65,30 @@ def score_choices(client: PrefillClient, prefix: str, choices: list[str]) -> lis
         skip = boundary - max(start, 1)
         out.append(ChoiceLogprobs(choice, list(lps[skip:]), ids[boundary:], meta))
     return out
+
+
+def prompt_logprob_rows(
+    inputs: PromptInputs, outs: list[dict[str, Any]], start: int
+) -> list[tuple[list[float], list[int], dict[str, Any]]]:
+    """``prompt_logprobs``'s rows from the ``/generate`` results of ``inputs`` (the one parser
+    of both backends: the Engine and the server answer in the same shape). ``meta_info``'s
+    ``input_token_logprobs`` has one ``[logprob, token_id, text]`` per prompt token from
+    ``start`` on; only the prompt's very first token has no logprob (None)."""
+    by_ids = bool(inputs) and isinstance(inputs[0], list)
+    first = max(start, 1)
+    rows = []
+    for item, out in zip(inputs, outs, strict=True):
+        meta = out["meta_info"]
+        entries = list(meta.get("input_token_logprobs") or [])[first - start :]
+        if any(e[0] is None for e in entries) or (
+            by_ids and [int(e[1]) for e in entries] != list(item)[first:]  # type: ignore[arg-type]
+        ):
+            raise BackendError(
+                f"the input_token_logprobs for logprob_start_len={start} are not aligned "
+                "with the prompt tokens (one logprob per token from that position)"
+            )
+        rows.append(([float(e[0]) for e in entries], [int(e[1]) for e in entries], meta))
+    return rows
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
