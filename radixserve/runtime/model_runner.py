@@ -15,9 +15,9 @@ import torch
 
 from radixserve.config import EngineConfig
 from radixserve.memory_pool import KVCache, ReqToTokenPool, num_slots_for_budget
-from radixserve.models import kernels
 from radixserve.models.attention.registry import create_attention_backend
 from radixserve.models.forward_batch import ForwardBatch
+from radixserve.models.kernels import TORCH_ONLY, CpuKernels
 from radixserve.models.loader import load_model, resolve_dtype
 
 PROMPT_LOGPROB_CHUNK = 256  # rows per lm_head call for prompt logprobs (~150 MB of fp32 logits)
@@ -45,15 +45,25 @@ class ModelRunner:
             raise ValueError("ModelRunner needs config.model_path (a local checkpoint directory)")
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        cpu_kernels = TORCH_ONLY
         if torch.device(config.device).type == "cpu":
-            # build or load the decode kernel now, not on the first step (falls back silently)
-            kernels.set_enabled(not config.disable_cpu_linear_kernel)
-            kernels.warmup()
+            # build or load this CPU's kernel variant now, not on the first step (falls back
+            # silently to the torch paths)
+            cpu_kernels = CpuKernels.build(
+                config.cpu_isa,
+                dense=not config.disable_cpu_linear_kernel,
+                attention=not config.disable_cpu_attention_kernel,
+            )
         self.config = config
         self.device = torch.device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.dtype = resolve_dtype(config.dtype, self.device, cpu_kernels)
         self.model, self.model_config = load_model(
-            config.model_path, self.dtype, self.device, max_positions=config.max_context_len
+            config.model_path,
+            self.dtype,
+            self.device,
+            max_positions=config.max_context_len,
+            kernels=cpu_kernels,
+            quantization=config.quantization,
         )
         mc = self.model_config
         self.max_context_len = config.max_context_len or mc.max_position_embeddings
@@ -78,7 +88,7 @@ class ModelRunner:
             self.model.attention_spec,
             self.kv_cache,
             self.req_to_token_pool,
-            cpu_kernel=not config.disable_cpu_attention_kernel,
+            cpu_kernels=cpu_kernels,
         )
 
     @property
