@@ -17,6 +17,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     for name in _ext.VARIANT_NAMES:
         _ext.load_variant(name)
 
+
 # Tiny random checkpoints, one per family, each exercising a different code path of the decoder.
 TINY_MODEL_SPECS: dict[str, dict[str, Any]] = {
     # MQA (1 KV head), Llama-3 RoPE scaling, q/k/v/o biases (attention_bias)
