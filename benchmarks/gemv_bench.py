@@ -9,8 +9,9 @@ per second (x and y are negligible). Every round runs every route once, so host 
 routes alike; the table shows the median over rounds and, in brackets, the best.
 
 Routes: F.linear (oneDNN); torch.compile of (w * x).sum(-1) (inductor reduction, compiled once per
-M); radixserve's linear() (the AVX-512 kernel for M <= MAX_M, else F.linear); the kernel forced at
-every M (shows where it stops paying off); fp32 weights through F.linear and the kernel.
+M); radixserve's linear() (``CpuKernels.linear``: the skinny GEMM of this CPU's kernel variant
+for M <= MAX_M, else torch); the kernel forced at every M (shows where it stops paying off); fp32
+weights through F.linear and the kernel. ``RADIXSERVE_CPU_ISA=avx2`` benchmarks a lower variant.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from radixserve.models import kernels
+from radixserve.config import EngineConfig
+from radixserve.models.kernels import MAX_M, CpuKernels
+from radixserve.models.kernels.cpu_kernels import MIN_TASK_BYTES
 
 Route = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 HIDDEN, INTER, VOCAB, LAYERS = 896, 4864, 151936, 24
@@ -43,8 +46,13 @@ def compiled_mul_sum() -> Route:
     return route
 
 
+KERNELS = CpuKernels.build(EngineConfig().cpu_isa)
+
+
 def forced_kernel(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    return kernels.skinny_linear(x, w, b)
+    assert KERNELS.module is not None
+    y: torch.Tensor = KERNELS.module.try_linear(x, w, None, b, 1 << 30, MIN_TASK_BYTES)
+    return y
 
 
 def time_rounds(
@@ -138,7 +146,7 @@ def bench_decode_pass(args: argparse.Namespace) -> None:
     ]
     lm_head = rnd(VOCAB, HIDDEN)
     nbytes = lm_head.numel() * 2 + sum(w.numel() * 2 for layer in layers for w, _, _ in layer)
-    routes: dict[str, Route] = {"F.linear": F.linear, "linear()": kernels.linear}
+    routes: dict[str, Route] = {"F.linear": F.linear, "linear()": KERNELS.linear}
     rows = []
     for m in (1, 4, 8):
         x, xi = rnd(m, HIDDEN) * 50, rnd(m, INTER) * 50
@@ -172,18 +180,17 @@ def main() -> None:
     parser.add_argument("--no-fp32", dest="fp32", action="store_false")
     parser.add_argument("--no-decode", dest="decode", action="store_false")
     args = parser.parse_args()
-    t0 = time.perf_counter()
-    ok = kernels.warmup()
+    ok = KERNELS.dense
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"{torch.backends.cpu.get_cpu_capability()}; kernel usable: {ok} "
-        f"(build/load {time.perf_counter() - t0:.1f} s, MAX_M={kernels.MAX_M})"
+        f"{torch.backends.cpu.get_cpu_capability()}; kernel variant: {KERNELS.variant} "
+        f"(MAX_M={MAX_M})"
     )
     routes: dict[str, Route] = {"F.linear": F.linear}
     if args.compile:
         routes["compiled"] = compiled_mul_sum()
     if ok:
-        routes["linear()"] = kernels.linear
+        routes["linear()"] = KERNELS.linear
         routes["kernel(any M)"] = forced_kernel
     with torch.inference_mode():
         bench_shapes(args, routes)

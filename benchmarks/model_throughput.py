@@ -7,18 +7,24 @@ On a random model of Qwen2.5-0.5B's shape (written once with ``radixserve.models
   once; each repetition continues the same sequences, so the context grows by
   ``--decode-steps`` per repetition);
 - decode at batch 1 as a fraction of the memory-bandwidth bound (weight bytes read per step /
-  streaming bandwidth measured here with a big tensor copy).
+  streaming bandwidth measured here with a big tensor sum).
 
-Both sides run greedy steps in the same process, interleaved repetition by repetition, so host
-noise hits both alike; each figure is the median over ``--reps`` repetitions. Example (short run)::
+Every side (each ``--configs`` entry of radixserve: a dtype, ``+int8`` for int8 weights; each
+``--hf-dtypes`` entry of transformers) runs greedy steps in the same process, interleaved
+repetition by repetition, so host noise hits all alike; each figure is the median over
+``--reps`` repetitions, printed as soon as its row is measured. The header names the CPU kernel
+variant this machine runs. Example (short run)::
 
-    python benchmarks/model_throughput.py --dtypes bfloat16 --batch-sizes 1 8 --reps 2
+    python benchmarks/model_throughput.py --configs bfloat16 bfloat16+int8 --hf-dtypes float32 \
+        --batch-sizes 1 8 --reps 2
 """
 
 from __future__ import annotations
 
 import argparse
+import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +33,7 @@ import torch
 
 from radixserve.config import EngineConfig
 from radixserve.models.forward_batch import ForwardBatch
+from radixserve.models.kernels import _ext
 from radixserve.runtime.model_runner import ModelRunner
 
 
@@ -54,14 +61,20 @@ class OurSide:
     """Drives ModelRunner like a scheduler would, with a fixed slot layout: token ``p`` of row
     ``r`` lives in KV slot ``1 + r * ctx + p`` (slot 0 is the padding slot)."""
 
-    def __init__(self, model_dir: Path, dtype: str, max_bs: int, ctx: int) -> None:
+    def __init__(
+        self, model_dir: Path, config: str, max_bs: int, ctx: int, torch_linear: bool
+    ) -> None:
+        dtype, _, quantization = config.partition("+")
         cfg = EngineConfig(
             model_path=str(model_dir),
             dtype=dtype,
+            quantization=quantization or None,
             max_total_tokens=max_bs * ctx,
             max_running_requests=max_bs,
             max_context_len=ctx,
+            disable_cpu_linear_kernel=torch_linear,
         )
+        self.name = f"rs {config}"
         self.runner = ModelRunner(cfg)
         self.ctx = ctx
         self.req_to_token = self.runner.req_to_token_pool.req_to_token
@@ -86,10 +99,22 @@ class OurSide:
         return self.runner.forward(batch).next_token_logits.argmax(-1)
 
 
+def streamed_bytes(model: torch.nn.Module) -> int:
+    """Weight bytes one decode step reads: every parameter and weight buffer, except an
+    embedding table that is not also the lm_head (only a few of its rows are read)."""
+    buffers = {n: b for n, b in model.named_buffers() if "scale" in n or "int8" in n}
+    total = sum(t.numel() * t.element_size() for t in [*model.parameters(), *buffers.values()])
+    embed = model.embed_tokens  # type: ignore[union-attr]
+    if model.head_int8 is not None or model.lm_head is not None:  # type: ignore[union-attr]
+        total -= embed.numel() * embed.element_size()
+    return total
+
+
 class HFSide:
     def __init__(self, model_dir: Path, dtype: torch.dtype) -> None:
         from transformers import AutoModelForCausalLM
 
+        self.name = f"HF {str(dtype).removeprefix('torch.')}"
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
 
     def prefill(self, prompts: torch.Tensor) -> tuple[torch.Tensor, object]:
@@ -129,34 +154,40 @@ class DecodeRun:
         return (time.perf_counter() - start) / steps
 
 
-def run_dtype(
-    args: argparse.Namespace, model_dir: Path, dtype: str, bandwidths: tuple[float, float]
-) -> None:
+def run_all(args: argparse.Namespace, model_dir: Path, bandwidth: float) -> None:
     max_bs = max(args.batch_sizes, default=1)
     ctx = max(args.prompt_len, args.context_len) + (args.reps + 1) * args.decode_steps + 8
-    ours = OurSide(model_dir, dtype, max_bs=max_bs, ctx=ctx)
-    sides: list[OurSide | HFSide] = (
-        [ours] if args.skip_hf else [ours, HFSide(model_dir, getattr(torch, dtype))]
-    )
-    vocab = ours.runner.vocab_size
+    torch_linear = args.linear == "torch"
+    ours = [OurSide(model_dir, c, max_bs, ctx, torch_linear) for c in args.configs]
+    hf = [HFSide(model_dir, getattr(torch, d)) for d in args.hf_dtypes]
+    sides: list[OurSide | HFSide] = [*ours, *hf]
+    vocab = ours[0].runner.vocab_size
     gen = torch.Generator().manual_seed(0)
-    weight_bytes = sum(p.numel() * p.element_size() for p in ours.runner.model.parameters())
-    rows: list[tuple[str, list[float]]] = []  # name, tokens/s per side
+    for side in ours:
+        nbytes = streamed_bytes(side.runner.model)
+        print(
+            f"{side.name}: {side.runner.dtype}, attention {type(side.runner.attn_backend).__name__}"
+            f", {nbytes / 1e6:.0f} MB read per step -> bound {bandwidth / nbytes:.1f} tok/s at b=1"
+        )
+    print(f"{'tokens/s':24s}" + "".join(f"{s.name:>18s}" for s in sides) + "   rs/best HF")
+
+    def report(name: str, values: list[float]) -> None:
+        ratio = [f"{v / max(values[len(ours) :]):.2f}x" for v in values[: len(ours)]] if hf else []
+        print(f"{name:24s}" + "".join(f"{v:18.1f}" for v in values) + "  " + " ".join(ratio))
 
     prompt = torch.randint(0, vocab, (1, args.prompt_len), generator=gen)
     for side in sides:  # warm-up
         side.prefill(prompt)
     times: list[list[float]] = [[] for _ in sides]
-    for _ in range(args.reps):  # interleaved, so host noise hits both sides alike
+    for _ in range(args.reps):  # interleaved, so host noise hits every side alike
         for i, side in enumerate(sides):
             start = time.perf_counter()
             side.prefill(prompt)
             times[i].append(time.perf_counter() - start)
-    rows.append(
-        (f"prefill {args.prompt_len} tok", [args.prompt_len / statistics.median(t) for t in times])
+    report(
+        f"prefill {args.prompt_len} tok", [args.prompt_len / statistics.median(t) for t in times]
     )
 
-    b1_step = None
     for bs in args.batch_sizes:
         prompts = torch.randint(0, vocab, (bs, args.context_len), generator=gen)
         runs = [DecodeRun(side, prompts) for side in sides]
@@ -168,23 +199,13 @@ def run_dtype(
                 times[i].append(run.step_time(args.decode_steps))
         del runs
         step = [statistics.median(t) for t in times]
-        rows.append((f"decode b={bs} ctx={args.context_len}", [bs / t for t in step]))
+        report(f"decode b={bs} ctx={args.context_len}", [bs / t for t in step])
         if bs == 1:
-            b1_step = step[0]
-
-    bandwidth = max(bandwidths)  # the higher figure gives the stricter bound
-    bound = bandwidth / weight_bytes  # decode steps/s if a step only streamed the weights once
-    print(
-        f"\n== {dtype}: weights {weight_bytes / 1e6:.0f} MB; streaming bandwidth: copy "
-        f"{bandwidths[0] / 1e9:.1f} GB/s (read+write), sum {bandwidths[1] / 1e9:.1f} GB/s (read) "
-        f"-> bound {bound:.1f} tok/s at b=1; {torch.get_num_threads()} threads, linear={args.linear}"
-    )
-    print(f"{'tokens/s':32s}{'radixserve':>12s}{'HF':>12s}{'ratio':>9s}")
-    for name, values in rows:
-        hf = f"{values[1]:12.1f}{values[0] / values[1]:8.2f}x" if len(values) > 1 else ""
-        print(f"{name:32s}{values[0]:12.1f}{hf}")
-    if b1_step is not None:
-        print(f"{'decode b=1 / bandwidth bound':32s}{(1 / b1_step) / bound:11.0%}")
+            shares = [
+                f"{s.name} {(1 / t) / (bandwidth / streamed_bytes(s.runner.model)):.0%}"
+                for s, t in zip(ours, step, strict=False)
+            ]
+            print(f"{'  b=1 / bandwidth bound':24s}  " + ", ".join(shares))
 
 
 def main() -> None:
@@ -196,7 +217,17 @@ def main() -> None:
         help="written (bf16 weights) if missing",
     )
     parser.add_argument(
-        "--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"]
+        "--configs",
+        nargs="+",
+        default=["bfloat16", "bfloat16+int8", "float32"],
+        help="radixserve sides: a dtype, optionally +int8 (weight-only int8)",
+    )
+    parser.add_argument(
+        "--hf-dtypes",
+        nargs="*",
+        default=["float32", "bfloat16"],
+        choices=["bfloat16", "float32"],
+        help="transformers sides (none: skip HF)",
     )
     parser.add_argument(
         "--batch-sizes", nargs="*", type=int, default=[1, 8, 32], help="none: prefill only"
@@ -206,14 +237,14 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=16)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument(
         "--linear",
         choices=["kernel", "torch"],
         default="kernel",
-        help="radixserve's projections through radixserve.models.kernels.linear (kernel) or F.linear (torch)",
+        help="radixserve's projections and norms through the CPU kernels (kernel) or torch (torch)",
     )
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # stream each row
     if args.threads:
         torch.set_num_threads(args.threads)
     if not (args.model_dir / "config.json").is_file():
@@ -221,14 +252,17 @@ def main() -> None:
 
         print(f"writing the Qwen2.5-0.5B-shaped random model to {args.model_dir} ...")
         write_qwen25_05b_shaped(args.model_dir)
-    if args.linear == "torch":
-        from radixserve.models import kernels
-
-        if hasattr(kernels, "set_enabled"):
-            kernels.set_enabled(False)
-    bandwidths = stream_bandwidth()
-    for dtype in args.dtypes:
-        run_dtype(args, args.model_dir, dtype, bandwidths)
+    copy, read = stream_bandwidth()
+    variant = _ext.best_variant(EngineConfig().cpu_isa)
+    flags = sorted(f for f in _ext.cpu_flags() if f.startswith(("avx", "fma", "f16c", "amx")))
+    print(
+        f"CPU: {platform.processor() or platform.machine()}, ISA flags {' '.join(flags)}; "
+        f"kernel variant {variant}; {torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
+    print(
+        f"streaming bandwidth: copy {copy / 1e9:.1f} GB/s (read+write), sum {read / 1e9:.1f} GB/s"
+    )
+    run_all(args, args.model_dir, max(copy, read))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field, replace
 
 SCHEDULE_POLICIES = ("fcfs", "lof", "random", "lpm", "dfs-weight")
+QUANTIZATIONS = ("int8",)
+CPU_ISAS = ("avx2", "avx512", "avx512_bf16")  # the kernel variants, lowest first
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,7 @@ class EngineConfig:
 
     model_path: str | None = None
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    quantization: str | None = None  # None | int8 (weight-only, per output channel)
     device: str = "cpu"
     attention_backend: str | None = None  # None: flashinfer on cuda, torch_native on cpu
     page_size: int = 1
@@ -49,12 +52,17 @@ class EngineConfig:
     schedule_low_priority_values_first: bool = False  # SGLang default: larger value = more urgent
     random_seed: int = 0
     num_threads: int | None = field(default_factory=lambda: _env_int("RADIXSERVE_NUM_THREADS"))
-    # the AVX-512 skinny-GEMM kernel for decode-shaped linears and the bf16 RMSNorm on CPU
+    # the highest CPU kernel variant to use (models/kernels/_ext.py); None: the best this CPU
+    # runs. "avx2" on an AVX-512 machine runs (and tests) the portable AVX2 path.
+    cpu_isa: str | None = field(
+        default_factory=lambda: os.environ.get("RADIXSERVE_CPU_ISA") or None
+    )
+    # the skinny-GEMM kernel for decode-shaped linears and the RMSNorm kernel on CPU
     # (models/kernels/)
     disable_cpu_linear_kernel: bool = field(
         default_factory=lambda: bool(_env_int("RADIXSERVE_DISABLE_CPU_LINEAR_KERNEL"))
     )
-    # the AVX512-BF16 flash-style attention kernel of the torch-native backend (bf16 KV on CPU)
+    # the flash-style attention kernel on CPU (the cpu_kernel backend; off: torch_native)
     disable_cpu_attention_kernel: bool = field(
         default_factory=lambda: bool(_env_int("RADIXSERVE_DISABLE_CPU_ATTENTION_KERNEL"))
     )
@@ -69,6 +77,12 @@ class EngineConfig:
             raise ValueError("page_size must be >= 1")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {QUANTIZATIONS} or None, got {self.quantization!r}"
+            )
+        if self.cpu_isa is not None and self.cpu_isa not in CPU_ISAS:
+            raise ValueError(f"cpu_isa must be one of {CPU_ISAS} or None, got {self.cpu_isa!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"

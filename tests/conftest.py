@@ -7,6 +7,17 @@ from typing import Any
 
 import pytest
 
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Build (or load from torch's cache) every CPU kernel variant this machine runs before any
+    test starts: a first build takes a minute or more, which no test's timeout (nor a server
+    subprocess's health wait) should absorb."""
+    from radixserve.models.kernels import _ext
+
+    for name in _ext.VARIANT_NAMES:
+        _ext.load_variant(name)
+
+
 # Tiny random checkpoints, one per family, each exercising a different code path of the decoder.
 TINY_MODEL_SPECS: dict[str, dict[str, Any]] = {
     # MQA (1 KV head), Llama-3 RoPE scaling, q/k/v/o biases (attention_bias)

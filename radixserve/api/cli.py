@@ -8,7 +8,13 @@ import logging
 import os
 import sys
 
-from radixserve.config import SCHEDULE_POLICIES, EngineConfig, ServerConfig, default_model_dir
+from radixserve.config import (
+    QUANTIZATIONS,
+    SCHEDULE_POLICIES,
+    EngineConfig,
+    ServerConfig,
+    default_model_dir,
+)
 
 logger = logging.getLogger("radixserve.cli")
 _DEFAULTS = EngineConfig()
@@ -83,7 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=("auto", "float32", "bfloat16", "float16"),
         default=_DEFAULTS.dtype,
-        help="weight and KV dtype (auto: the checkpoint's on GPU, float32 on CPU)",
+        help="weight and KV dtype (auto: bfloat16 on GPU and on CPUs with the radixserve "
+        "kernels or native bf16, else float32)",
+    )
+    add(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default=_DEFAULTS.quantization,
+        help="weight-only quantization at load (int8: per output channel, dequantized in the "
+        "CPU kernels' registers)",
     )
     add("--device", default=_DEFAULTS.device, help="cpu, cuda or cuda:N")
     add(
@@ -126,6 +140,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
     engine = EngineConfig(
         model_path=model_path,
         dtype=args.dtype,
+        quantization=args.quantization,
         device=args.device,
         page_size=args.page_size,
         max_total_tokens=args.max_total_tokens,

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.models.attention.base import AttentionBackend, AttentionSpec
-from radixserve.models.kernels import linear
+from radixserve.models.kernels import TORCH_ONLY, CpuKernels, quantize_int8
 from radixserve.models.layers import (
     Linear,
     RMSNorm,
@@ -47,7 +47,12 @@ class Attention(nn.Module):
     qk_norm_weight: torch.Tensor  # a buffer, present when qk_norm
 
     def __init__(
-        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device
+        self,
+        cfg: ModelConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        kernels: CpuKernels = TORCH_ONLY,
     ) -> None:
         super().__init__()
         self.layer_id = layer_id
@@ -58,8 +63,9 @@ class Attention(nn.Module):
         )
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         hidden, eps = cfg.hidden_size, cfg.rms_norm_eps
-        self.qkv_proj = Linear(hidden, cfg.q_size + 2 * cfg.kv_size, cfg.qkv_bias, dtype, device)
-        self.o_proj = Linear(cfg.q_size, hidden, cfg.o_bias, dtype, device)
+        qkv_size = cfg.q_size + 2 * cfg.kv_size
+        self.qkv_proj = Linear(hidden, qkv_size, cfg.qkv_bias, dtype, device, kernels)
+        self.o_proj = Linear(cfg.q_size, hidden, cfg.o_bias, dtype, device, kernels)
         self.eps = eps
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
@@ -105,13 +111,20 @@ class Attention(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device
+        self,
+        cfg: ModelConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        kernels: CpuKernels = TORCH_ONLY,
     ) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.self_attn = Attention(cfg, layer_id, dtype, device)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device)
+        hidden, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.input_layernorm = RMSNorm(hidden, eps, dtype, device, kernels)
+        self.self_attn = Attention(cfg, layer_id, dtype, device, kernels)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, dtype, device, kernels)
+        inter, bias = cfg.intermediate_size, cfg.mlp_bias
+        self.mlp = SwiGLUMLP(hidden, inter, bias, dtype, device, kernels)
 
     def forward(
         self,
@@ -133,7 +146,13 @@ class DecoderLayer(nn.Module):
 
 class DecoderForCausalLM(nn.Module):
     """The model. ``forward`` returns final hidden states; ``compute_logits`` applies the lm_head
-    to the rows the caller selects (so logits are computed only where they are needed)."""
+    to the rows the caller selects (so logits are computed only where they are needed).
+
+    ``kernels`` (default: the torch reference) is the CPU kernel choice every layer uses.
+    """
+
+    head_int8: torch.Tensor | None  # buffers after quantize_int8: the lm_head in int8 [vocab,
+    head_scale: torch.Tensor | None  # hidden] and its per-row fp32 scales [vocab]
 
     def __init__(
         self,
@@ -141,19 +160,23 @@ class DecoderForCausalLM(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         max_positions: int | None = None,
+        kernels: CpuKernels = TORCH_ONLY,
     ) -> None:
         super().__init__()
         self.config = cfg
+        self.kernels = kernels
         self.embed_tokens = empty_param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, dtype, device) for i in range(cfg.num_layers)
+            DecoderLayer(cfg, i, dtype, device, kernels) for i in range(cfg.num_layers)
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, kernels)
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
             else empty_param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
         )
+        self.register_buffer("head_int8", None)
+        self.register_buffer("head_scale", None)
         positions = max_positions or cfg.max_position_embeddings
         self.rotary = RotaryEmbedding(cfg.head_dim, positions, cfg.rope, dtype, device)
 
@@ -177,8 +200,20 @@ class DecoderForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden`` ``[n, hidden]`` -> logits ``[n, vocab]`` in the model dtype."""
+        if self.head_int8 is not None:
+            return self.kernels.linear(hidden, self.head_int8, None, self.head_scale)
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        return linear(hidden, weight)
+        return self.kernels.linear(hidden, weight)
+
+    def quantize_int8(self) -> None:
+        """Weight-only int8 after loading: every projection and the lm_head (a tied embedding
+        stays as it is for the lookup) become int8 with per-output-channel fp32 scales."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.quantize_int8()
+        weight = self.embed_tokens if self.lm_head is None else self.lm_head
+        self.head_int8, self.head_scale = quantize_int8(weight)
+        self.lm_head = None
 
     # ---- weights -------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

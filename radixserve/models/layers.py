@@ -13,8 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixserve.models.kernels import linear
-from radixserve.models.kernels.norm import rms_norm
+from radixserve.models.kernels import TORCH_ONLY, CpuKernels, quantize_int8
 from radixserve.models.model_config import RopeConfig
 
 
@@ -23,7 +22,10 @@ def empty_param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Par
 
 
 class Linear(nn.Module):
-    """``y = x @ weight.T + bias`` through :func:`radixserve.models.kernels.linear`."""
+    """``y = x @ weight.T + bias`` through ``kernels.linear``; :meth:`quantize_int8` switches the
+    weight to int8 with per-channel scales (``weight_scale``, ``None`` before)."""
+
+    weight_scale: torch.Tensor | None  # a buffer: [out] fp32 while the weight is int8
 
     def __init__(
         self,
@@ -32,14 +34,23 @@ class Linear(nn.Module):
         bias: bool,
         dtype: torch.dtype,
         device: torch.device,
+        kernels: CpuKernels = TORCH_ONLY,
     ) -> None:
         super().__init__()
         # weight [out, in], bias [out]
         self.weight = empty_param(out_features, in_features, dtype=dtype, device=device)
         self.bias = empty_param(out_features, dtype=dtype, device=device) if bias else None
+        self.register_buffer("weight_scale", None)
+        self.kernels = kernels
+
+    def quantize_int8(self) -> None:
+        """Replace the loaded weight by its int8 quantization (see ``quantize_int8``)."""
+        q, scale = quantize_int8(self.weight)
+        self.weight = nn.Parameter(q, requires_grad=False)
+        self.weight_scale = scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        return linear(x, self.weight, self.bias)
+        return self.kernels.linear(x, self.weight, self.bias, self.weight_scale)
 
 
 class RMSNorm(nn.Module):
@@ -49,16 +60,24 @@ class RMSNorm(nn.Module):
     ``s = x + residual`` and returns ``(norm(s), s)``, so a layer passes the running sum on.
     """
 
-    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        dim: int,
+        eps: float,
+        dtype: torch.dtype,
+        device: torch.device,
+        kernels: CpuKernels = TORCH_ONLY,
+    ) -> None:
         super().__init__()
         self.weight = empty_param(dim, dtype=dtype, device=device)  # [dim]
         self.eps = eps
         self.dim = dim
+        self.kernels = kernels
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        out, s = rms_norm(x, self.weight, self.eps, residual)
+        out, s = self.kernels.rms_norm(x, self.weight, self.eps, residual)
         return out if residual is None else (out, s)
 
 
@@ -174,12 +193,18 @@ class SwiGLUMLP(nn.Module):
     """``down(silu(gate(x)) * up(x))`` with gate and up merged into one ``[2 * inter, hidden]`` weight."""
 
     def __init__(
-        self, hidden: int, inter: int, bias: bool, dtype: torch.dtype, device: torch.device
+        self,
+        hidden: int,
+        inter: int,
+        bias: bool,
+        dtype: torch.dtype,
+        device: torch.device,
+        kernels: CpuKernels = TORCH_ONLY,
     ) -> None:
         super().__init__()
         self.inter = inter
-        self.gate_up_proj = Linear(hidden, 2 * inter, bias, dtype, device)
-        self.down_proj = Linear(inter, hidden, bias, dtype, device)
+        self.gate_up_proj = Linear(hidden, 2 * inter, bias, dtype, device, kernels)
+        self.down_proj = Linear(inter, hidden, bias, dtype, device, kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
         gate_up = self.gate_up_proj(x)  # [num_tokens, 2 * inter]

@@ -15,33 +15,34 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from radixserve.models.decoder import DecoderForCausalLM
+from radixserve.models.kernels import TORCH_ONLY, CpuKernels
+from radixserve.models.kernels._ext import best_variant, cpu_has_native_bf16
 from radixserve.models.model_config import ModelConfig
 from radixserve.models.registry import get_model_class
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bfloat16 natively (AVX512_BF16 or AMX-BF16)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        flags = ""
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+QUANTIZATIONS = ("int8",)
 
 
-def resolve_dtype(name: str | torch.dtype, device: torch.device | str) -> torch.dtype:
+def resolve_dtype(
+    name: str | torch.dtype, device: torch.device | str, kernels: CpuKernels | None = None
+) -> torch.dtype:
     """``float32`` / ``bfloat16`` / ``float16`` / ``auto`` -> a torch dtype.
 
-    ``auto`` is bfloat16 on CUDA and on CPUs with native bf16 (2-3x float32 GEMM there), float32
-    on other CPUs. ``ValueError`` for any other name.
+    ``auto`` is bfloat16 on CUDA, on CPUs with native bf16 (2-3x float32 GEMM there) and on CPUs
+    whose dense kernels widen bf16 storage in registers (``kernels.dense``; without ``kernels``:
+    any CPU with a kernel variant), where decode streams half the bytes of float32; float32 on
+    other CPUs. ``ValueError`` for any other name.
     """
     if isinstance(name, torch.dtype):
         return name
     if name == "auto":
         if torch.device(device).type == "cuda" or cpu_has_native_bf16():
             return torch.bfloat16
-        return torch.float32
+        widened = kernels.dense if kernels is not None else best_variant() is not None
+        return torch.bfloat16 if widened else torch.float32
     if name not in _DTYPES:
         raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {name!r}")
     return _DTYPES[name]
@@ -91,20 +92,30 @@ def load_model(
     device: str | torch.device = "cpu",
     max_positions: int | None = None,
     progress: bool = True,
+    kernels: CpuKernels = TORCH_ONLY,
+    quantization: str | None = None,
 ) -> tuple[DecoderForCausalLM, ModelConfig]:
     """Build the model for ``model_dir`` and fill its weights.
 
-    ``max_positions`` bounds the RoPE table (default: ``max_position_embeddings``). Raises
-    ``ValueError`` for a missing directory/config/weights, an unsupported architecture or
-    dtype, or weights that do not match the config.
+    ``max_positions`` bounds the RoPE table (default: ``max_position_embeddings``); ``kernels``
+    is the CPU kernel choice of every layer; ``quantization="int8"`` quantizes the weights
+    after loading (weight-only, per output channel). Raises ``ValueError`` for a missing
+    directory/config/weights, an unsupported architecture, dtype or quantization, or weights
+    that do not match the config.
     """
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(
+            f"quantization must be one of {QUANTIZATIONS} or None, got {quantization!r}"
+        )
     device = torch.device(device)
-    torch_dtype = resolve_dtype(dtype, device)
+    torch_dtype = resolve_dtype(dtype, device, kernels)
     config = ModelConfig.from_dir(model_dir)
     cls = get_model_class(config.architecture)
     files = safetensors_files(model_dir)
     with torch.device(device):
-        model = cls(config, torch_dtype, device, max_positions=max_positions)
+        model = cls(config, torch_dtype, device, max_positions=max_positions, kernels=kernels)
     with torch.no_grad():
         model.load_weights(iter_weights(files, progress))
+        if quantization == "int8":
+            model.quantize_int8()
     return model.eval(), config

@@ -28,10 +28,11 @@ from radixserve.memory_pool import (
     TokenToKVPoolAllocator,
     num_slots_for_budget,
 )
-from radixserve.models.loader import resolve_dtype
+from radixserve.models.kernels import CpuKernels
 from radixserve.models.model_config import ModelConfig
 from radixserve.policy import Admission
 from radixserve.radix import NoPrefixCache, PrefixCache, RadixCache
+from radixserve.runtime.model_runner import cpu_kernels_for, model_dtype
 from radixserve.types import Req
 
 
@@ -47,18 +48,19 @@ class KVLayout:
     max_context_len: int
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> KVLayout:
-        """Read the checkpoint's ``config.json`` (no weights)."""
+    def from_config(cls, config: EngineConfig, cpu_kernels: CpuKernels | None = None) -> KVLayout:
+        """Read the checkpoint's ``config.json`` (no weights). The dtype is the model's, which
+        under ``auto`` depends on the CPU kernels (default: ``cpu_kernels_for(config)``)."""
         if config.model_path is None:
             raise ValueError("the engine needs config.model_path (a local checkpoint directory)")
         mc = ModelConfig.from_dir(config.model_path)
-        device = torch.device(config.device)
+        kernels = cpu_kernels if cpu_kernels is not None else cpu_kernels_for(config)
         return cls(
             mc.num_layers,
             mc.num_kv_heads,
             mc.head_dim,
-            resolve_dtype(config.dtype, device),
-            device,
+            model_dtype(config, kernels),
+            torch.device(config.device),
             config.max_context_len or mc.max_position_embeddings,
         )
 

@@ -15,9 +15,9 @@ import torch
 
 from radixserve.config import EngineConfig
 from radixserve.memory_pool import KVCache, ReqToTokenPool
-from radixserve.models import kernels
 from radixserve.models.attention.registry import create_attention_backend
 from radixserve.models.forward_batch import ForwardBatch
+from radixserve.models.kernels import TORCH_ONLY, CpuKernels
 from radixserve.models.loader import load_model, resolve_dtype
 
 PROMPT_LOGPROB_CHUNK = 256  # rows per lm_head call for prompt logprobs (~150 MB of fp32 logits)
@@ -37,25 +37,50 @@ class LogitsOutput:
     input_token_logprobs: list[torch.Tensor | None] | None = None
 
 
+def cpu_kernels_for(config: EngineConfig) -> CpuKernels:
+    """The CPU kernels a model of ``config`` runs with: this CPU's best variant (built or
+    loaded now, not on the first step), or the torch paths (CUDA, switched off, no compiler)."""
+    if torch.device(config.device).type != "cpu":
+        return TORCH_ONLY
+    return CpuKernels.build(
+        config.cpu_isa,
+        dense=not config.disable_cpu_linear_kernel,
+        attention=not config.disable_cpu_attention_kernel,
+    )
+
+
+def model_dtype(config: EngineConfig, cpu_kernels: CpuKernels) -> torch.dtype:
+    """The one dtype of the weights and the KV cache (``auto`` depends on the kernels)."""
+    return resolve_dtype(config.dtype, config.device, cpu_kernels)
+
+
 class ModelRunner:
     """Loads ``config.model_path`` and runs forwards over the paged KV memory it is handed."""
 
     def __init__(
-        self, config: EngineConfig, kv_cache: KVCache, req_to_token_pool: ReqToTokenPool
+        self,
+        config: EngineConfig,
+        kv_cache: KVCache,
+        req_to_token_pool: ReqToTokenPool,
+        cpu_kernels: CpuKernels | None = None,
     ) -> None:
+        """``cpu_kernels``: what the KV pools were sized for (default: ``cpu_kernels_for``)."""
         if config.model_path is None:
             raise ValueError("ModelRunner needs config.model_path (a local checkpoint directory)")
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        if torch.device(config.device).type == "cpu":
-            # build or load the decode kernel now, not on the first step (falls back silently)
-            kernels.set_enabled(not config.disable_cpu_linear_kernel)
-            kernels.warmup()
+        if cpu_kernels is None:
+            cpu_kernels = cpu_kernels_for(config)
         self.config = config
         self.device = torch.device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.dtype = model_dtype(config, cpu_kernels)
         self.model, self.model_config = load_model(
-            config.model_path, self.dtype, self.device, max_positions=config.max_context_len
+            config.model_path,
+            self.dtype,
+            self.device,
+            max_positions=config.max_context_len,
+            kernels=cpu_kernels,
+            quantization=config.quantization,
         )
         if kv_cache.dtype != self.dtype or kv_cache.num_layers != self.model_config.num_layers:
             raise ValueError("the KV cache was not built for this model (dtype or layers differ)")
@@ -67,7 +92,7 @@ class ModelRunner:
             self.model.attention_spec,
             self.kv_cache,
             self.req_to_token_pool,
-            cpu_kernel=not config.disable_cpu_attention_kernel,
+            cpu_kernels=cpu_kernels,
         )
 
     @property

@@ -20,8 +20,8 @@ from typing import Any
 from radixserve.config import EngineConfig
 from radixserve.policy import AdmissionConfig, PrefillAdder, PrefillPlan, SchedulePolicy
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
-from radixserve.runtime.kv_manager import KVManager
-from radixserve.runtime.model_runner import ModelRunner
+from radixserve.runtime.kv_manager import KVLayout, KVManager
+from radixserve.runtime.model_runner import ModelRunner, cpu_kernels_for
 from radixserve.runtime.model_worker import BatchResult, ModelWorker, Worker
 from radixserve.runtime.output_processor import check_finished, make_output
 from radixserve.runtime.schedule_batch import ScheduleBatch
@@ -46,12 +46,16 @@ class Scheduler:
         self.config = config
         self.constants = config.constants
         self.tokenizer = tokenizer
-        self.kv = kv or KVManager.build(config)
         if worker is None:
-            assert self.kv.kv_cache is not None, "a model worker needs the KV buffers"
-            runner = ModelRunner(config, self.kv.kv_cache, self.kv.req_to_token_pool)
+            cpu_kernels = cpu_kernels_for(config)  # the dtype of pools and model depends on it
+            kv = kv or KVManager.build(config, KVLayout.from_config(config, cpu_kernels))
+            assert kv.kv_cache is not None, "a model worker needs the KV buffers"
+            runner = ModelRunner(config, kv.kv_cache, kv.req_to_token_pool, cpu_kernels)
             overlap = not config.disable_overlap_schedule
             worker = ModelWorker(runner, config.max_running_requests, overlap=overlap)
+        if kv is None:
+            raise ValueError("a Scheduler given a worker needs its kv too")
+        self.kv = kv
         self.worker = worker
         self.device = worker.device
         self.max_context_len = self.kv.max_context_len
@@ -85,6 +89,8 @@ class Scheduler:
         prompt_len = len(request.input_ids)
         if request.rid in self.reqs:
             raise ValueError(f"a request with rid {request.rid!r} is already running")
+        if not 0 < prompt_len < self.max_context_len:  # a request row holds max_context_len
+            raise ValueError(f"a prompt of {prompt_len} tokens does not fit a request row")
         need = prompt_len + min(params.max_new_tokens, self.max_context_len - prompt_len)
         if need > self.kv.capacity - self.page_size:
             raise ValueError(f"the request needs {need} KV slots; the pool has {self.kv.capacity}")

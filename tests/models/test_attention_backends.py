@@ -16,6 +16,7 @@ import torch
 
 from radixserve.memory_pool import KVCache, ReqToTokenPool
 from radixserve.models.attention.base import AttentionSpec
+from radixserve.models.attention.cpu_kernel import CpuKernelBackend
 from radixserve.models.attention.flashinfer_backend import (
     FlashInferBackend,
     build_paged_kv_metadata,
@@ -24,7 +25,7 @@ from radixserve.models.attention.paged_reference import ReferenceWrappers, paged
 from radixserve.models.attention.registry import create_attention_backend, default_backend_name
 from radixserve.models.attention.torch_native import TorchNativeBackend
 from radixserve.models.forward_batch import ForwardBatch
-from radixserve.models.kernels import attention_kernel
+from radixserve.models.kernels import TORCH_ONLY, CpuKernels
 
 NUM_SLOTS = 512
 WINDOW = 5
@@ -191,58 +192,26 @@ def test_bfloat16_matches_float32_reference() -> None:
     torch.testing.assert_close(out.float(), s.reference(1).float(), rtol=2e-2, atol=2e-2)
 
 
-KERNEL_SPECS = {
-    **{k: v for k, v in SPECS.items() if v.head_dim % 16 == 0},
-    "qwen": AttentionSpec(14, 2, 64, 0.125, (None, 70)),
-    "wide": AttentionSpec(4, 4, 128, 128**-0.5, (None, 33)),
-}
-KERNEL_BATCHES = {**BATCHES, "long_prefix": ([300, 5, 130], [41, 200, 1])}
-
-
-@pytest.mark.skipif(
-    attention_kernel(torch.bfloat16, 32) is None, reason="no AVX512-BF16 attention kernel here"
-)
-@pytest.mark.parametrize("spec_name", sorted(KERNEL_SPECS))
-@pytest.mark.parametrize("batch_name", sorted(KERNEL_BATCHES))
-@pytest.mark.parametrize("decode", [False, True], ids=["extend", "decode"])
-def test_cpu_attention_kernel_follows_the_contract(
-    spec_name: str, batch_name: str, decode: bool
-) -> None:
-    """The bf16 kernel (causal, windows, GQA, ragged batches, several 64-key blocks) against
-    the float32 reference on the same bf16 pool, within bf16 rounding; and close to the torch
-    path it replaces."""
-    spec = KERNEL_SPECS[spec_name]
-    prefix, extend = _lengths(KERNEL_BATCHES[batch_name], decode)
-    for layer in range(2):
-        s = Setup(spec, prefix, extend, decode, torch.bfloat16, num_slots=1024)
-        backend = TorchNativeBackend(spec, s.kv, s.pool)
-        assert backend.kernel is not None
-        out = s.run(backend, layer)
-        assert torch.equal(s.kv.k_buffer[layer][s.batch.out_cache_loc], s.k)
-        ref = s.reference(layer).float()
-        torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
-        torch_path = s.run(TorchNativeBackend(spec, s.kv, s.pool, cpu_kernel=False), layer)
-        torch.testing.assert_close(out.float(), torch_path.float(), rtol=2e-2, atol=2e-2)
-
-
-def test_cpu_attention_kernel_declines_what_it_cannot_run() -> None:
-    assert attention_kernel(torch.float32, 64) is None
-    assert attention_kernel(torch.bfloat16, 8) is None  # head_dim not a multiple of 16
-    assert attention_kernel(torch.bfloat16, 512) is None
-    spec = SPECS["mqa"]  # head_dim 8: the backend keeps its torch path
-    s = Setup(spec, [3], [4], False, torch.bfloat16)
-    assert TorchNativeBackend(spec, s.kv, s.pool).kernel is None
-
-
 def test_registry(tmp_path: object) -> None:
     spec = SPECS["gqa2"]
     kv = KVCache(2, 16, 2, 32)
     pool = ReqToTokenPool(2, 8)
     assert default_backend_name(torch.device("cpu")) == "torch_native"
+    assert default_backend_name(torch.device("cpu"), usable_cpu_kernel=True) == "cpu_kernel"
     assert default_backend_name(torch.device("cuda")) == "flashinfer"
     assert isinstance(create_attention_backend(None, spec, kv, pool), TorchNativeBackend)
+    only = create_attention_backend(None, spec, kv, pool, TORCH_ONLY)
+    assert isinstance(only, TorchNativeBackend)
+    with pytest.raises(ValueError, match="cannot run"):
+        create_attention_backend("cpu_kernel", spec, kv, pool, TORCH_ONLY)
     with pytest.raises(ValueError, match="unknown attention backend"):
         create_attention_backend("xformers", spec, kv, pool)
+    kernels = CpuKernels.build()
+    if kernels.attention:  # the default CPU backend is the kernel where it can run
+        chosen = create_attention_backend(None, spec, kv, pool, kernels)
+        assert isinstance(chosen, CpuKernelBackend)
+        off = CpuKernels.build(attention=False)  # disable_cpu_attention_kernel
+        assert isinstance(create_attention_backend(None, spec, kv, pool, off), TorchNativeBackend)
 
 
 def test_cpu_path_never_imports_flashinfer() -> None:

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from radixserve.models import loader
+from radixserve.models.kernels import TORCH_ONLY
 from radixserve.models.loader import load_model, resolve_dtype, safetensors_files
 
 
@@ -115,9 +116,22 @@ def test_resolve_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loader, "cpu_has_native_bf16", lambda: True)
     assert resolve_dtype("auto", "cpu") is torch.bfloat16
     monkeypatch.setattr(loader, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(loader, "best_variant", lambda: None)  # no kernels for this CPU
     assert resolve_dtype("auto", "cpu") is torch.float32
+    monkeypatch.setattr(loader, "best_variant", lambda: "avx2")  # bf16 storage, fp32 math
+    assert resolve_dtype("auto", "cpu") is torch.bfloat16
+    assert resolve_dtype("auto", "cpu", TORCH_ONLY) is torch.float32  # kernels switched off
     with pytest.raises(ValueError, match="dtype"):
         resolve_dtype("int8", "cpu")
+
+
+def test_int8_quantization_at_load(tiny_model_dirs: dict[str, Path]) -> None:
+    model, _ = load_model(tiny_model_dirs["qwen2"], "float32", quantization="int8")
+    layer = model.layers[0].mlp.gate_up_proj  # type: ignore[union-attr]
+    assert layer.weight.dtype == torch.int8 and layer.weight_scale.dtype == torch.float32
+    assert model.head_int8 is not None and model.embed_tokens.dtype == torch.float32
+    with pytest.raises(ValueError, match="quantization"):
+        load_model(tiny_model_dirs["qwen2"], "float32", quantization="int4")
 
 
 def test_cpu_bf16_detection_reads_cpuinfo() -> None:

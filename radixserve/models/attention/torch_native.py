@@ -15,10 +15,8 @@ query head (each KV head's query group is folded into the query rows).
 All index and mask tensors are built once per batch in :meth:`init_forward_metadata`; no
 per-request Python loop runs per layer.
 
-With bfloat16 KV on an AVX512-BF16 CPU (and ``cpu_kernel``), both modes instead call the
-flash-style C++ kernel of :mod:`radixserve.models.kernels.attention` once per layer: it reads
-K/V through ``req_to_token`` itself and needs no padding or masks (1.5-3x the torch path on
-long sequences). The torch path stays the reference, and runs float32 exactly.
+This is the pure-torch reference (float32 exactly); the ``cpu_kernel`` backend runs the C++
+kernel of :mod:`radixserve.models.kernels` instead where it can.
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ import torch.nn.functional as F
 
 from radixserve.memory_pool import KVCache, ReqToTokenPool
 from radixserve.models.attention.base import AttentionSpec
-from radixserve.models.kernels import attention_kernel
 
 if TYPE_CHECKING:
     from radixserve.models.forward_batch import ForwardBatch
@@ -74,21 +71,14 @@ class TorchNativeBackend:
         spec: AttentionSpec,
         kv_cache: KVCache,
         req_to_token_pool: ReqToTokenPool,
-        cpu_kernel: bool = True,
     ) -> None:
         self.spec = spec
         self.kv_cache = kv_cache
         self.req_to_token = req_to_token_pool.req_to_token  # [rows, max_context_len] int32
         self._md: _Metadata | None = None
-        use = cpu_kernel and kv_cache.device.type == "cpu"
-        self.kernel = attention_kernel(kv_cache.dtype, spec.head_dim) if use else None
-        self._batch: ForwardBatch | None = None  # the batch the kernel runs (None: torch path)
 
     # ---- metadata ------------------------------------------------------------------------
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        if self.kernel is not None:
-            self._batch, self._md = batch, None
-            return
         seq = batch.seq_lens_list
         bs, max_seq = len(seq), max(seq)
         device = self.req_to_token.device
@@ -140,8 +130,6 @@ class TorchNativeBackend:
     def forward_extend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:
-        if self._batch is not None:
-            return self._run_kernel(q, k, v, layer_id, batch)
         md = self._metadata()
         k_all, v_all = self._write_and_gather(k, v, layer_id, batch, md)
         spec = self.spec
@@ -186,8 +174,6 @@ class TorchNativeBackend:
     def forward_decode(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:
-        if self._batch is not None:
-            return self._run_kernel(q, k, v, layer_id, batch)
         md = self._metadata()
         k_all, v_all = self._write_and_gather(k, v, layer_id, batch, md)
         spec = self.spec
@@ -198,26 +184,6 @@ class TorchNativeBackend:
         return o.reshape(md.bs, spec.num_heads * spec.head_dim)
 
     # ---- internals -----------------------------------------------------------------------
-    def _run_kernel(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
-    ) -> torch.Tensor:
-        assert self.kernel is not None and batch is self._batch, "init_forward_metadata first"
-        self.kv_cache.set_kv(layer_id, batch.out_cache_loc, k, v)
-        k_buf, v_buf = self.kv_cache.get_kv(layer_id)
-        spec = self.spec
-        return self.kernel(
-            q.reshape(q.shape[0], spec.num_heads * spec.head_dim),
-            k_buf,
-            v_buf,
-            self.req_to_token,
-            batch.req_pool_indices,
-            batch.extend_prefix_lens,
-            batch.extend_seq_lens,
-            spec.num_heads,
-            spec.scaling,
-            spec.sliding_windows[layer_id] or 0,
-        )
-
     def _metadata(self) -> _Metadata:
         assert self._md is not None, "init_forward_metadata was not called for this batch"
         return self._md

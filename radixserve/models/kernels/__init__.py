@@ -1,25 +1,9 @@
-"""Fast CPU kernels: decode-shaped products (``F.linear`` is the reference path) and bf16 paged
-attention (the torch-native backend's torch path is the reference)."""
+"""Fast CPU kernels, one C++ source built per ISA variant (``_ext``): decode-shaped products
+(skinny GEMM over fp32/bf16/int8 weights), paged attention and RMSNorm. A model receives its
+:class:`CpuKernels` at construction; :data:`TORCH_ONLY` is the torch reference."""
 
-from radixserve.models.kernels.attention import AttentionKernel, attention_kernel
-from radixserve.models.kernels.linear import (
-    MAX_M,
-    is_available,
-    is_enabled,
-    linear,
-    set_enabled,
-    skinny_linear,
-    warmup,
-)
+from radixserve.models.kernels.attention import AttentionKernel
+from radixserve.models.kernels.cpu_kernels import MAX_M, TORCH_ONLY, CpuKernels
+from radixserve.models.kernels.linear import quantize_int8, torch_linear
 
-__all__ = [
-    "AttentionKernel",
-    "attention_kernel",
-    "MAX_M",
-    "is_available",
-    "is_enabled",
-    "linear",
-    "set_enabled",
-    "skinny_linear",
-    "warmup",
-]
+__all__ = ["AttentionKernel", "CpuKernels", "MAX_M", "TORCH_ONLY", "quantize_int8", "torch_linear"]

@@ -1,17 +1,25 @@
-"""Build and load the AVX-512 CPU kernels extension, never raising.
+"""Build and load the CPU kernels extension, one build per ISA variant, never raising.
 
-One module holds the skinny GEMM (``gemv_avx512.cpp``), the paged attention
-(``attention_avx512.cpp``) and RMSNorm (``norm_avx512.cpp``), bound in ``bindings.cpp``. The C++
-sources are JIT-compiled once with ``torch.utils.cpp_extension.load`` (ninja + the system C++
-compiler, 9-20 s on 2 vCPUs) into torch's extensions cache (``~/.cache/torch_extensions/...``,
-or ``TORCH_EXTENSIONS_DIR`` as torch itself reads it); later processes only import
-``cpp_extension`` and re-check the build with ninja (~0.15 s). The module name carries a hash of
-the sources, the flags and the torch version, so different checkouts or torch builds never share
-(or fight over) one build directory.
+One C++ source set (``gemv.cpp``, ``attention_kernel.cpp``, ``norm.cpp``, written against the
+SIMD vocabulary of ``simd.h``, bound in ``bindings.cpp``) is compiled once per variant with that
+variant's ``-m`` flags (like llama.cpp's CPU variants or ATen's CPU capability dispatch):
 
-Everything that can go wrong (no x86-64 AVX-512 CPU, no compiler or ninja, a compile error, a
-read-only cache) makes :func:`load_extension` return ``None`` and log once at DEBUG level; the
-callers then keep their torch paths (``F.linear``, the torch attention, ``F.rms_norm``).
+- ``avx2``: AVX2 + FMA + F16C (Haswell, Zen 1-3): 8 fp32 lanes;
+- ``avx512``: AVX-512 F/BW/VL/DQ (Skylake-X, Ice Lake, Zen 4): 16 lanes;
+- ``avx512_bf16``: the same plus ``-mavx512bf16`` (Cooper Lake, Sapphire Rapids, Zen 4).
+
+:func:`best_variant` picks the highest one the CPU's flags allow (at most a requested one, so an
+AVX-512 machine can run the AVX2 path too). Each build is JIT-compiled with
+``torch.utils.cpp_extension.load`` (ninja + the system C++ compiler, ~30-60 s on 2 vCPUs) into
+torch's extensions cache (``TORCH_EXTENSIONS_DIR`` as torch itself reads it); later processes
+only re-check it with ninja (~0.2 s). The module name carries the variant and a hash of the
+sources, flags and torch version, so checkouts, variants and torch builds never share (or fight
+over) one build directory.
+
+Anything that goes wrong (not x86-64, a CPU without the variant's flags, no compiler or ninja, a
+compile error, a read-only cache) makes :func:`load_variant` return ``None`` and log once at
+DEBUG level; the callers then keep their torch paths (``F.linear``, the torch-native attention
+backend, ``F.rms_norm``). No aarch64 variant is built: ``simd.h`` has no NEON branch yet.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import os
 import platform
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -30,16 +39,33 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = tuple(
-    Path(__file__).with_name(n)
-    for n in ("gemv_avx512.cpp", "attention_avx512.cpp", "norm_avx512.cpp", "bindings.cpp")
-)
-CFLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")
+_DIR = Path(__file__).parent
+SOURCES = tuple(_DIR / n for n in ("gemv.cpp", "attention_kernel.cpp", "norm.cpp", "bindings.cpp"))
+HEADERS = (_DIR / "simd.h",)
 LDFLAGS = ("-fopenmp",)  # resolves to the libgomp torch already loaded (same soname)
-_REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "fma"})
+_AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c")
+_AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"})
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One build of the kernels: its name, compiler flags and the CPU flags it needs."""
+
+    name: str
+    cflags: tuple[str, ...]
+    cpu_flags: frozenset[str]  # as /proc/cpuinfo names them
+
+
+VARIANTS = (  # lowest first
+    Variant("avx2", ("-mavx2", "-mfma", "-mf16c"), frozenset({"avx2", "fma", "f16c"})),
+    Variant("avx512", _AVX512, _AVX512_FLAGS),
+    Variant("avx512_bf16", (*_AVX512, "-mavx512bf16"), _AVX512_FLAGS | {"avx512_bf16"}),
+)
+VARIANT_NAMES = tuple(v.name for v in VARIANTS)
+_BY_NAME = {v.name: v for v in VARIANTS}
 
 _lock = threading.Lock()
-_state: dict[str, ModuleType | None] = {}
+_modules: dict[str, ModuleType | None] = {}  # a cache of builds, never a switch
 _flags_cache: list[frozenset[str]] = []
 
 
@@ -59,30 +85,36 @@ def cpu_flags() -> frozenset[str]:
     return _flags_cache[0]
 
 
-def dtype_mask(dtypes: frozenset[torch.dtype]) -> int:
-    """The ``dtypes`` bit mask of ``try_linear``: 1 for bfloat16, 2 for float32."""
-    return (1 if torch.bfloat16 in dtypes else 0) | (2 if torch.float32 in dtypes else 0)
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512_BF16 or AMX-BF16)."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
-def supported_dtypes() -> frozenset[torch.dtype]:
-    """Weight dtypes this CPU can run through the extension (before trying to build it)."""
+def can_execute(name: str) -> bool:
+    """Whether this CPU can run variant ``name`` (``ValueError`` for an unknown name)."""
+    if name not in _BY_NAME:
+        raise ValueError(f"unknown CPU kernel variant {name!r}; choose from {VARIANT_NAMES}")
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return frozenset()
-    flags = cpu_flags()
-    if not _REQUIRED_FLAGS <= flags:
-        return frozenset()
-    if "avx512_bf16" in flags:
-        return frozenset({torch.float32, torch.bfloat16})
-    return frozenset({torch.float32})
+        return False
+    return _BY_NAME[name].cpu_flags <= cpu_flags()
 
 
-def _module_name() -> str:
+def best_variant(at_most: str | None = None) -> str | None:
+    """The highest variant this CPU can run, no higher than ``at_most``; ``None`` if none."""
+    if at_most is not None:
+        can_execute(at_most)  # validates the name
+    top = VARIANT_NAMES.index(at_most) + 1 if at_most is not None else len(VARIANTS)
+    runnable = [n for n in VARIANT_NAMES[:top] if can_execute(n)]
+    return runnable[-1] if runnable else None
+
+
+def _module_name(variant: Variant) -> str:
     h = hashlib.sha256()
-    for src in SOURCES:
+    for src in (*SOURCES, *HEADERS):
         h.update(src.read_bytes())
-    for part in (*CFLAGS, *LDFLAGS, torch.__version__):
+    for part in (*variant.cflags, *LDFLAGS, torch.__version__):
         h.update(b"\0" + part.encode())
-    return f"radixserve_gemv_{h.hexdigest()[:16]}"
+    return f"radixserve_cpu_{variant.name}_{h.hexdigest()[:16]}"
 
 
 @contextlib.contextmanager
@@ -104,46 +136,45 @@ def _build_lock(build_dir: str) -> Iterator[None]:
         os.close(fd)  # releases the flock
 
 
-def _build() -> ModuleType:
+def _build(variant: Variant) -> ModuleType:
     from torch.utils import cpp_extension
 
-    name = _module_name()
+    name = _module_name(variant)
     build_dir = cpp_extension._get_build_directory(name, verbose=False)
     with _build_lock(build_dir):
         module = cpp_extension.load(
             name=name,
             sources=[str(s) for s in SOURCES],
-            extra_cflags=list(CFLAGS),
+            extra_cflags=["-O3", "-fopenmp", *variant.cflags],
             extra_ldflags=list(LDFLAGS),
+            extra_include_paths=[str(_DIR)],
             build_directory=build_dir,
             verbose=False,
         )
     for fn in ("try_linear", "extend_attention", "try_rms_norm"):
         if not hasattr(module, fn):
             raise ImportError(f"{name} lacks {fn}")
+    if module.isa != variant.name:
+        raise ImportError(f"{name} was built for {module.isa}, not {variant.name}")
     return module
 
 
-def loaded_extension() -> ModuleType | None:
-    """The extension if :func:`load_extension` already loaded it (never builds)."""
-    return _state.get("module")
-
-
-def load_extension() -> ModuleType | None:
-    """The compiled extension module, or ``None`` when it cannot be used here (cached)."""
-    if "module" in _state:
-        return _state["module"]
+def load_variant(name: str) -> ModuleType | None:
+    """The compiled extension of variant ``name``, or ``None`` when it cannot be used here
+    (cached per process; ``ValueError`` for an unknown name)."""
+    if not can_execute(name):
+        return None
+    if name in _modules:
+        return _modules[name]
     with _lock:
-        if "module" not in _state:
+        if name not in _modules:
             module: ModuleType | None = None
-            if not supported_dtypes():
-                logger.debug("CPU kernels disabled: CPU lacks AVX-512 (or not x86-64)")
-            elif not all(src.is_file() for src in SOURCES):
-                logger.debug("CPU kernels disabled: a source is missing from %s", SOURCES[0].parent)
+            if not all(src.is_file() for src in (*SOURCES, *HEADERS)):
+                logger.debug("CPU kernels disabled: a source is missing from %s", _DIR)
             else:
                 try:
-                    module = _build()
-                except Exception as e:  # any failure means: use F.linear
-                    logger.debug("CPU kernels disabled: build failed: %s", e)
-            _state["module"] = module
-    return _state["module"]
+                    module = _build(_BY_NAME[name])
+                except Exception as e:  # any failure means: use the torch paths
+                    logger.debug("CPU kernels (%s) disabled: build failed: %s", name, e)
+            _modules[name] = module
+    return _modules[name]

@@ -5,9 +5,12 @@
 #include <optional>
 #include <tuple>
 
+#include "simd.h"
+
 std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
+                                     const std::optional<at::Tensor>& scale,
                                      const std::optional<at::Tensor>& bias, int64_t max_m,
-                                     int64_t dtypes, int64_t min_task_bytes);
+                                     int64_t min_task_bytes);
 
 at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                             const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
@@ -19,12 +22,13 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> try_rms_norm(
     double eps);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("try_linear", &try_linear, "x @ w.T + bias for small M, or None if not applicable",
+  m.attr("isa") = RS_ISA_NAME;
+  m.def("try_linear", &try_linear, "(x @ w.T) * scale + bias for small M, or None if not applicable",
         py::call_guard<py::gil_scoped_release>());
   m.def("extend_attention", &extend_attention,
-        "paged causal attention of a bf16 EXTEND batch (gemv_avx512.cpp's sibling)",
+        "paged causal attention of an fp32 or bf16 EXTEND batch",
         py::call_guard<py::gil_scoped_release>());
   m.def("try_rms_norm", &try_rms_norm,
-        "(RMSNorm(x [+ residual]), x [+ residual]) for bf16 rows, or None if not applicable",
+        "(RMSNorm(x [+ residual]), x [+ residual]) for fp32/bf16 rows, or None if not applicable",
         py::call_guard<py::gil_scoped_release>());
 }

@@ -1,0 +1,349 @@
+// Paged causal attention for fp32 or bf16 EXTEND batches, flash-attention style, one source
+// for every ISA (simd.h):
+//
+//   out[t, h, :] = softmax(scale * q[t, h] . K_b^T, causal, window) V_b   (t: a token of request b)
+//
+// K_b/V_b are read straight from the KV buffers [slots, kv_heads, d] through the request's
+// req_to_token row, so no padded copy of the sequence is made. Tasks of (request, KV head,
+// block of tokens) run over torch's intra-op threads; a task's rows are its tokens times the
+// query heads of that KV head (GQA folded in, so each K/V block is widened once for all of
+// them). Per 64-key block the task widens K (transposed: [d][64]) and V ([64][d]) to fp32, and
+// per 4-row tile computes S = Q K^T in registers, the online softmax in fp32 (masking only
+// blocks that cross the diagonal or the window) and O += P V in fp32. Storage may be bf16
+// (widened in registers, so CPUs without bf16 arithmetic run it at fp32 speed); the math is
+// fp32 throughout and the output is rounded once.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "simd.h"
+
+namespace {
+
+using namespace rs;
+
+constexpr int64_t kBk = 64;       // keys per block
+constexpr int kTile = 4;          // query rows per register tile
+constexpr int64_t kRows = 64;     // target query rows per task
+constexpr int64_t kMaxDim = 256;  // head_dim limit (multiple of 16)
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+template <class T>
+struct Problem {
+  const T* q;  // [T, H, d], token stride q_stride
+  int64_t q_stride;
+  const T* k;  // [slots, kv_heads, d], slot stride kv_stride
+  const T* v;
+  int64_t kv_stride;
+  const int32_t* req_to_token;  // [rows, r2t_stride]
+  int64_t r2t_stride;
+  T* out;  // [T, H, d] dense
+  int64_t H, kvh, g, d;
+  float scale;
+  int64_t window;  // <= 0: none
+  // per request
+  std::vector<int64_t> row, prefix, q_start, seq;
+};
+
+struct Task {
+  int64_t b, h, t0, t1, cost;
+};
+
+struct Scratch {
+  std::vector<float> q, o;   // [rows][d]: widened queries, output accumulators
+  std::vector<float> m, l;   // [rows]: running max and sum
+  std::vector<int64_t> pos;  // [rows]: -1 for padding rows
+  std::vector<float> kt;     // [d][kBk]: the K block, transposed
+  std::vector<float> vb;     // [kBk][d]: the V block
+  std::vector<float> s;      // [kTile][kBk]: scores, then probabilities
+};
+
+// Widen keys [j0, j0 + nk) of (b, h) into kt/vb; the rest of the block stays zero.
+template <class T>
+void widen_block(const Problem<T>& p, const int32_t* slots, int64_t h, int64_t j0, int64_t nk,
+                 Scratch& s) {
+  const int64_t d = p.d;
+  std::fill(s.kt.begin(), s.kt.end(), 0.0f);
+  std::fill(s.vb.begin() + nk * d, s.vb.end(), 0.0f);
+  for (int64_t j = 0; j < nk; ++j) {
+    const int64_t base = static_cast<int64_t>(slots[j0 + j]) * p.kv_stride + h * d;
+    const T* kr = p.k + base;
+    const T* vr = p.v + base;
+    for (int64_t c = 0; c < d; ++c) s.kt[c * kBk + j] = to_float(kr[c]);
+    for (int64_t c = 0; c < d; c += W) store(&s.vb[j * d + c], load(vr + c));
+  }
+}
+
+// O rows [r0, r0 + 4) += P (4 x nk) V, for dims [c0, c0 + NV * W).
+template <int NV>
+inline void pv_chunk(int64_t d, int64_t nk, Scratch& s, int64_t r0, int64_t c0) {
+  VF acc[kTile][NV];
+  for (int r = 0; r < kTile; ++r)
+    for (int c = 0; c < NV; ++c) acc[r][c] = load(&s.o[(r0 + r) * d + c0 + W * c]);
+  for (int64_t j = 0; j < nk; ++j) {
+    VF vv[NV];
+    for (int c = 0; c < NV; ++c) vv[c] = load(&s.vb[j * d + c0 + W * c]);
+    for (int r = 0; r < kTile; ++r) {
+      const VF pr = set1(s.s[r * kBk + j]);
+      for (int c = 0; c < NV; ++c) acc[r][c] = fma(pr, vv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < kTile; ++r)
+    for (int c = 0; c < NV; ++c) store(&s.o[(r0 + r) * d + c0 + W * c], acc[r][c]);
+}
+
+// The scores of rows [r0, r0 + 4) against the widened block, scaled, into s.s.
+inline void scores(int64_t d, float scale, Scratch& s, int64_t r0) {
+  for (int64_t kc = 0; kc < kBk; kc += 2 * W) {
+    VF acc[kTile][2];
+    for (int r = 0; r < kTile; ++r) acc[r][0] = acc[r][1] = zero();
+    for (int64_t c = 0; c < d; ++c) {
+      const VF k0 = load(&s.kt[c * kBk + kc]), k1 = load(&s.kt[c * kBk + kc + W]);
+      for (int r = 0; r < kTile; ++r) {
+        const VF qr = set1(s.q[(r0 + r) * d + c]);
+        acc[r][0] = fma(qr, k0, acc[r][0]);
+        acc[r][1] = fma(qr, k1, acc[r][1]);
+      }
+    }
+    const VF sc = set1(scale);
+    for (int r = 0; r < kTile; ++r) {
+      store(&s.s[r * kBk + kc], mul(acc[r][0], sc));
+      store(&s.s[r * kBk + kc + W], mul(acc[r][1], sc));
+    }
+  }
+}
+
+// One 4-row tile against one widened block at key j0: scores, online softmax, P V.
+void tile_block(int64_t d, float scale, int64_t window, int64_t j0, int64_t nk, Scratch& s,
+                int64_t r0) {
+  scores(d, scale, s, r0);
+  for (int r = 0; r < kTile; ++r) {
+    const int64_t row = r0 + r, pos = s.pos[row];
+    float* sr = &s.s[r * kBk];
+    if (pos < 0) {
+      std::fill(sr, sr + kBk, 0.0f);
+      continue;
+    }
+    if (j0 + kBk - 1 > pos || (window > 0 && j0 <= pos - window)) {
+      for (int64_t j = 0; j < kBk; ++j) {
+        const int64_t key = j0 + j;
+        if (key > pos || (window > 0 && key <= pos - window)) sr[j] = kNegInf;
+      }
+    }
+    VF mx = set1(kNegInf);
+    for (int64_t j = 0; j < kBk; j += W) mx = max(mx, load(sr + j));
+    const float bmax = hmax(mx);
+    if (bmax == kNegInf) {
+      std::fill(sr, sr + kBk, 0.0f);
+      continue;
+    }
+    const float m_old = s.m[row], m_new = std::max(m_old, bmax);
+    if (m_old != m_new) {
+      const float alpha = std::exp(m_old - m_new);  // 0 when m_old is -inf
+      s.l[row] *= alpha;
+      const VF a = set1(alpha);
+      float* o = &s.o[row * d];
+      for (int64_t c = 0; c < d; c += W) store(o + c, mul(load(o + c), a));
+      s.m[row] = m_new;
+    }
+    const VF mv = set1(m_new);
+    VF sum = zero();
+    for (int64_t j = 0; j < kBk; j += W) {
+      const VF e = exp_nonpos(sub(load(sr + j), mv));
+      sum = add(sum, e);
+      store(sr + j, e);
+    }
+    s.l[row] += hsum(sum);
+  }
+  int64_t c0 = 0;
+  for (; c0 + 2 * W <= d; c0 += 2 * W) pv_chunk<2>(d, nk, s, r0, c0);
+  if (c0 < d) pv_chunk<1>(d, nk, s, r0, c0);
+}
+
+template <class T>
+void run_task(const Problem<T>& p, const Task& t, Scratch& s) {
+  const int64_t g = p.g, d = p.d;
+  const int64_t rows = (t.t1 - t.t0) * g, padded = (rows + kTile - 1) / kTile * kTile;
+  int64_t pmin = std::numeric_limits<int64_t>::max(), pmax = -1;
+  for (int64_t r = 0; r < padded; ++r) {
+    float* qd = &s.q[r * d];
+    if (r < rows) {
+      const int64_t tok = t.t0 + r / g;  // token index within request
+      s.pos[r] = p.prefix[t.b] + tok;
+      const T* qs = p.q + (p.q_start[t.b] + tok) * p.q_stride + (t.h * g + r % g) * d;
+      for (int64_t c = 0; c < d; c += W) store(qd + c, load(qs + c));
+      pmin = std::min(pmin, s.pos[r]);
+      pmax = std::max(pmax, s.pos[r]);
+    } else {
+      s.pos[r] = -1;
+      std::fill(qd, qd + d, 0.0f);
+    }
+    s.m[r] = kNegInf;
+    s.l[r] = 0.0f;
+  }
+  std::fill(s.o.begin(), s.o.begin() + padded * d, 0.0f);
+  const int32_t* slots = p.req_to_token + p.row[t.b] * p.r2t_stride;
+  const int64_t first = p.window > 0 ? std::max<int64_t>(0, pmin - p.window + 1) / kBk * kBk : 0;
+  for (int64_t j0 = first; j0 <= pmax; j0 += kBk) {
+    widen_block(p, slots, t.h, j0, std::min(kBk, p.seq[t.b] - j0), s);
+    for (int64_t r0 = 0; r0 < padded; r0 += kTile) {
+      int64_t tmin = std::numeric_limits<int64_t>::max(), tmax = -1;
+      for (int64_t r = r0; r < r0 + kTile; ++r) {
+        if (s.pos[r] < 0) continue;
+        tmin = std::min(tmin, s.pos[r]);
+        tmax = std::max(tmax, s.pos[r]);
+      }
+      if (tmax < j0) continue;  // nothing visible yet (also: all padding)
+      if (p.window > 0 && j0 + kBk - 1 <= tmin - p.window) continue;  // all left of the window
+      tile_block(d, p.scale, p.window, j0, std::min(kBk, p.seq[t.b] - j0), s, r0);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t tok = t.t0 + r / g;
+    T* dst = p.out + ((p.q_start[t.b] + tok) * p.H + t.h * g + r % g) * d;
+    const VF inv = set1(s.l[r] > 0.0f ? 1.0f / s.l[r] : 0.0f);
+    for (int64_t c = 0; c < d; c += W) store(dst + c, mul(load(&s.o[r * d + c]), inv));
+  }
+}
+
+// Tasks 0..n-1 over torch's threads: each worker makes its state once, then pulls the next
+// task index until none is left (so uneven tasks balance; callers order them costliest first).
+template <typename MakeState, typename F>
+void run_dynamic(int64_t n, MakeState&& make_state, F&& fn) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(n, at::get_num_threads());
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    auto state = make_state();
+    for (int64_t i = next++; i < n; i = next++) fn(state, i);
+  });
+}
+
+bool dense_kv(const at::Tensor& t, at::ScalarType dtype) {
+  return t.device().is_cpu() && t.scalar_type() == dtype && t.layout() == at::kStrided;
+}
+
+template <class T>
+void run(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+         const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+         const at::Tensor& prefix_lens, const at::Tensor& extend_lens, const at::Tensor& out,
+         int64_t num_heads, double scale, int64_t window) {
+  const int64_t bs = req_pool_indices.size(0);
+  const int64_t kvh = k_buf.size(1), d = k_buf.size(2), num_tokens = q.size(0);
+  Problem<T> p{};
+  p.q = static_cast<const T*>(q.data_ptr());
+  p.q_stride = q.stride(0);
+  p.k = static_cast<const T*>(k_buf.data_ptr());
+  p.v = static_cast<const T*>(v_buf.data_ptr());
+  p.kv_stride = kvh * d;
+  p.req_to_token = req_to_token.data_ptr<int32_t>();
+  p.r2t_stride = req_to_token.stride(0);
+  p.out = static_cast<T*>(out.data_ptr());
+  p.H = num_heads;
+  p.kvh = kvh;
+  p.g = num_heads / kvh;
+  p.d = d;
+  p.scale = static_cast<float>(scale);
+  p.window = window;
+  const int64_t* rows = req_pool_indices.data_ptr<int64_t>();
+  const int64_t* pre = prefix_lens.data_ptr<int64_t>();
+  const int64_t* ext = extend_lens.data_ptr<int64_t>();
+  int64_t total_tokens = 0;
+  std::vector<Task> tasks;
+  const int64_t tokens_per_task = std::max<int64_t>(1, kRows / p.g);
+  for (int64_t b = 0; b < bs; ++b) {
+    const int64_t seq = pre[b] + ext[b];
+    TORCH_CHECK_VALUE(pre[b] >= 0 && ext[b] >= 0 && rows[b] >= 0 &&
+                          rows[b] < req_to_token.size(0) && seq <= req_to_token.size(1),
+                      "request ", b, " does not fit req_to_token");
+    p.row.push_back(rows[b]);
+    p.prefix.push_back(pre[b]);
+    p.seq.push_back(seq);
+    p.q_start.push_back(total_tokens);
+    total_tokens += ext[b];
+    for (int64_t h = 0; h < kvh; ++h) {
+      for (int64_t t0 = 0; t0 < ext[b]; t0 += tokens_per_task) {
+        const int64_t t1 = std::min(ext[b], t0 + tokens_per_task);
+        const int64_t keys = window > 0 ? std::min(window, pre[b] + t1) : pre[b] + t1;
+        tasks.push_back({b, h, t0, t1, (t1 - t0) * keys});
+      }
+    }
+  }
+  TORCH_CHECK_VALUE(total_tokens == num_tokens, "sum(extend_lens) must equal q.size(0)");
+  for (int64_t b = 0; b < bs; ++b) {  // slots are read before any thread starts
+    const int32_t* slots = p.req_to_token + p.row[b] * p.r2t_stride;
+    for (int64_t j = 0; j < p.seq[b]; ++j) {
+      TORCH_CHECK_VALUE(slots[j] >= 0 && slots[j] < k_buf.size(0), "KV slot out of range");
+    }
+  }
+  std::sort(tasks.begin(), tasks.end(),
+            [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  const int64_t max_rows = (tokens_per_task * p.g + kTile - 1) / kTile * kTile;
+  const auto make_scratch = [&] {
+    Scratch s;
+    s.q.resize(max_rows * d);
+    s.o.resize(max_rows * d);
+    s.m.resize(max_rows);
+    s.l.resize(max_rows);
+    s.pos.resize(max_rows);
+    s.kt.resize(d * kBk);
+    s.vb.resize(kBk * d);
+    s.s.resize(kTile * kBk);
+    return s;
+  };
+  run_dynamic(static_cast<int64_t>(tasks.size()), make_scratch,
+              [&](Scratch& s, int64_t i) { run_task(p, tasks[i], s); });
+}
+
+}  // namespace
+
+// Causal (optionally sliding-window) attention of an EXTEND batch; see the header comment.
+// q [T, H * d] (rows may be strided), k_buf/v_buf [slots, kv_heads, d] dense, one dtype (fp32
+// or bf16),
+// req_to_token [rows, L] int32, and per request (int64, CPU): req_pool_indices, prefix_lens,
+// extend_lens (sum = T). window <= 0: none. Raises ValueError (via TORCH_CHECK_VALUE) on
+// shapes it cannot take; the Python side only calls it with ones it can.
+at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                            const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                            const at::Tensor& prefix_lens, const at::Tensor& extend_lens,
+                            int64_t num_heads, double scale, int64_t window) {
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK_VALUE((dtype == at::kFloat || dtype == at::kBFloat16) && dense_kv(q, dtype) &&
+                        dense_kv(k_buf, dtype) && dense_kv(v_buf, dtype),
+                    "q, k, v: CPU tensors of one dtype, float32 or bfloat16");
+  TORCH_CHECK_VALUE(q.dim() == 2 && q.stride(1) == 1, "q must be [T, H * d] with dense rows");
+  TORCH_CHECK_VALUE(k_buf.dim() == 3 && k_buf.is_contiguous() && v_buf.is_contiguous() &&
+                        v_buf.sizes() == k_buf.sizes(),
+                    "k/v buffers must be dense [slots, kv_heads, d]");
+  TORCH_CHECK_VALUE(req_to_token.scalar_type() == at::kInt && req_to_token.dim() == 2 &&
+                        req_to_token.stride(1) == 1,
+                    "req_to_token must be int32 [rows, L]");
+  for (const auto* t : {&req_pool_indices, &prefix_lens, &extend_lens}) {
+    TORCH_CHECK_VALUE(t->scalar_type() == at::kLong && t->dim() == 1 && t->is_contiguous() &&
+                          t->device().is_cpu(),
+                      "per-request tensors must be int64 CPU vectors");
+  }
+  const int64_t bs = req_pool_indices.size(0);
+  TORCH_CHECK_VALUE(prefix_lens.size(0) == bs && extend_lens.size(0) == bs, "per-request sizes");
+  const int64_t kvh = k_buf.size(1), d = k_buf.size(2), T = q.size(0);
+  TORCH_CHECK_VALUE(d % 16 == 0 && d <= kMaxDim, "head_dim must be a multiple of 16, at most 256");
+  TORCH_CHECK_VALUE(num_heads % kvh == 0 && q.size(1) == num_heads * d, "q heads vs kv heads");
+
+  const at::Tensor out = at::empty({T, num_heads * d}, q.options());
+  if (T == 0) return out;
+  if (q.scalar_type() == at::kBFloat16) {
+    run<bf16>(q, k_buf, v_buf, req_to_token, req_pool_indices, prefix_lens, extend_lens, out,
+              num_heads, scale, window);
+  } else {
+    run<float>(q, k_buf, v_buf, req_to_token, req_pool_indices, prefix_lens, extend_lens, out,
+               num_heads, scale, window);
+  }
+  return out;
+}

@@ -1,0 +1,99 @@
+"""CpuKernels: one model's choice of CPU kernels, built once and handed to its layers.
+
+The engine builds one :class:`CpuKernels` from its config (:meth:`CpuKernels.build`: the ISA
+variant, whether the dense layers and the attention may use the kernels) and passes it to the
+model and the attention backend at construction; nothing is process-wide. :data:`TORCH_ONLY`
+(the default everywhere) is the null object: every call is the plain torch reference.
+
+With a variant loaded, :meth:`linear` sends decode-shaped products (``M <= MAX_M`` rows) to the
+skinny GEMM of ``gemv.cpp`` (weights fp32, bf16 or int8, widened in registers, fp32
+accumulation) and :meth:`rms_norm` to ``norm.cpp``; larger products are compute-bound and go to
+torch's GEMM, in float32 on CPUs without native bf16 (torch emulates bf16 GEMMs there 4x slower
+than fp32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from radixserve.models.kernels import _ext
+from radixserve.models.kernels.attention import AttentionKernel, attention_kernel
+from radixserve.models.kernels.linear import torch_linear
+
+MAX_M = 32
+"""Most rows of ``x`` sent to the skinny GEMM; beyond it torch's GEMM (with the weight widened)
+is faster. Batch-32 decode still streams each weight once."""
+
+MIN_TASK_BYTES = 64 * 1024
+"""Weight bytes per thread task; a smaller product runs on one thread."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CpuKernels:
+    """Which CPU kernels a model uses. Immutable; see the module docstring."""
+
+    module: ModuleType | None = None  # the extension of `variant`; None: torch paths only
+    variant: str | None = None  # "avx2", "avx512" or "avx512_bf16"
+    dense: bool = False  # linear layers and RMSNorm through the kernels
+    attention: bool = False  # the cpu_kernel attention backend may run
+    gemm_in_fp32: bool = False  # large bf16 products run torch's GEMM in float32
+
+    @classmethod
+    def build(
+        cls, isa: str | None = None, dense: bool = True, attention: bool = True
+    ) -> CpuKernels:
+        """The kernels of the best variant this CPU runs, at most ``isa`` (builds or loads the
+        extension now; never raises for a missing compiler: the result then uses torch only).
+        ``ValueError`` for an unknown ``isa``."""
+        variant = _ext.best_variant(isa)
+        module = _ext.load_variant(variant) if variant and (dense or attention) else None
+        if module is None:
+            return TORCH_ONLY
+        return cls(module, variant, dense, attention, not _ext.cpu_has_native_bf16())
+
+    def linear(
+        self,
+        x: torch.Tensor,  # [..., in]
+        weight: torch.Tensor,  # [out, in] fp32, bf16 or int8
+        bias: torch.Tensor | None = None,  # [out], x's dtype
+        scale: torch.Tensor | None = None,  # [out] fp32: int8 weights' per-channel scales
+    ) -> torch.Tensor:  # [..., out] in x's dtype
+        """``(x @ weight.T) * scale + bias``, through the skinny GEMM where it applies."""
+        if self.module is not None and self.dense and x.is_cpu:
+            if not torch.compiler.is_compiling():
+                y = self.module.try_linear(x, weight, scale, bias, MAX_M, MIN_TASK_BYTES)
+                if y is not None:
+                    return y
+        return torch_linear(x, weight, bias, scale, fp32_compute=self.gemm_in_fp32)
+
+    def rms_norm(
+        self,
+        x: torch.Tensor,  # [..., dim]
+        weight: torch.Tensor,  # [dim]
+        eps: float,
+        residual: torch.Tensor | None = None,  # like x
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rms_norm(s) * weight, s)`` with ``s = x + residual`` (``s`` is ``x`` without one);
+        fp32 math and one rounding, as ``F.rms_norm`` on CPU."""
+        if self.module is not None and self.dense and x.is_cpu:
+            if not torch.compiler.is_compiling():
+                done = self.module.try_rms_norm(x, weight, residual, eps)
+                if done is not None:
+                    out, s = done
+                    return out, s
+        s = x if residual is None else x + residual
+        return F.rms_norm(s, (weight.shape[0],), weight, eps), s
+
+    def attention_kernel(self, dtype: torch.dtype, head_dim: int) -> AttentionKernel | None:
+        """The paged attention kernel for KV of ``dtype`` and ``head_dim``, or ``None``."""
+        if self.module is None or not self.attention:
+            return None
+        return attention_kernel(self.module, dtype, head_dim)
+
+
+TORCH_ONLY = CpuKernels()
+"""No kernels: every layer runs its torch reference path."""

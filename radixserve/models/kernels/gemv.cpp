@@ -1,0 +1,264 @@
+// Skinny GEMM ("batched GEMV") for decode-shaped linear layers, one source for every ISA.
+//
+//   y[m, n] = s[n] * sum_k x[m, k] * w[n, k] (+ bias[n]),  x [M, K], w [N, K] (PyTorch layout).
+//
+// w is stored as fp32, bf16 or int8 (then s holds fp32 per-output-channel scales; otherwise
+// s = 1); x, y and bias are fp32 or bf16. The weight is widened to fp32 in registers (simd.h),
+// x once up front (it is small), and the sums are fp32, rounded once at the end, so one source
+// serves AVX2+FMA and AVX-512 alike: decode is bound by the weight bytes streamed, which the
+// narrow storage cuts.
+// The weight is streamed once in its native row-major layout; every weight vector loaded is
+// reused for all M rows of x (which stay in L1/L2), so the kernel runs at memory bandwidth
+// until the FMA work of M rows catches up with it. Work is split over N with at::parallel_for
+// (PyTorch's own OpenMP pool, so torch.set_num_threads applies).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include "simd.h"
+
+namespace {
+
+using namespace rs;
+
+// One register tile: R weight rows x MT rows of x over all of K; out[m * R + r] = dot(w[r], x[m]).
+// Small tiles keep U independent accumulator sets (alternating k steps) to hide FMA latency.
+// Each cache line of the rows it streams is prefetched two row blocks ahead, once per line.
+template <class WT, int R, int MT>
+inline void dot_tile(const WT* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* out) {
+  constexpr int T = R * MT;
+  constexpr int U = T >= 8 ? 1 : (T >= 4 ? 2 : 4);
+  constexpr int kLine = 64 / static_cast<int>(sizeof(WT));      // weight elements per line
+  constexpr int S = U * W >= kLine ? U : kLine / W;               // W-steps per iteration
+  VF acc[U * T];
+  for (int i = 0; i < U * T; ++i) acc[i] = zero();
+  auto step = [&](int u, int64_t k) {
+    VF wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = load(w + r * ldw + k);
+    for (int m = 0; m < MT; ++m) {
+      const VF xv = load(x + m * ldx + k);
+      VF* a = acc + u * T + m * R;
+      for (int r = 0; r < R; ++r) a[r] = fma(wv[r], xv, a[r]);
+    }
+  };
+  int64_t k = 0;
+  for (; k + S * W <= K; k += S * W) {
+    for (int l = 0; l < S * W; l += kLine) {
+      for (int r = 0; r < R; ++r) prefetch(w + (2 * R + r) * ldw + k + l);
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < S; ++j) step(j % U, k + j * W);
+  }
+  for (; k + W <= K; k += W) step(0, k);
+  if (k < K) {
+    const int64_t n = K - k;
+    VF wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = load_tail(w + r * ldw + k, n);
+    for (int m = 0; m < MT; ++m) {
+      const VF xv = load_tail(x + m * ldx + k, n);
+      for (int r = 0; r < R; ++r) acc[m * R + r] = fma(wv[r], xv, acc[m * R + r]);
+    }
+  }
+  for (int u = 1; u < U; ++u) {
+    for (int i = 0; i < T; ++i) acc[i] = add(acc[i], acc[u * T + i]);
+  }
+  for (int i = 0; i < T; ++i) out[i] = hsum(acc[i]);
+}
+
+// dot_tile with a runtime tile height mt <= MT (the last, partial tile of x rows).
+template <class WT, int R, int MT>
+inline void dot_tile_upto(int64_t mt, const WT* w, int64_t ldw, const float* x, int64_t ldx,
+                          int64_t K, float* out) {
+  if constexpr (MT > 1) {
+    if (mt < MT) return dot_tile_upto<WT, R, MT - 1>(mt, w, ldw, x, ldx, K, out);
+  }
+  dot_tile<WT, R, MT>(w, ldw, x, ldx, K, out);
+}
+
+template <class WT, class XT>  // XT: the dtype of y and bias (x itself is fp32 here)
+struct Problem {
+  const float* x;
+  int64_t ldx;
+  const WT* w;
+  int64_t ldw;
+  const float* scale;  // [N] for int8 weights; nullptr: none
+  const XT* bias;      // nullptr: none
+  XT* y;
+  int64_t ldy;
+  int64_t M, N, K;
+};
+
+// R output columns starting at n0, all M rows, in tiles of MT (the last tile may be smaller).
+template <class WT, class XT, int R, int MT>
+void row_block(const Problem<WT, XT>& p, int64_t n0) {
+  float out[R * MT];
+  const WT* w = p.w + n0 * p.ldw;
+  for (int64_t m0 = 0; m0 < p.M; m0 += MT) {
+    const float* x = p.x + m0 * p.ldx;
+    const int64_t mt = std::min<int64_t>(MT, p.M - m0);
+    dot_tile_upto<WT, R, MT>(mt, w, p.ldw, x, p.ldx, p.K, out);
+    for (int64_t m = 0; m < mt; ++m) {
+      XT* y = p.y + (m0 + m) * p.ldy + n0;
+      for (int r = 0; r < R; ++r) {
+        const float s = p.scale ? p.scale[n0 + r] : 1.0f;
+        const float b = p.bias ? to_float(p.bias[n0 + r]) : 0.0f;
+        y[r] = from_float<XT>(out[m * R + r] * s + b);
+      }
+    }
+  }
+}
+
+// Split N into blocks of R rows (a tail of single rows), spread over the intra-op threads.
+template <class WT, class XT, int R, int MT>
+void run(const Problem<WT, XT>& p, int64_t min_task_bytes) {
+  const int64_t nblocks = p.N / R;
+  const int64_t tail = p.N - nblocks * R;
+  const int64_t block_bytes = R * p.K * static_cast<int64_t>(sizeof(WT));
+  const int64_t grain = std::max<int64_t>(1, min_task_bytes / std::max<int64_t>(1, block_bytes));
+  at::parallel_for(0, nblocks + (tail > 0 ? 1 : 0), grain, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      if (b < nblocks) {
+        row_block<WT, XT, R, MT>(p, b * R);
+      } else {
+        for (int64_t n = nblocks * R; n < p.N; ++n) row_block<WT, XT, 1, 4>(p, n);
+      }
+    }
+  });
+}
+
+// Tile choice: one row at a time against all of x is the most memory-friendly (a single
+// sequential stream per thread) while x stays in L1; otherwise R x 6 tiles cut the cache traffic
+// of re-reading x per weight row and widen each weight vector once for 6 rows of x (R = 4 with
+// AVX-512's 32 registers, 2 with AVX2's 16: R * 6 accumulators + R weight vectors).
+constexpr int64_t kXL1Bytes = 32 * 1024;
+constexpr int kBigR = W == 16 ? 4 : 2;
+
+template <class WT, class XT>
+void dispatch(const Problem<WT, XT>& p, int64_t min_task_bytes) {
+  const int64_t x_bytes = p.M * p.K * static_cast<int64_t>(sizeof(float));
+  if (p.M <= 8 && x_bytes <= kXL1Bytes) {
+    run<WT, XT, 1, 8>(p, min_task_bytes);
+  } else {
+    run<WT, XT, kBigR, 6>(p, min_task_bytes);
+  }
+}
+
+bool dense_cpu(const at::Tensor& t) {
+  return t.device().is_cpu() && t.layout() == at::kStrided && !t.is_neg() && !t.is_conj();
+}
+
+// Row stride of x seen as [M, K] without copying, or -1 when its leading dims do not collapse.
+int64_t row_stride(const at::Tensor& x, int64_t K) {
+  if (K > 1 && x.stride(-1) != 1) return -1;
+  int64_t ld = -1, span = 0;
+  for (int64_t i = x.dim() - 2; i >= 0; --i) {
+    if (x.size(i) == 1) continue;
+    if (ld < 0) {
+      ld = x.stride(i);
+    } else if (x.stride(i) != span) {
+      return -1;
+    }
+    span = x.stride(i) * x.size(i);
+  }
+  return ld < 0 ? K : ld;
+}
+
+// x [M, K] (row stride ldx) as dense fp32 rows: x itself when it is fp32, else widened into buf.
+template <class XT>
+const float* widen_rows(const XT* x, int64_t ldx, int64_t M, int64_t K, std::vector<float>& buf,
+                        int64_t& ld) {
+  if constexpr (std::is_same_v<XT, float>) {
+    ld = ldx;
+    return x;
+  } else {
+    buf.resize(static_cast<size_t>(M * K));
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t k = 0; k < K; ++k) buf[m * K + k] = to_float(x[m * ldx + k]);
+    }
+    ld = K;
+    return buf.data();
+  }
+}
+
+template <class WT, class XT>
+at::Tensor run_typed(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
+                     const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& bias,
+                     int64_t M, int64_t min_task_bytes) {
+  const int64_t N = w.size(0), K = w.size(1);
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = N;
+  at::Tensor y = at::empty(sizes, x.options());
+  std::vector<float> xbuf;
+  int64_t ld = 0;
+  const float* xf = widen_rows(static_cast<const XT*>(x.data_ptr()), ldx, M, K, xbuf, ld);
+  const Problem<WT, XT> p{xf,
+                          ld,
+                          static_cast<const WT*>(w.data_ptr()),
+                          N > 1 ? w.stride(0) : K,
+                          scale.has_value() ? scale->data_ptr<float>() : nullptr,
+                          bias.has_value() ? static_cast<const XT*>(bias->data_ptr()) : nullptr,
+                          static_cast<XT*>(y.data_ptr()),
+                          N,
+                          M,
+                          N,
+                          K};
+  dispatch(p, std::max<int64_t>(1, min_task_bytes));
+  return y;
+}
+
+template <class XT>
+at::Tensor run_weight(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
+                      const std::optional<at::Tensor>& scale,
+                      const std::optional<at::Tensor>& bias, int64_t M, int64_t min_task_bytes) {
+  switch (w.scalar_type()) {
+    case at::kFloat: return run_typed<float, XT>(x, ldx, w, scale, bias, M, min_task_bytes);
+    case at::kBFloat16: return run_typed<bf16, XT>(x, ldx, w, scale, bias, M, min_task_bytes);
+    default: return run_typed<int8_t, XT>(x, ldx, w, scale, bias, M, min_task_bytes);
+  }
+}
+
+bool is_vector(const at::Tensor& t, int64_t n, at::ScalarType dtype) {
+  return dense_cpu(t) && t.scalar_type() == dtype && t.dim() == 1 && t.size(0) == n &&
+         (t.stride(0) == 1 || n == 1) && !t.requires_grad();
+}
+
+}  // namespace
+
+// y [..., N] = (x [..., K] @ w [N, K]^T) * scale [N] (+ bias [N]) when 1 <= M = x.numel() / K
+// <= max_m and the tensors suit the kernel: x (and bias) fp32 or bf16, w fp32 or bf16 (no
+// scale) or int8 (fp32 scale required), dense CPU tensors, no autograd; otherwise None, and the
+// caller uses its torch path. Tasks of at least min_task_bytes of weight are spread over torch's
+// intra-op threads.
+std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
+                                     const std::optional<at::Tensor>& scale,
+                                     const std::optional<at::Tensor>& bias, int64_t max_m,
+                                     int64_t min_task_bytes) {
+  const auto xt = x.scalar_type(), wt = w.scalar_type();
+  if (xt != at::kFloat && xt != at::kBFloat16) return std::nullopt;
+  if (wt == at::kChar ? !scale.has_value() : (wt != at::kFloat && wt != at::kBFloat16) ||
+                                                 scale.has_value()) {
+    return std::nullopt;
+  }
+  if (w.dim() != 2 || x.dim() < 1 || !dense_cpu(x) || !dense_cpu(w)) return std::nullopt;
+  const int64_t N = w.size(0), K = w.size(1);
+  if (N < 1 || K < 1 || x.size(-1) != K) return std::nullopt;
+  const int64_t M = x.numel() / K;
+  if (M < 1 || M > max_m) return std::nullopt;
+  if (w.stride(1) != 1 && K > 1) return std::nullopt;
+  if (scale.has_value() && !is_vector(*scale, N, at::kFloat)) return std::nullopt;
+  if (bias.has_value() && !is_vector(*bias, N, xt)) return std::nullopt;
+  if (c10::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad())) {
+    return std::nullopt;
+  }
+  const int64_t ldx = row_stride(x, K);
+  if (ldx < 0) return std::nullopt;
+  return xt == at::kBFloat16 ? run_weight<bf16>(x, ldx, w, scale, bias, M, min_task_bytes)
+                             : run_weight<float>(x, ldx, w, scale, bias, M, min_task_bytes);
+}

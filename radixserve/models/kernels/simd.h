@@ -1,0 +1,192 @@
+// The one SIMD vocabulary of the CPU kernels: a vector of W fp32 lanes and the few operations
+// they need, with loads that widen the storage types in registers:
+//   float (fp32), bf16 (uint16_t bit pattern: the high half of an fp32), int8_t (quantized).
+// The kernels are written once against this header and compiled per ISA (_ext.py builds one
+// extension per variant with its -m flags): AVX-512 (W = 16) or AVX2 + FMA (W = 8). An aarch64
+// NEON branch would slot in here; none is written (no cross compiler to check it with).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace rs {
+
+using bf16 = uint16_t;
+
+inline float bf16_to_float(bf16 v) {
+  const uint32_t u = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline bf16 float_to_bf16(float f) {  // round to nearest even, like c10::BFloat16
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffU) > 0x7f800000U) return 0x7fc0;  // NaN
+  u += 0x7fffU + ((u >> 16) & 1U);
+  return static_cast<bf16>(u >> 16);
+}
+
+inline float to_float(float v) { return v; }
+inline float to_float(bf16 v) { return bf16_to_float(v); }
+inline float to_float(int8_t v) { return static_cast<float>(v); }
+template <class T>
+inline T from_float(float f);
+template <>
+inline float from_float<float>(float f) { return f; }
+template <>
+inline bf16 from_float<bf16>(float f) { return float_to_bf16(f); }
+
+inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+
+#if defined(__AVX512F__)
+
+#if defined(__AVX512BF16__)
+#define RS_ISA_NAME "avx512_bf16"
+#else
+#define RS_ISA_NAME "avx512"
+#endif
+constexpr int W = 16;
+using VF = __m512;
+using VI = __m512i;
+inline VF zero() { return _mm512_setzero_ps(); }
+inline VF set1(float v) { return _mm512_set1_ps(v); }
+inline VF load(const float* p) { return _mm512_loadu_ps(p); }
+inline VF load(const bf16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline VF load(const int8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+}
+inline void store(float* p, VF v) { _mm512_storeu_ps(p, v); }
+inline VI as_int(VF v) { return _mm512_castps_si512(v); }
+inline VF as_float(VI v) { return _mm512_castsi512_ps(v); }
+inline VI add_i(VI a, VI b) { return _mm512_add_epi32(a, b); }
+inline VI and_i(VI a, VI b) { return _mm512_and_si512(a, b); }
+inline VI set1_i(int v) { return _mm512_set1_epi32(v); }
+inline VI srli(VI a, int n) { return _mm512_srli_epi32(a, n); }
+inline VI slli(VI a, int n) { return _mm512_slli_epi32(a, n); }
+inline void store_halves(bf16* p, VI v) {  // the low 16 bits of each lane
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
+}
+inline VF fma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VF add(VF a, VF b) { return _mm512_add_ps(a, b); }
+inline VF sub(VF a, VF b) { return _mm512_sub_ps(a, b); }
+inline VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+inline VF max(VF a, VF b) { return _mm512_max_ps(a, b); }
+inline VF round(VF a) {
+  return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline VI to_int(VF a) { return _mm512_cvtps_epi32(a); }
+inline VF select_ge(VF x, VF lo, VF a, VF b) {  // x >= lo ? a : b
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), b, a);
+}
+inline float hsum(VF v) { return _mm512_reduce_add_ps(v); }
+inline float hmax(VF v) { return _mm512_reduce_max_ps(v); }
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+#define RS_ISA_NAME "avx2"
+constexpr int W = 8;
+using VF = __m256;
+using VI = __m256i;
+inline VF zero() { return _mm256_setzero_ps(); }
+inline VF set1(float v) { return _mm256_set1_ps(v); }
+inline VF load(const float* p) { return _mm256_loadu_ps(p); }
+inline VF load(const bf16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline VF load(const int8_t* p) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+inline void store(float* p, VF v) { _mm256_storeu_ps(p, v); }
+inline VI as_int(VF v) { return _mm256_castps_si256(v); }
+inline VF as_float(VI v) { return _mm256_castsi256_ps(v); }
+inline VI add_i(VI a, VI b) { return _mm256_add_epi32(a, b); }
+inline VI and_i(VI a, VI b) { return _mm256_and_si256(a, b); }
+inline VI set1_i(int v) { return _mm256_set1_epi32(v); }
+inline VI srli(VI a, int n) { return _mm256_srli_epi32(a, n); }
+inline VI slli(VI a, int n) { return _mm256_slli_epi32(a, n); }
+inline void store_halves(bf16* p, VI v) {  // the low 16 bits of each lane (all < 2^16 here)
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+inline VF fma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VF add(VF a, VF b) { return _mm256_add_ps(a, b); }
+inline VF sub(VF a, VF b) { return _mm256_sub_ps(a, b); }
+inline VF mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
+inline VF max(VF a, VF b) { return _mm256_max_ps(a, b); }
+inline VF round(VF a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline VI to_int(VF a) { return _mm256_cvtps_epi32(a); }
+inline VF select_ge(VF x, VF lo, VF a, VF b) {  // x >= lo ? a : b
+  return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, lo, _CMP_GE_OQ));
+}
+inline float hsum(VF v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline float hmax(VF v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+#else
+#error "radixserve CPU kernels need AVX2+FMA or AVX-512 (built per variant by _ext.py)"
+#endif
+
+// bf16 stores round to nearest even (NaN -> the canonical quiet NaN), like c10::BFloat16.
+inline void store(bf16* p, VF v) {
+  const VI u = as_int(v);
+  const VI rounded = srli(add_i(u, add_i(set1_i(0x7fff), and_i(srli(u, 16), set1_i(1)))), 16);
+  alignas(64) float f[W];
+  store(f, v);
+  bool nan = false;
+  for (int i = 0; i < W; ++i) nan |= f[i] != f[i];
+  if (!nan) return store_halves(p, rounded);
+  for (int i = 0; i < W; ++i) p[i] = float_to_bf16(f[i]);
+}
+
+// The first n (< W) elements, zero-padded / stored alone.
+template <class T>
+inline VF load_tail(const T* p, int64_t n) {
+  alignas(64) T buf[W] = {};
+  std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(T));
+  return load(buf);
+}
+template <class T>
+inline void store_tail(T* p, VF v, int64_t n) {
+  alignas(64) T buf[W];
+  store(buf, v);
+  std::memcpy(p, buf, static_cast<size_t>(n) * sizeof(T));
+}
+
+// exp(x) for x <= 0 (Cephes' expf polynomial, ~1 ulp); 0 below -87.3 and for -inf.
+inline VF exp_nonpos(VF x) {
+  const VF lo = set1(-87.3f);
+  const VF xc = max(x, lo);
+  const VF n = round(mul(xc, set1(1.44269504088896341f)));
+  VF r = fma(n, set1(-0.693359375f), xc);
+  r = fma(n, set1(2.12194440e-4f), r);
+  VF p = set1(1.9875691500e-4f);
+  p = fma(p, r, set1(1.3981999507e-3f));
+  p = fma(p, r, set1(8.3334519073e-3f));
+  p = fma(p, r, set1(4.1665795894e-2f));
+  p = fma(p, r, set1(1.6666665459e-1f));
+  p = fma(p, r, set1(5.0000001201e-1f));
+  p = fma(p, mul(r, r), add(r, set1(1.0f)));
+  const VF scale = as_float(slli(add_i(to_int(n), set1_i(127)), 23));  // 2^n, n >= -126
+  return select_ge(x, lo, mul(p, scale), zero());
+}
+
+}  // namespace rs

@@ -1,0 +1,81 @@
+"""Whole models on the CPU kernels of every ISA variant against the float32 torch reference.
+
+Each family's tiny checkpoint runs one EXTEND batch (two prompts) and one DECODE step, once with
+``TORCH_ONLY`` in float32 (the reference: F.linear, F.rms_norm, the torch-native backend, int8
+weights dequantized) and once on a variant's kernels. In float32 the two differ only by
+summation order (1e-4 of the largest logit). With bf16 storage (weights, activations and KV
+rounded to bf16, fp32 math in the kernels) the kernels may be off the float32 reference by at
+most 1.5x what torch's own bf16 path is off it (plus 1e-3).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixserve.memory_pool import KVCache, ReqToTokenPool
+from radixserve.models.attention.cpu_kernel import CpuKernelBackend
+from radixserve.models.attention.registry import create_attention_backend
+from radixserve.models.forward_batch import ForwardBatch
+from radixserve.models.kernels import TORCH_ONLY, CpuKernels
+from radixserve.models.loader import load_model
+
+PROMPTS = [[5, 17, 3, 99, 42, 7, 7, 1, 250], [8, 4, 61, 33, 2, 90, 11, 13, 120, 64, 9, 5, 31, 77]]
+CASES = [("float32", None), ("bfloat16", None), ("float32", "int8"), ("bfloat16", "int8")]
+
+
+def run_model(
+    path: Path, kernels: CpuKernels, dtype: str, quantization: str | None
+) -> tuple[torch.Tensor, str]:
+    """Last-token logits of the EXTEND batch and of one DECODE step, stacked [4, vocab] fp32,
+    and the attention backend's class name."""
+    model, cfg = load_model(path, dtype, kernels=kernels, quantization=quantization)
+    kv = KVCache(cfg.num_layers, 64, cfg.num_kv_heads, cfg.head_dim, model.embed_tokens.dtype)
+    pool = ReqToTokenPool(2, 32)
+    backend = create_attention_backend(None, model.attention_spec, kv, pool, kernels)
+    lens = [len(p) for p in PROMPTS]
+    slots = torch.arange(1, 1 + sum(lens))
+    pool.req_to_token[0, : lens[0]] = slots[: lens[0]].int()
+    pool.req_to_token[1, : lens[1]] = slots[lens[0] :].int()
+    batch = ForwardBatch.extend([t for p in PROMPTS for t in p], [0, 1], [0, 0], lens, slots)
+    with torch.inference_mode():
+        backend.init_forward_metadata(batch)
+        hidden = model(batch, backend)
+        ends = torch.tensor([lens[0] - 1, sum(lens) - 1])
+        first = model.compute_logits(hidden.index_select(0, ends)).float()
+        new = torch.tensor([slots[-1] + 1, slots[-1] + 2])
+        pool.req_to_token[0, lens[0]] = new[0].int()
+        pool.req_to_token[1, lens[1]] = new[1].int()
+        step = ForwardBatch.decode([3, 250], [0, 1], [n + 1 for n in lens], new)
+        backend.init_forward_metadata(step)
+        second = model.compute_logits(model(step, backend)).float()
+    return torch.cat([first, second]), type(backend).__name__
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1] or 'dense'}")
+def test_model_on_kernels_matches_torch_reference(
+    variant_kernels: CpuKernels,
+    tiny_model_dirs: dict[str, Path],
+    family: str,
+    case: tuple[str, str | None],
+) -> None:
+    path = tiny_model_dirs[family]
+    dtype, quantization = case
+    ref, ref_backend = run_model(path, TORCH_ONLY, "float32", quantization)
+    assert ref_backend == "TorchNativeBackend"
+    out, backend = run_model(path, variant_kernels, dtype, quantization)
+    head_dim = load_model(path, "float32")[1].head_dim
+    expect = CpuKernelBackend.__name__ if head_dim % 16 == 0 else "TorchNativeBackend"
+    assert backend == expect
+
+    def rel(x: torch.Tensor) -> float:
+        return ((x - ref).abs().max() / ref.abs().max()).item()
+
+    if dtype == "float32":
+        assert rel(out) <= 1e-4, f"max |diff| / max |ref| = {rel(out):.2e}"
+    else:
+        torch_bf16 = rel(run_model(path, TORCH_ONLY, dtype, quantization)[0])
+        assert rel(out) <= 1.5 * torch_bf16 + 1e-3, f"{rel(out):.2e} vs torch {torch_bf16:.2e}"
