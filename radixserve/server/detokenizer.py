@@ -1,4 +1,5 @@
-"""Detokenizer: token ids to text deltas, correct across multi-byte characters; stop strings.
+"""Detokenizer: token ids to text deltas, correct across multi-byte characters, cut at stop
+strings.
 
 Two pieces, both pure (no sockets; the process loop is ``detokenizer_process``):
 
@@ -101,9 +102,7 @@ class Detokenizer:
             if isinstance(msg, DetokenizeParams):
                 self.register(msg)
             elif isinstance(msg, ReqOutput):
-                out = self.process(msg)
-                if out is not None:
-                    results.append(out)
+                results.append(self.process(msg))
             else:
                 results.append(msg)
         return results

@@ -39,9 +39,7 @@ def run(
     results = []
     for k, tid in enumerate(ids):
         last = k == len(ids) - 1
-        res = detok.process(out("r", [tid], finish if last else None, k + 1))
-        if res is not None:
-            results.append(res)
+        results.append(detok.process(out("r", [tid], finish if last else None, k + 1)))
     assert "r" not in detok.reqs or not results[-1].output.finish_reason
     return results
 
