@@ -118,7 +118,7 @@ def test_an_admitted_request_never_preempts() -> None:
     assert adder.preempt_list == []
 
 
-def test_admit_waiting_preempts_for_the_urgent_request() -> None:
+def test_the_plan_preempts_for_the_urgent_request() -> None:
     tree, alloc = pool(1000)
     running = runners(alloc, [("low-old", 0, 1.0), ("low-new", 0, 2.0), ("mid", 5, 3.0)])
     adder = new_adder(tree, alloc, list(running.values()), max_new_reqs=8, priority=True)
