@@ -86,6 +86,14 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         default="cache_aware,round_robin",
         help="comma list of sglang-router policies compared with --dp-size",
     )
+    add(
+        "--router-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="with --dp-size: an extra sglang-router flag, e.g. "
+        "--router-arg=--balance-abs-threshold=1 (repeatable)",
+    )
     add("--seed", type=int, default=0)
     add("--out", default="bench_out", help="directory for the JSON and PNG")
     add("--name", default=None, help="file stem of the outputs (default: benchmark and shape)")
@@ -195,6 +203,7 @@ def _run(args: argparse.Namespace) -> int:
         repeat=args.repeat,
         dp_size=args.dp_size,
         router_policies=tuple(args.router_policy.split(",")),
+        router_args=tuple(args.router_arg),
     )
     sweep = "-sweep" if len(policies) > 1 else (f"-dp{args.dp_size}" if args.dp_size > 1 else "")
     name = args.name or f"{args.bench_command}-{shape}{sweep}"

@@ -50,6 +50,7 @@ class BenchOptions:
     repeat: int = 1  # runs per system; the fastest is reported
     dp_size: int = 1  # > 1: radixserve serve --dp-size behind sglang-router, per router policy
     router_policies: tuple[str, ...] = ("cache_aware", "round_robin")
+    router_args: tuple[str, ...] = ()  # passed to the router (radixserve serve --router-arg)
 
     def __post_init__(self) -> None:
         if self.repeat < 1:
@@ -252,6 +253,7 @@ def _client(
         worker_threads = str(opts.num_threads or 1)
         extra_args = ("--dp-size", str(opts.dp_size), "--router-policy", router_policy)
         extra_args += ("--threads-per-worker", worker_threads)
+        extra_args += tuple(f"--router-arg={a}" for a in opts.router_args)
     with launched_server(
         opts.model_path, opts.dtype, policy, disable_cache, opts.num_threads, extra_args
     ) as url:
