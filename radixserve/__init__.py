@@ -13,7 +13,7 @@ __all__ = ["Engine"]
 
 def __getattr__(name: str) -> Any:
     if name == "Engine":
-        from radixserve.runtime.engine import Engine
+        from radixserve.server.engine import Engine
 
         return Engine
     raise AttributeError(f"module 'radixserve' has no attribute {name!r}")

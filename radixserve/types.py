@@ -10,8 +10,11 @@ from __future__ import annotations
 import enum
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 _rid_counter = itertools.count()
 
@@ -73,12 +76,6 @@ class SamplingParams:
         return self.temperature == 0 or self.top_k == 1
 
 
-class ReqStatus(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-
-
 class FinishKind(enum.Enum):
     STOP_TOKEN = "stop"  # EOS or a stop token id
     STOP_STR = "stop_str"
@@ -111,11 +108,15 @@ class Req:
       ``prefix_len``  = len(prefix_indices): tokens whose KV the request shares with the tree
                         (the cache hit, plus what earlier chunks computed and cached)
       ``kv_len``      = tokens that have a KV slot in the request's ``req_to_token`` row
-      ``extend_len``  = tokens computed in the current EXTEND step
+      ``extend_len``  = tokens computed in an EXTEND step (the admission plan's, not a field)
+
+    The KV fields (``req_pool_idx``, ``prefix_indices``, ``last_node``, ``kv_len``) are written
+    by ``runtime.KVManager`` alone; everyone else reads them. ``fill_ids`` is an int32 view of
+    prompt plus output (no copy), so the radix tree takes it as a key without converting.
     """
 
     rid: str
-    origin_input_ids: list[int]
+    origin_input_ids: Sequence[int]
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     priority: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
@@ -126,15 +127,13 @@ class Req:
     logprob_start_len: int = -1  # >= 0: also return logprobs of prompt tokens from here on
 
     output_ids: list[int] = field(default_factory=list)
-    status: ReqStatus = ReqStatus.WAITING
     finish_reason: FinishReason | None = None
 
-    # KV bookkeeping, owned by the scheduler
+    # KV bookkeeping, written by the KVManager only
     req_pool_idx: int | None = None
     prefix_indices: Any = None  # torch int64 tensor of KV slots of the matched/computed prefix
     last_node: Any = None  # the radix node that prefix_indices ends at (locked while running)
     kv_len: int = 0  # row[:kv_len] holds slots; row[prefix_len:kv_len] are the request's own
-    extend_len: int = 0
     cached_tokens: int = 0  # prompt tokens served from the cache, summed over (re)admissions
     num_preemptions: int = 0
     num_retractions: int = 0
@@ -144,6 +143,27 @@ class Req:
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     input_logprobs: list[float] = field(default_factory=list)
+
+    # prompt + output as int32, grown by doubling: fill_ids is a view of its first seq_len
+    _tokens: np.ndarray = field(init=False, repr=False)
+    _num_tokens: int = field(init=False, repr=False, default=0)
+
+    def __post_init__(self) -> None:
+        self._sync_tokens()
+
+    def append_output(self, token: int) -> None:
+        """Add one generated token (to ``output_ids`` and to ``fill_ids``)."""
+        self.output_ids.append(token)
+        n = self._num_tokens
+        if n != self.seq_len - 1:  # output_ids was changed by hand: rebuild
+            self._sync_tokens()
+            return
+        if n == len(self._tokens):
+            grown = np.empty(2 * n, dtype=np.int32)
+            grown[:n] = self._tokens
+            self._tokens = grown
+        self._tokens[n] = token
+        self._num_tokens = n + 1
 
     @property
     def prompt_len(self) -> int:
@@ -162,9 +182,11 @@ class Req:
         return 0 if self.prefix_indices is None else len(self.prefix_indices)
 
     @property
-    def fill_ids(self) -> list[int]:
-        """Every token whose KV the request needs: prompt plus output so far."""
-        return self.origin_input_ids + self.output_ids
+    def fill_ids(self) -> np.ndarray:
+        """Every token whose KV the request needs: prompt plus output so far (int32, a view)."""
+        if self._num_tokens != self.seq_len:
+            self._sync_tokens()
+        return self._tokens[: self._num_tokens]
 
     @property
     def is_finished(self) -> bool:
@@ -176,3 +198,10 @@ class Req:
 
     def remaining_new_tokens(self) -> int:
         return max(self.sampling_params.max_new_tokens - len(self.output_ids), 0)
+
+    def _sync_tokens(self) -> None:
+        n = self.seq_len
+        tokens = np.empty(max(2 * n, 16), dtype=np.int32)
+        tokens[: self.prompt_len] = np.asarray(self.origin_input_ids, dtype=np.int32)
+        tokens[self.prompt_len : n] = np.asarray(self.output_ids, dtype=np.int32)
+        self._tokens, self._num_tokens = tokens, n

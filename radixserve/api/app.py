@@ -34,7 +34,7 @@ from radixserve.api.serving_completions import CompletionServing
 from radixserve.api.serving_native import NativeServing
 from radixserve.config import ServerConfig
 from radixserve.runtime.default_model import DESCRIPTION as DEFAULT_MODEL_DESCRIPTION
-from radixserve.runtime.tokenizer_manager import TokenizerManager
+from radixserve.server.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 

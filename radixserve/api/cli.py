@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench(args)
     if args.command != "serve":
         return 1
-    from radixserve.runtime.ipc import LOG_FORMAT
+    from radixserve.server.ipc import LOG_FORMAT
 
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     try:

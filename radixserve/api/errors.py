@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixserve.runtime.tokenizer_manager import (
+from radixserve.server.tokenizer_manager import (
     ClientDisconnected,
     RequestFailed,
     SchedulerUnavailable,

@@ -16,8 +16,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from radixserve.runtime.io_struct import TextOutput
-from radixserve.runtime.tokenizer_manager import ReqState
+from radixserve.server.io_struct import TextOutput
+from radixserve.server.tokenizer_manager import ReqState
 
 PREFIX = "radixserve:"
 THROUGHPUT_WINDOW_S = 10.0

@@ -25,7 +25,7 @@ from radixserve.api.responses import (
 from radixserve.api.streaming import RequestResult
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
-from radixserve.runtime.tokenizer_manager import TokenizerManager
+from radixserve.server.tokenizer_manager import TokenizerManager
 from radixserve.types import FinishReason
 
 

@@ -29,11 +29,11 @@ from radixserve.api.app import create_app
 from radixserve.api.metrics import ServingMetrics
 from radixserve.config import ServerConfig
 from radixserve.runtime.default_model import DESCRIPTION as DEFAULT_MODEL_DESCRIPTION
-from radixserve.runtime.detokenizer_process import run_detokenizer_process
-from radixserve.runtime.io_struct import SchedulerInfo
-from radixserve.runtime.ipc import IpcEndpoints
-from radixserve.runtime.scheduler_process import run_scheduler_process
-from radixserve.runtime.tokenizer_manager import TokenizerManager
+from radixserve.server.detokenizer_process import run_detokenizer_process
+from radixserve.server.io_struct import SchedulerInfo
+from radixserve.server.ipc import IpcEndpoints
+from radixserve.server.scheduler_process import run_scheduler_process
+from radixserve.server.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger("radixserve.server")
 

@@ -36,7 +36,7 @@ from radixserve.api.streaming import (
     sse,
 )
 from radixserve.runtime.io_struct import GenerateRequest
-from radixserve.runtime.tokenizer_manager import ClientDisconnected
+from radixserve.server.tokenizer_manager import ClientDisconnected
 
 
 class ChatServing(OpenAIServing):

@@ -31,7 +31,7 @@ from radixserve.api.streaming import (
     sse,
 )
 from radixserve.runtime.io_struct import GenerateRequest
-from radixserve.runtime.tokenizer_manager import ClientDisconnected
+from radixserve.server.tokenizer_manager import ClientDisconnected
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 

@@ -28,7 +28,7 @@ from radixserve.api.streaming import (
     sse,
 )
 from radixserve.runtime.io_struct import GenerateRequest
-from radixserve.runtime.tokenizer_manager import ClientDisconnected, TokenizerManager
+from radixserve.server.tokenizer_manager import ClientDisconnected, TokenizerManager
 from radixserve.types import FinishKind, FinishReason
 
 T = TypeVar("T")

@@ -18,8 +18,9 @@ from typing import Any, TypeVar
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from radixserve.runtime.io_struct import GenerateRequest, ReqOutput, TextOutput
-from radixserve.runtime.tokenizer_manager import TokenizerManager
+from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
+from radixserve.server.io_struct import TextOutput
+from radixserve.server.tokenizer_manager import TokenizerManager
 from radixserve.types import FinishReason
 
 T = TypeVar("T")

@@ -193,7 +193,7 @@ def _client(
 ) -> Iterator[tuple[Client, str | None]]:
     """The client of one radixserve system (and its URL over HTTP), stopped on exit."""
     if opts.backend == "engine":
-        from radixserve.runtime.engine import Engine
+        from radixserve.server.engine import Engine
 
         threads = {} if opts.num_threads is None else {"num_threads": opts.num_threads}
         engine = Engine(

@@ -18,6 +18,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -64,7 +65,7 @@ class ForwardBatch:
     @classmethod
     def extend(
         cls,
-        input_ids: Sequence[int] | torch.Tensor,
+        input_ids: Sequence[int] | np.ndarray | torch.Tensor,
         req_pool_indices: Sequence[int],
         prefix_lens: Sequence[int],
         extend_lens: Sequence[int],
@@ -119,7 +120,7 @@ class ForwardBatch:
     @classmethod
     def decode(
         cls,
-        input_ids: Sequence[int] | torch.Tensor,
+        input_ids: Sequence[int] | np.ndarray | torch.Tensor,
         req_pool_indices: Sequence[int],
         seq_lens: Sequence[int],
         out_cache_loc: torch.Tensor,
@@ -155,7 +156,11 @@ class ForwardBatch:
         )
 
 
-def _as_long(values: Sequence[int] | torch.Tensor, device: torch.device | str) -> torch.Tensor:
+def _as_long(
+    values: Sequence[int] | np.ndarray | torch.Tensor, device: torch.device | str
+) -> torch.Tensor:
     if isinstance(values, torch.Tensor):
         return values.to(device=device, dtype=torch.int64)
+    if isinstance(values, np.ndarray):  # token ids arrive as int32 arrays: no Python loop
+        return torch.from_numpy(values).to(device=device, dtype=torch.int64)
     return torch.tensor(list(values), dtype=torch.int64, device=device)

@@ -9,23 +9,26 @@ and the branch stays hot. Requests with no cache hit (``last_node`` is the root)
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from radixserve.radix.base import MatchResult
 from radixserve.types import Req
 
 
-def dfs_weight_rank(reqs: Sequence[Req], root: Any) -> dict[str, int]:
+def dfs_weight_rank(
+    reqs: Sequence[Req], matches: Mapping[Req, MatchResult], root: Any
+) -> dict[str, int]:
     """Position of each request (by ``rid``) in the DFS-weight order.
 
-    Needs ``req.last_node`` from a match made this pass (nodes must still hang under ``root``);
+    Needs each request's match made this pass (its ``last_node`` must still hang under ``root``);
     reads ``node.parent`` and ``node.children`` only. Only the branches that hold a request are
     walked, so the cost grows with the requests' depth, not with the size of the tree. Equal
     weights keep the children's insertion order (SGLang's stable ``sorted``).
     """
     node_reqs: dict[Any, list[Req]] = defaultdict(list)
     for req in reqs:
-        node_reqs[req.last_node].append(req)
+        node_reqs[matches[req].last_node].append(req)
 
     weight: dict[Any, int] = defaultdict(int)
     for node, group in node_reqs.items():

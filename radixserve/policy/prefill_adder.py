@@ -1,30 +1,32 @@
 """PrefillAdder: which waiting requests join this pass's prefill batch (seed 004 sections 6-9).
 
-Built once per scheduling pass. It reads free and evictable sizes and locks tree nodes; it never
-allocates, frees or evicts. What the scheduler does with its outputs:
+Built once per scheduling pass from the frozen :class:`AdmissionConfig` and the pass's state.
+It decides; it never allocates, frees or evicts, and writes no KV field of a request. What it
+returns is a :class:`PrefillPlan` (data), which the ``KVManager`` commits all or nothing:
 
-- ``can_run_list``: run these this pass; each computes ``fill_ids[prefix_len : prefix_len +
-  extend_len]``. Each request admitted by ``add_one_req`` holds one tree lock, on
-  ``req.last_node``, which the scheduler owns from then on: it moves it when it caches a chunk
-  and releases it when the request finishes, aborts, is retracted or is preempted. The
-  continuing chunked request keeps the lock it already had.
-- ``new_chunked_req``: the request that is chunked after this pass, if any: the continuing one
-  when chunks remain, or one admitted with a truncated first chunk (never two). Next pass it
-  goes first, through ``add_chunked_req``.
-- ``preempt_list``: running requests chosen by ``preempt_to_schedule``. The budget already counts
+- ``admitted``: run these this pass, each computing ``extend_len`` tokens after its match.
+  Each new admission holds one tentative tree lock, on ``match.last_node``, that the plan
+  carries (``prefill_plan`` says who takes it over). The continuing chunked request keeps the
+  lock it already had.
+- ``chunked``: the request that is chunked after this pass, if any: the continuing one when
+  chunks remain, or one admitted with a truncated first chunk (never two). Next pass it goes
+  first, through ``add_chunked_req``.
+- ``to_preempt``: running requests chosen by ``preempt_to_schedule``. The budget already counts
   their memory as free, so the scheduler frees them *after* the admission loop (freeing during
   it would count them twice), keeps their ``output_ids`` and puts them back in the queue.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from radixserve.config import SchedulerConstants
+from radixserve.policy.admission_config import AdmissionConfig
 from radixserve.policy.ignore_eos import ignore_eos_fits, req_state
 from radixserve.policy.preemption import outranks, victim_order
-from radixserve.policy.prefill_budget import AddReqResult, FreeSlots, PrefillBudget
-from radixserve.radix.base import PrefixCache
+from radixserve.policy.prefill_budget import AddReqResult, KVView, PrefillBudget
+from radixserve.policy.prefill_plan import Admission, PrefillPlan
+from radixserve.policy.prefix_match import match_req_prefix
+from radixserve.radix.base import MatchResult
 from radixserve.types import Req
 
 __all__ = ["AddReqResult", "PrefillAdder"]
@@ -35,45 +37,85 @@ class PrefillAdder:
 
     def __init__(
         self,
-        page_size: int,
-        tree_cache: PrefixCache,
-        allocator: FreeSlots,
+        config: AdmissionConfig,
+        kv: KVView,
         running_reqs: Sequence[Req],
         new_token_ratio: float,
-        max_prefill_tokens: int,
-        chunked_prefill_size: int | None,
         max_new_reqs: int,
-        constants: SchedulerConstants | None = None,
-        enable_priority_scheduling: bool = False,
-        schedule_low_priority_values_first: bool = False,
     ) -> None:
-        self.tree_cache = tree_cache
-        self.constants = constants if constants is not None else SchedulerConstants()
+        self.config = config
+        self.constants = config.constants
+        self.kv = kv
+        self.tree_cache = kv.tree
         self.running_reqs = [r for r in running_reqs if not r.is_finished]
         self.new_token_ratio = new_token_ratio
-        self.enable_priority_scheduling = enable_priority_scheduling
-        self.schedule_low_priority_values_first = schedule_low_priority_values_first
-        self.budget = PrefillBudget(
-            page_size,
-            tree_cache,
-            allocator,
-            self.running_reqs,
-            new_token_ratio,
-            max_prefill_tokens,
-            chunked_prefill_size,
-            max_new_reqs,
-            self.constants.clip_max_new_tokens,
-        )
-        self.can_run_list: list[Req] = []
-        self.preempt_list: list[Req] = []
-        self.new_chunked_req: Req | None = None
+        self.budget = PrefillBudget(config, kv, self.running_reqs, new_token_ratio, max_new_reqs)
+        self.result = PrefillPlan()
         self._running = set(self.running_reqs)
         self._admitted: set[Req] = set()
+        self._matches: dict[Req, MatchResult] = {}
+
+    # ---- the pass ------------------------------------------------------------------------
+    def plan(
+        self,
+        waiting_queue: Sequence[Req],
+        matches: Mapping[Req, MatchResult] | None = None,
+        deprioritized: frozenset[str] = frozenset(),
+        chunked_req: Req | None = None,
+    ) -> PrefillPlan:
+        """Admission for one pass: ``chunked_req`` continues first, then ``waiting_queue``
+        (already ordered by ``SchedulePolicy.calc_priority``) is offered in order.
+
+        ``matches``: the policy's matches of this pass; a request without one is matched just
+        before it is offered. A refused request may preempt running ones (priority scheduling);
+        the loop stops at the first request that is refused and cannot preempt, so no request
+        overtakes a refused one. ``deprioritized`` (``Ordering.deprioritized``): once something
+        is admitted, these wait for the next pass, when the prefix they share with an admitted
+        request is cached (seed 004 section 4). SGLang only moves them to the back, so with
+        room they join the same batch and recompute it.
+        """
+        has_chunked_req = chunked_req is not None
+        if chunked_req is not None:
+            self.add_chunked_req(chunked_req)
+        matches = matches or {}
+        for req in waiting_queue:
+            if req.rid in deprioritized and self.result.admitted:
+                continue
+            self.add_one_req(req, has_chunked_req, matches.get(req))
+            if req in self._admitted:
+                continue
+            if not self.preempt_to_schedule(req, has_chunked_req):
+                break
+            self.add_one_req(req, has_chunked_req, self._matches[req])
+            assert req in self._admitted, "preemption promised room for the request"
+        return self.result
+
+    # ---- views of the plan so far ---------------------------------------------------------
+    @property
+    def can_run_list(self) -> list[Req]:
+        return self.result.reqs
+
+    @property
+    def new_chunked_req(self) -> Req | None:
+        return self.result.chunked
+
+    @property
+    def preempt_list(self) -> list[Req]:
+        return self.result.to_preempt
 
     @property
     def rem_total_tokens(self) -> float:
         return self.budget.rem_total_tokens
 
+    def extend_len(self, req: Req) -> int:
+        """The tokens ``req`` computes this pass (it must be admitted)."""
+        return next(a.extend_len for a in self.result.admitted if a.req is req)
+
+    def match_of(self, req: Req) -> MatchResult:
+        """The match ``req`` was offered with this pass."""
+        return self._matches[req]
+
+    # ---- offering ------------------------------------------------------------------------
     def add_chunked_req(self, req: Req) -> Req | None:
         """Continue the chunked request of earlier passes; call first, before ``add_one_req``.
 
@@ -81,7 +123,7 @@ class PrefillAdder:
         that is smaller) in whole pages. When memory is short it still gets the full chunk budget:
         it already holds KV and a row, and stalling it would hold them forever. Takes no lock (it
         keeps its own) and no new slot. Returns ``req`` if more chunks remain (it is then also
-        ``new_chunked_req``), else None.
+        ``chunked``), else None.
         """
         budget = self.budget
         assert budget.rem_chunk_tokens is not None, "a chunked request without chunked prefill"
@@ -92,102 +134,108 @@ class PrefillAdder:
         if limit <= 0:
             limit = budget.chunk_len()
         truncated = extend_len > limit
-        req.extend_len = min(extend_len, limit)
-        self.can_run_list.append(req)
+        extend_len = min(extend_len, limit)
+        self.result.admitted.append(Admission(req, None, extend_len))
         if truncated:
-            self.new_chunked_req = req
+            self.result.chunked = req
         new_tokens = 0 if truncated else budget.new_tokens(req)
-        budget.charge(budget.ceil_pages(req.extend_len), new_tokens, takes_slot=False)
+        budget.charge(budget.ceil_pages(extend_len), new_tokens, takes_slot=False)
         return req if truncated else None
 
-    def add_one_req(self, req: Req, has_chunked_req: bool = False) -> AddReqResult:
-        """Offer one waiting request; ``req.prefix_indices`` / ``last_node`` must come from a match
-        made this pass. ``has_chunked_req=True`` forbids starting a chunked request (SGLang passes
-        whether one continues); a second one never starts anyway.
+    def add_one_req(
+        self, req: Req, has_chunked_req: bool = False, match: MatchResult | None = None
+    ) -> AddReqResult:
+        """Offer one waiting request with its ``match`` of this pass (None: match it now).
+        ``has_chunked_req=True`` forbids starting a chunked request (SGLang passes whether one
+        continues); a second one never starts anyway.
 
         Refused when a running slot, the memory (``ceil_pages(extend) + min(max_new - generated,
         clip) >= rem_total_tokens``; for ``ignore_eos`` also ``ignore_eos_fits``) or, unless it
-        is the first, the prefill budget is short. Locks ``req.last_node`` and re-checks under
+        is the first, the prefill budget is short. Locks ``match.last_node`` and re-checks under
         the lock (locking the prefix takes it out of ``evictable``). On refusal the lock is
-        released and nothing changed. On admission the lock is kept, ``req.extend_len`` is set,
-        and a request longer than the chunk budget becomes ``new_chunked_req`` with
-        ``extend_len`` the chunk budget in whole pages (at least one page, else OTHER).
+        released and nothing changed. On admission the lock is kept (in the plan), and a request
+        longer than the chunk budget becomes ``chunked`` with the chunk budget in whole pages
+        (at least one page, else OTHER).
         """
         assert req not in self._admitted, "a request offered twice in one pass"
+        if match is None:
+            match = match_req_prefix(req, self.tree_cache)
+        self._matches[req] = match
         budget = self.budget
         if budget.free_slots <= 0:
             return AddReqResult.OTHER
-        extend_len = req.seq_len - req.prefix_len
+        extend_len = req.seq_len - len(match.indices)
         input_tokens = budget.ceil_pages(extend_len)
         total_tokens = input_tokens + budget.new_tokens(req)
         if total_tokens >= budget.rem_total_tokens:
             return AddReqResult.NO_TOKEN
-        if input_tokens >= budget.rem_input_tokens and self.can_run_list:
+        if input_tokens >= budget.rem_input_tokens and self.result.admitted:
             return AddReqResult.OTHER
 
-        self.tree_cache.inc_lock_ref(req.last_node)
+        self.tree_cache.inc_lock_ref(match.last_node)
         refusal = self._refusal_under_lock(req, input_tokens, total_tokens, has_chunked_req)
         if refusal is not None:
-            self.tree_cache.dec_lock_ref(req.last_node)
+            self.tree_cache.dec_lock_ref(match.last_node)
             return refusal
         if budget.needs_chunking(input_tokens):
-            req.extend_len = budget.chunk_len()
-            self.new_chunked_req = req
-            budget.charge(req.extend_len, 0, takes_slot=True)
+            extend_len = budget.chunk_len()
+            self.result.chunked = req
+            budget.charge(extend_len, 0, takes_slot=True)
         else:
-            req.extend_len = extend_len
             budget.charge(input_tokens, budget.new_tokens(req), takes_slot=True)
-        self.can_run_list.append(req)
+        self.result.admitted.append(Admission(req, match, extend_len))
         self._admitted.add(req)
         return budget.state()
 
-    def preempt_to_schedule(
-        self, req: Req, running_reqs: Sequence[Req], has_chunked_req: bool = False
-    ) -> bool:
-        """Choose running requests to preempt so that ``req`` (just refused) fits.
+    def preempt_to_schedule(self, req: Req, has_chunked_req: bool = False) -> bool:
+        """Choose running requests to preempt so that ``req`` (just refused by ``add_one_req``,
+        whose match it reuses) fits.
 
         Only with priority scheduling on, and only victims that ``req`` outranks by more than
         ``constants.priority_preemption_threshold``, taken least urgent and most recent first,
         and only as many as needed to cover ``req``'s tokens and a running slot. If enough: the
-        victims go to ``preempt_list``, the budget counts them as freed, and True:
+        victims go to ``to_preempt``, the budget counts them as freed, and True:
         ``add_one_req(req)`` will then admit it. Otherwise nothing changes and False (also when
         ``req`` was admitted already or is refused for a reason preemption cannot lift). Only
-        ``running_reqs`` that the adder was built with are considered. Frees nothing.
+        the running requests the adder was built with are considered. Frees nothing.
         """
-        if not self.enable_priority_scheduling or req in self._admitted:
+        if not self.config.enable_priority_scheduling or req in self._admitted:
             return False
+        match = self._matches.get(req) or match_req_prefix(req, self.tree_cache)
+        self._matches[req] = match
         budget = self.budget
-        input_tokens = budget.ceil_pages(req.seq_len - req.prefix_len)
+        input_tokens = budget.ceil_pages(req.seq_len - len(match.indices))
         total_tokens = input_tokens + budget.new_tokens(req)
-        if input_tokens >= budget.rem_input_tokens and self.can_run_list:
+        if input_tokens >= budget.rem_input_tokens and self.result.admitted:
             return False
         if budget.needs_chunking(input_tokens) and not self._may_start_chunk(has_chunked_req):
             return False
-        taken = set(self.preempt_list)
-        low_first = self.schedule_low_priority_values_first
+        taken = set(self.result.to_preempt)
+        low_first = self.config.schedule_low_priority_values_first
         threshold = self.constants.priority_preemption_threshold
         candidates = [
             r
-            for r in victim_order(running_reqs, low_first)
+            for r in victim_order(self.running_reqs, low_first)
             if r in self._running and r not in taken
         ]
-        self.tree_cache.inc_lock_ref(req.last_node)  # measure the budget as add_one_req will
+        self.tree_cache.inc_lock_ref(match.last_node)  # measure the budget as add_one_req will
         try:
             if self._fits(req, input_tokens, total_tokens):
                 return False  # nothing to free: refused for another reason
-            num_before, saved = len(self.preempt_list), budget.snapshot()
+            victims = self.result.to_preempt
+            num_before, saved = len(victims), budget.snapshot()
             for victim in candidates:
                 if not outranks(req, victim, threshold, low_first):
                     break  # ordered by urgency: no later candidate is outranked either
                 budget.credit(victim)
-                self.preempt_list.append(victim)
+                victims.append(victim)
                 if self._fits(req, input_tokens, total_tokens):
                     return True
-            del self.preempt_list[num_before:]
+            del victims[num_before:]
             budget.restore(saved)
             return False
         finally:
-            self.tree_cache.dec_lock_ref(req.last_node)
+            self.tree_cache.dec_lock_ref(match.last_node)
 
     # ---- internals -----------------------------------------------------------------------
     def _refusal_under_lock(
@@ -203,7 +251,7 @@ class PrefillAdder:
 
     def _may_start_chunk(self, has_chunked_req: bool) -> bool:
         """A new chunked request needs: none other continuing, and a page of chunk budget."""
-        return not has_chunked_req and self.new_chunked_req is None and self.budget.chunk_len() > 0
+        return not has_chunked_req and self.result.chunked is None and self.budget.chunk_len() > 0
 
     def _fits(self, req: Req, input_tokens: int, total_tokens: int) -> bool:
         if self.budget.free_slots <= 0 or total_tokens >= self.budget.rem_total_tokens:
@@ -214,7 +262,7 @@ class PrefillAdder:
         budget = self.budget
         if input_tokens > min(budget.cur_rem_tokens, budget.rem_total_tokens):
             return False
-        taken = set(self.preempt_list)
+        taken = set(self.result.to_preempt)
         others = [r for r in self.running_reqs if r not in taken] + self.can_run_list
         states = [req_state(r, self.new_token_ratio) for r in [*others, req]]
         free_tokens = budget.cur_rem_tokens - input_tokens

@@ -6,6 +6,7 @@ import enum
 from collections.abc import Sequence
 from typing import Protocol
 
+from radixserve.policy.admission_config import AdmissionConfig
 from radixserve.policy.preemption import freeable_tokens
 from radixserve.radix.base import PrefixCache
 from radixserve.types import Req
@@ -21,13 +22,23 @@ class AddReqResult(enum.Enum):
     OTHER = enum.auto()
 
 
-class FreeSlots(Protocol):
+class KVView(Protocol):
+    """What admission reads of the KV memory (the ``KVManager`` is one).
+
+    ``available_size()``: free slots plus what evicting the tree would free, read live, so a
+    lock taken on ``tree`` shows at once. ``tree``: for matching and the admission's tentative
+    locks (see ``prefill_plan``); admission never allocates, frees or evicts.
+    """
+
+    @property
+    def tree(self) -> PrefixCache: ...
+
     def available_size(self) -> int: ...
 
 
 class PrefillBudget:
-    """Budgets in tokens. ``available`` (allocator) and ``evictable`` (tree) are read live, so a
-    lock taken on the tree shows at once.
+    """Budgets in tokens. ``available`` and ``evictable`` are read live from the :class:`KVView`,
+    so a lock taken on the tree shows at once.
 
     - ``rem_total_tokens = available + evictable - reserved - admitted``: ``reserved`` sums
       ``min(max_new - generated, clip_max_new_tokens) * new_token_ratio`` over the running
@@ -41,27 +52,18 @@ class PrefillBudget:
 
     def __init__(
         self,
-        page_size: int,
-        tree_cache: PrefixCache,
-        allocator: FreeSlots,
+        config: AdmissionConfig,
+        kv: KVView,
         running_reqs: Sequence[Req],
         new_token_ratio: float,
-        max_prefill_tokens: int,
-        chunked_prefill_size: int | None,
         max_new_reqs: int,
-        clip_max_new_tokens: int,
     ) -> None:
-        if chunked_prefill_size is not None and chunked_prefill_size <= 0:
-            chunked_prefill_size = None
-        if chunked_prefill_size is not None and chunked_prefill_size < page_size:
-            raise ValueError(f"chunked_prefill_size {chunked_prefill_size} < page_size {page_size}")
-        self.page_size = page_size
-        self.tree_cache = tree_cache
-        self.allocator = allocator
+        self.page_size = config.page_size
+        self.kv = kv
         self.new_token_ratio = new_token_ratio
-        self.clip_max_new_tokens = clip_max_new_tokens
-        self.rem_input_tokens = max_prefill_tokens
-        self.rem_chunk_tokens = chunked_prefill_size
+        self.clip_max_new_tokens = config.constants.clip_max_new_tokens
+        self.rem_input_tokens = config.max_prefill_tokens
+        self.rem_chunk_tokens = config.chunked_prefill_size
         self.free_slots = max_new_reqs
         self._total_offset = float(sum(self.reserved(r) for r in running_reqs))
         self._cur_offset = 0.0
@@ -127,4 +129,4 @@ class PrefillBudget:
         self._total_offset, self._cur_offset, self.free_slots = snapshot
 
     def _free_and_evictable(self) -> int:
-        return self.allocator.available_size() + self.tree_cache.evictable_size()
+        return self.kv.available_size()

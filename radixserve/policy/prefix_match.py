@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from radixserve.radix.base import PrefixCache
+import numpy as np
+
+from radixserve.radix.base import MatchResult, PrefixCache
 from radixserve.types import Req
 
 
-def match_key(req: Req) -> list[int]:
+def match_key(req: Req) -> np.ndarray:
     """The tokens a request may take from the cache: all of ``fill_ids`` but the last.
 
     The last token is always computed, because its logits give the next token. A request that
@@ -20,14 +22,13 @@ def match_key(req: Req) -> list[int]:
     return fill_ids[:end]
 
 
-def match_req_prefix(req: Req, tree: PrefixCache) -> None:
-    """Set ``req.prefix_indices`` (int64 KV slots) and ``req.last_node`` from ``tree``.
+def match_req_prefix(req: Req, tree: PrefixCache) -> MatchResult:
+    """The longest cached prefix of ``req`` (``indices``: int64 KV slots; ``last_node``).
 
     Read-only on the tree apart from access times and node splits (a split keeps every earlier
-    match valid: the old node object stays the lower half). Takes no lock: the caller (the
-    ``PrefillAdder``) locks ``req.last_node`` when it admits the request. The match is only valid
-    until the tree next evicts, so match in the same pass that admits.
+    match valid: the old node object stays the lower half), and writes nothing to ``req``: the
+    match is data of this scheduling pass. It takes no lock: the ``PrefillAdder`` locks
+    ``last_node`` when it admits the request, and the ``KVManager`` adopts the match when it
+    commits the plan. The match is only valid until the tree next evicts.
     """
-    result = tree.match_prefix(match_key(req), req.extra_key)
-    req.prefix_indices = result.indices
-    req.last_node = result.last_node
+    return tree.match_prefix(match_key(req), req.extra_key)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,9 +21,23 @@ from radixserve.policy.sort_keys import (
     PassFacts,
     urgency_key,
 )
-from radixserve.radix.base import PrefixCache
+from radixserve.radix.base import MatchResult, PrefixCache
 from radixserve.radix.radix_cache import RadixCache
 from radixserve.types import Req
+
+
+@dataclass(frozen=True, slots=True)
+class Ordering:
+    """What ordering the queue learned, for the admission that follows in the same pass.
+
+    ``matches``: every request's match against the tree when a cache-aware policy ran (empty
+    otherwise: the ``PrefillAdder`` matches each request it offers). ``deprioritized``: rids the
+    in-batch check pushed back; their prefix comes from an earlier request of the same pass, so
+    admission defers them to the next pass.
+    """
+
+    matches: dict[Req, MatchResult] = field(default_factory=dict)
+    deprioritized: frozenset[str] = frozenset()
 
 
 class SchedulePolicy:
@@ -74,33 +89,32 @@ class SchedulePolicy:
         self.schedule_low_priority_values_first = schedule_low_priority_values_first
         self._rng = random.Random(seed)
         self._in_batch_tree = RadixCache.create_simulated(tree_cache.page_size)
-        # rids the last pass's in-batch check deprioritized: their prefix comes from an earlier
-        # request of the same pass, so admission defers them to the next pass
-        self.deprioritized: frozenset[str] = frozenset()
 
     @property
     def is_aging(self) -> bool:
         return self.policy in CACHE_AWARE_POLICIES and self.constants.max_skipped_passes > 0
 
-    def calc_priority(self, waiting_queue: list[Req]) -> bool:
-        """Sort ``waiting_queue`` in place, most favoured first.
+    def calc_priority(self, waiting_queue: list[Req]) -> Ordering:
+        """Sort ``waiting_queue`` in place, most favoured first; write nothing to a request.
 
-        Returns True when this pass matched every request against the tree (a cache-aware policy
-        ran): ``prefix_indices`` / ``last_node`` are then fresh. On False the caller runs
-        ``match_req_prefix`` on each request before offering it to the ``PrefillAdder``.
+        A cache-aware policy matches every request against the tree and returns the matches
+        (fresh for this pass), so admission does not match them again.
         """
         policy = self._active_policy(waiting_queue)
         facts = PassFacts()
+        matches: dict[Req, MatchResult] = {}
         if policy == LPM:
-            facts = PassFacts(deprioritized=self._compute_prefix_matches(waiting_queue, True))
+            deprioritized = self._compute_prefix_matches(waiting_queue, matches, True)
+            prefix_lens = {r.rid: len(m.indices) for r, m in matches.items()}
+            facts = PassFacts(deprioritized=deprioritized, prefix_lens=prefix_lens)
         elif policy == DFS_WEIGHT:
-            self._compute_prefix_matches(waiting_queue, False)
-            facts = PassFacts(dfs_rank=dfs_weight_rank(waiting_queue, self.tree_cache.root))
+            self._compute_prefix_matches(waiting_queue, matches, False)
+            root = self.tree_cache.root
+            facts = PassFacts(dfs_rank=dfs_weight_rank(waiting_queue, matches, root))
         elif policy == RANDOM:
             facts = PassFacts(random_rank={r.rid: self._rng.random() for r in waiting_queue})
         waiting_queue.sort(key=self._composite_key(policy, facts))
-        self.deprioritized = facts.deprioritized
-        return policy in CACHE_AWARE_POLICIES
+        return Ordering(matches, facts.deprioritized)
 
     def on_pass_done(self, still_waiting: Sequence[Req], admitted: Sequence[Req]) -> None:
         """Aging bookkeeping; call once after every admission pass, even one that admitted none.
@@ -125,18 +139,18 @@ class SchedulePolicy:
         return self.policy
 
     def _compute_prefix_matches(
-        self, waiting_queue: Sequence[Req], in_batch: bool
+        self, waiting_queue: Sequence[Req], matches: dict[Req, MatchResult], in_batch: bool
     ) -> frozenset[str]:
-        """Match every request against the real tree; with ``in_batch``, also return the rids
-        deprioritized by the in-batch check (see the class docstring)."""
+        """Match every request against the real tree into ``matches``; with ``in_batch``, also
+        return the rids deprioritized by the in-batch check (see the class docstring)."""
         check = self.constants.in_batch_prefix_caching_check_threshold
         threshold = self.constants.in_batch_prefix_caching_deprioritize_threshold
         deprioritized: set[str] = set()
         sim = self._in_batch_tree
         sim.reset()
         for req in waiting_queue:
-            match_req_prefix(req, self.tree_cache)
-            if not in_batch or req.prefix_len > check:
+            match = matches[req] = match_req_prefix(req, self.tree_cache)
+            if not in_batch or len(match.indices) > check:
                 continue
             # Match what this request could reuse (all but its last token) against everything the
             # earlier ones will leave in the cache (all of their tokens).

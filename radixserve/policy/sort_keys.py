@@ -27,11 +27,13 @@ class PassFacts:
     """What one ``calc_priority`` pass learned, keyed by ``rid``.
 
     ``deprioritized``: requests pushed to the back by the in-batch prefix check (LPM).
+    ``prefix_lens``: each request's cached prefix length this pass (LPM).
     ``dfs_rank``: position of each request in the DFS-weight traversal.
     ``random_rank``: a seeded random number per request (RANDOM).
     """
 
     deprioritized: frozenset[str] = frozenset()
+    prefix_lens: Mapping[str, int] = field(default_factory=dict)
     dfs_rank: Mapping[str, int] = field(default_factory=dict)
     random_rank: Mapping[str, float] = field(default_factory=dict)
 
@@ -56,7 +58,7 @@ def random_key(req: Req, facts: PassFacts) -> float:
 
 def lpm_key(req: Req, facts: PassFacts) -> float:
     """Longest prefix match first; in-batch deprioritized requests last (SGLang's LPM)."""
-    return math.inf if req.rid in facts.deprioritized else -req.prefix_len
+    return math.inf if req.rid in facts.deprioritized else -facts.prefix_lens[req.rid]
 
 
 def dfs_weight_key(req: Req, facts: PassFacts) -> float:

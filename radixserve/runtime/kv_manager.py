@@ -1,4 +1,8 @@
-"""KVManager: where KV slots change owner between the allocator, the tree and the requests.
+"""KVManager: the one owner of KV memory and of every KV field of a request.
+
+It builds the pools once (:meth:`build`, sized from the model's config) and hands the
+``KVCache`` and ``ReqToTokenPool`` to the model runner, which only reads and writes K/V through
+them. Every change of owner of a KV slot or a request row happens here.
 
 Ownership of one request's row ``req_to_token[r]`` (interval table)::
 
@@ -12,11 +16,69 @@ through :meth:`release`, so the invariant of :meth:`check_integrity` holds after
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
 import torch
 
-from radixserve.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from radixserve.radix import PrefixCache
+from radixserve.config import EngineConfig
+from radixserve.memory_pool import (
+    KVCache,
+    ReqToTokenPool,
+    TokenToKVPoolAllocator,
+    num_slots_for_budget,
+)
+from radixserve.models.loader import resolve_dtype
+from radixserve.models.model_config import ModelConfig
+from radixserve.policy import Admission
+from radixserve.radix import NoPrefixCache, PrefixCache, RadixCache
 from radixserve.types import Req
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """What sizes the pools: the model's KV shape, the dtype, the device, the context length."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+    max_context_len: int
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> KVLayout:
+        """Read the checkpoint's ``config.json`` (no weights)."""
+        if config.model_path is None:
+            raise ValueError("the engine needs config.model_path (a local checkpoint directory)")
+        mc = ModelConfig.from_dir(config.model_path)
+        device = torch.device(config.device)
+        return cls(
+            mc.num_layers,
+            mc.num_kv_heads,
+            mc.head_dim,
+            resolve_dtype(config.dtype, device),
+            device,
+            config.max_context_len or mc.max_position_embeddings,
+        )
+
+
+def num_kv_slots(config: EngineConfig, layout: KVLayout) -> int:
+    """Slots of the pool: ``max_total_tokens`` usable slots rounded up to whole pages plus the
+    reserved padding page, or as many as ``kv_cache_bytes`` holds."""
+    page = config.page_size
+    if config.max_total_tokens is not None:
+        if config.max_total_tokens < 1:
+            raise ValueError("max_total_tokens must be >= 1")
+        return (-(-config.max_total_tokens // page) + 1) * page
+    return num_slots_for_budget(
+        config.kv_cache_bytes,
+        layout.num_layers,
+        layout.num_kv_heads,
+        layout.head_dim,
+        layout.dtype,
+        page,
+    )
 
 
 class KVManager:
@@ -25,14 +87,46 @@ class KVManager:
         req_to_token_pool: ReqToTokenPool,
         allocator: TokenToKVPoolAllocator,
         tree: PrefixCache,
+        kv_cache: KVCache | None = None,
     ) -> None:
+        """From parts (model-free tests pass no ``kv_cache``); a server uses :meth:`build`."""
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
         self.tree = tree
+        self.kv_cache = kv_cache
         self.page_size = allocator.page_size
-        self.holders: dict[str, Req] = {}  # rid -> request that holds a row
+
+    @classmethod
+    def build(cls, config: EngineConfig, layout: KVLayout | None = None) -> KVManager:
+        """The pools of ``config``'s model: K/V buffers, request rows, the allocator, the tree."""
+        layout = layout or KVLayout.from_config(config)
+        slots = num_kv_slots(config, layout)
+        kv_cache = KVCache(
+            layout.num_layers,
+            slots,
+            layout.num_kv_heads,
+            layout.head_dim,
+            layout.dtype,
+            layout.device,
+        )
+        rows = ReqToTokenPool(config.max_running_requests, layout.max_context_len, layout.device)
+        allocator = TokenToKVPoolAllocator(slots, config.page_size, layout.device)
+        tree: PrefixCache = (
+            NoPrefixCache(config.page_size)
+            if config.disable_radix_cache
+            else RadixCache(config.page_size)
+        )
+        return cls(rows, allocator, tree, kv_cache)
 
     # ---- queries -------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self.allocator.capacity
+
+    @property
+    def max_context_len(self) -> int:
+        return self.req_to_token_pool.max_context_len
+
     def available_size(self) -> int:
         """Slots an allocation can get right now, counting what eviction would free."""
         return self.allocator.available_size() + self.tree.evictable_size()
@@ -41,23 +135,121 @@ class KVManager:
         end = req.kv_len if end is None else end
         return self.req_to_token_pool.req_to_token[_row(req), start:end].to(torch.int64)
 
-    # ---- allocation ----------------------------------------------------------------------
-    def alloc_rows(self, reqs: list[Req]) -> bool:
-        """Give every request without a row one; all or nothing."""
-        need = [r for r in reqs if r.req_pool_idx is None]
-        rows = self.req_to_token_pool.alloc(len(need))
-        if rows is None:
+    # ---- allocation for a batch (all or nothing) -----------------------------------------
+    def alloc_extend(self, admissions: Sequence[Admission]) -> torch.Tensor | None:
+        """Commit a prefill plan: adopt each new admission's match (its row points at the
+        cached prefix, no copy; the plan's lock becomes the request's), give rows to those
+        without one, and allocate slots for each ``extend_len``, written into the rows.
+
+        Returns the concatenated new slots. When memory is short (even after evicting the
+        tree), nothing changed but the new admissions' locks, which are dropped: the caller
+        requeues them. The continuing chunked request keeps its row and lock either way.
+        """
+        reqs = [a.req for a in admissions]
+        need_row = [r for r in reqs if r.req_pool_idx is None]
+        rows = self.req_to_token_pool.alloc(len(need_row))
+        slots = None
+        if rows is not None:
+            for req, row in zip(need_row, rows, strict=True):
+                req.req_pool_idx, req.kv_len = row, 0
+            for a in admissions:
+                if a.match is not None:  # newly admitted: adopt the cache hit
+                    req = a.req
+                    req.prefix_indices, req.last_node = a.match.indices, a.match.last_node
+                    if req.prefix_len:
+                        self.req_to_token_pool.write(_row(req), 0, req.prefix_indices)
+                    req.kv_len = req.prefix_len
+            slots = self._alloc_tokens(reqs, [a.extend_len for a in admissions])
+        if slots is None:
+            for a in admissions:
+                if a.match is not None:
+                    self.tree.dec_lock_ref(a.match.last_node)
+                    a.req.prefix_indices, a.req.last_node, a.req.kv_len = None, None, 0
+            if rows is not None:
+                self.req_to_token_pool.free(rows)
+                for req in need_row:
+                    req.req_pool_idx = None
+        return slots
+
+    def alloc_decode(self, reqs: Sequence[Req]) -> torch.Tensor | None:
+        """One slot for each request's next token, or ``None`` (nothing allocated)."""
+        return self._alloc_tokens(reqs, [1] * len(reqs))
+
+    def cancel(self, admissions: Iterable[Admission]) -> None:
+        """Drop the tentative locks of a plan that is not run (see ``policy.prefill_plan``)."""
+        for a in admissions:
+            if a.match is not None:
+                self.tree.dec_lock_ref(a.match.last_node)
+
+    # ---- ownership changes ---------------------------------------------------------------
+    def cache_unfinished(self, req: Req) -> None:
+        """At a chunk boundary: hand the computed part to the tree and lock it, so it survives
+        and other requests can match it while this one continues."""
+        if self.tree.is_disabled or req.kv_len == 0:
+            return
+        slots = self.row_slots(req)
+        old_prefix_len = req.prefix_len
+        result = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.extra_key)
+        present = result.num_present
+        if present > old_prefix_len:  # someone cached the same tokens meanwhile: drop our copies
+            self.allocator.free(slots[old_prefix_len:present])
+        new_prefix = result.indices
+        assert len(new_prefix) >= old_prefix_len
+        self.req_to_token_pool.write(_row(req), old_prefix_len, new_prefix[old_prefix_len:])
+        self.tree.inc_lock_ref(result.last_node)
+        if req.last_node is not None:
+            self.tree.dec_lock_ref(req.last_node)
+        req.prefix_indices, req.last_node = new_prefix, result.last_node
+
+    def release(self, req: Req, insert: bool = True) -> None:
+        """End the request's hold on its row: cache what it computed (``insert``), free what the
+        tree did not take, unlock its prefix, return the row."""
+        if req.req_pool_idx is None:
+            return
+        slots = self.row_slots(req)
+        shared = req.prefix_len
+        aligned = len(slots) - len(slots) % self.page_size
+        if insert:
+            present = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.extra_key).num_present
+        else:
+            present = aligned
+        # [shared, present): duplicates of what the tree holds; [aligned, kv_len): partial page
+        if present > shared:
+            self.allocator.free(slots[shared:present])
+        if aligned < len(slots):
+            self.allocator.free(slots[aligned:])
+        if req.last_node is not None:
+            self.tree.dec_lock_ref(req.last_node)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        req.req_pool_idx, req.prefix_indices, req.last_node, req.kv_len = None, None, None, 0
+
+    def flush(self) -> bool:
+        """Empty the tree (only when no request holds a row)."""
+        if self.req_to_token_pool.available_size() != self.req_to_token_pool.size:
             return False
-        for req, row in zip(need, rows, strict=True):
-            req.req_pool_idx = row
-            req.kv_len = 0
-            self.holders[req.rid] = req
+        self.allocator.free(self.tree.all_values())
+        self.tree.reset()
         return True
 
-    def alloc_tokens(self, reqs: list[Req], new_lens: list[int]) -> torch.Tensor | None:
+    # ---- checks --------------------------------------------------------------------------
+    def check_integrity(self, reqs: Iterable[Req]) -> None:
+        """free + cached + held only by requests == capacity, with no slot counted twice.
+
+        ``reqs``: every request the caller knows (those holding a row are counted)."""
+        holders = [r for r in reqs if r.req_pool_idx is not None]
+        self.tree.check_integrity()
+        own = [self.row_slots(r, r.prefix_len) for r in holders]
+        held = torch.cat([self.tree.all_values(), *own])
+        self.allocator.check_integrity(held_slots=held)
+        self.req_to_token_pool.check_integrity()
+        assert (
+            self.req_to_token_pool.available_size() + len(holders) == self.req_to_token_pool.size
+        ), "a request row leaked"
+
+    # ---- internals -----------------------------------------------------------------------
+    def _alloc_tokens(self, reqs: Sequence[Req], new_lens: list[int]) -> torch.Tensor | None:
         """Slots for tokens ``kv_len .. kv_len + new_len`` of each request, evicting the tree if
-        short, written into the rows (after the shared prefix, which the rows receive too).
-        Returns the concatenated new slots, or ``None`` (nothing allocated) when memory is short."""
+        short, written into the rows. ``None`` (nothing allocated) when memory is short."""
         starts = [r.kv_len for r in reqs]
         ends = [s + n for s, n in zip(starts, new_lens, strict=True)]
         last_locs = [
@@ -66,7 +258,7 @@ class KVManager:
         ]
         slots = self.allocator.alloc_extend(starts, ends, last_locs)
         if slots is None:
-            self.evict(sum(ends) - sum(starts) + self.page_size * len(reqs))
+            self._evict(sum(ends) - sum(starts) + self.page_size * len(reqs))
             slots = self.allocator.alloc_extend(starts, ends, last_locs)
             if slots is None:
                 return None
@@ -85,88 +277,10 @@ class KVManager:
             req.kv_len = end
         return slots
 
-    def adopt_prefix(self, req: Req) -> None:
-        """Point a freshly admitted request's row at its cached prefix (no copy: a cache hit)."""
-        assert req.req_pool_idx is not None and req.kv_len <= req.prefix_len
-        if req.prefix_len:
-            self.req_to_token_pool.write(_row(req), 0, req.prefix_indices)
-        req.kv_len = req.prefix_len
-
-    def evict(self, num_tokens: int) -> None:
+    def _evict(self, num_tokens: int) -> None:
         short = num_tokens - self.allocator.available_size()
         if short > 0:
             self.allocator.free(self.tree.evict(short))
-
-    # ---- ownership changes ---------------------------------------------------------------
-    def cache_unfinished(self, req: Req) -> None:
-        """At a chunk boundary: hand the computed part to the tree and lock it, so it survives
-        and other requests can match it while this one continues."""
-        if self.tree.is_disabled or req.kv_len == 0:
-            return
-        key = req.fill_ids[: req.kv_len]
-        slots = self.row_slots(req)
-        old_prefix_len = req.prefix_len
-        present = self.tree.insert(key, slots, req.extra_key)
-        if present > old_prefix_len:  # someone cached the same tokens meanwhile: drop our copies
-            self.allocator.free(slots[old_prefix_len:present])
-        result = self.tree.match_prefix(key, req.extra_key)
-        new_prefix = result.indices
-        assert len(new_prefix) >= old_prefix_len
-        self.req_to_token_pool.write(_row(req), old_prefix_len, new_prefix[old_prefix_len:])
-        self.tree.inc_lock_ref(result.last_node)
-        if req.last_node is not None:
-            self.tree.dec_lock_ref(req.last_node)
-        req.prefix_indices, req.last_node = new_prefix, result.last_node
-
-    def release(self, req: Req, insert: bool = True) -> None:
-        """End the request's hold on its row: cache what it computed (``insert``), free what the
-        tree did not take, unlock its prefix, return the row."""
-        if req.req_pool_idx is None:
-            return
-        slots = self.row_slots(req)
-        shared = req.prefix_len
-        aligned = len(slots) - len(slots) % self.page_size
-        if insert:
-            present = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.extra_key)
-        else:
-            present = aligned
-        # [shared, present): duplicates of what the tree holds; [aligned, kv_len): partial page
-        if present > shared:
-            self.allocator.free(slots[shared:present])
-        if aligned < len(slots):
-            self.allocator.free(slots[aligned:])
-        if req.last_node is not None:
-            self.tree.dec_lock_ref(req.last_node)
-        self.req_to_token_pool.free(req.req_pool_idx)
-        self.holders.pop(req.rid, None)
-        req.req_pool_idx, req.prefix_indices, req.last_node, req.kv_len = None, None, None, 0
-
-    def unlock_unadmitted(self, req: Req) -> None:
-        """Drop the lock the admission pass took for a request that did not get to run."""
-        if req.last_node is not None and req.req_pool_idx is None:
-            self.tree.dec_lock_ref(req.last_node)
-            req.last_node, req.prefix_indices = None, None
-
-    def flush(self) -> bool:
-        """Empty the tree (only when no request holds a row)."""
-        if self.holders:
-            return False
-        self.allocator.free(self.tree.all_values())
-        self.tree.reset()
-        return True
-
-    # ---- checks --------------------------------------------------------------------------
-    def check_integrity(self) -> None:
-        """free + cached + held only by requests == capacity, with no slot counted twice."""
-        self.tree.check_integrity()
-        own = [self.row_slots(r, r.prefix_len) for r in self.holders.values()]
-        held = torch.cat([self.tree.all_values(), *own])
-        self.allocator.check_integrity(held_slots=held)
-        self.req_to_token_pool.check_integrity()
-        assert (
-            self.req_to_token_pool.available_size() + len(self.holders)
-            == self.req_to_token_pool.size
-        ), "a request row leaked"
 
 
 def _row(req: Req) -> int:

@@ -1,9 +1,9 @@
-"""ModelRunner: the model, its KV memory and its attention backend; runs one ForwardBatch.
+"""ModelRunner: the model and its attention backend; runs one ForwardBatch.
 
-It owns the :class:`KVCache` and the :class:`ReqToTokenPool` (sized here, from the config) but
-never allocates slots or rows: the scheduler does, and fills ``req_to_token`` before
-:meth:`ModelRunner.forward` (see :mod:`radixserve.models.forward_batch`). The scheduler builds
-its ``TokenToKVPoolAllocator(runner.num_kv_slots, config.page_size)`` over the same slots.
+It is handed the :class:`KVCache` and the :class:`ReqToTokenPool` that the ``KVManager`` built
+(:meth:`KVManager.build`) and owns; it never allocates slots or rows, and reads
+``req_to_token`` as the KVManager filled it before :meth:`ModelRunner.forward` (see
+:mod:`radixserve.models.forward_batch`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from radixserve.config import EngineConfig
-from radixserve.memory_pool import KVCache, ReqToTokenPool, num_slots_for_budget
+from radixserve.memory_pool import KVCache, ReqToTokenPool
 from radixserve.models import kernels
 from radixserve.models.attention.registry import create_attention_backend
 from radixserve.models.forward_batch import ForwardBatch
@@ -38,9 +38,11 @@ class LogitsOutput:
 
 
 class ModelRunner:
-    """Loads ``config.model_path`` and runs forwards over the paged KV memory."""
+    """Loads ``config.model_path`` and runs forwards over the paged KV memory it is handed."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(
+        self, config: EngineConfig, kv_cache: KVCache, req_to_token_pool: ReqToTokenPool
+    ) -> None:
         if config.model_path is None:
             raise ValueError("ModelRunner needs config.model_path (a local checkpoint directory)")
         if config.num_threads:
@@ -55,24 +57,11 @@ class ModelRunner:
         self.model, self.model_config = load_model(
             config.model_path, self.dtype, self.device, max_positions=config.max_context_len
         )
-        mc = self.model_config
-        self.max_context_len = config.max_context_len or mc.max_position_embeddings
-        page = config.page_size
-        if config.max_total_tokens is not None:
-            if config.max_total_tokens < 1:
-                raise ValueError("max_total_tokens must be >= 1")
-            # usable slots rounded up to whole pages, plus the reserved padding page
-            self.num_kv_slots = (-(-config.max_total_tokens // page) + 1) * page
-        else:
-            self.num_kv_slots = num_slots_for_budget(
-                config.kv_cache_bytes, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, page
-            )
-        self.kv_cache = KVCache(
-            mc.num_layers, self.num_kv_slots, mc.num_kv_heads, mc.head_dim, self.dtype, self.device
-        )
-        self.req_to_token_pool = ReqToTokenPool(
-            config.max_running_requests, self.max_context_len, self.device
-        )
+        if kv_cache.dtype != self.dtype or kv_cache.num_layers != self.model_config.num_layers:
+            raise ValueError("the KV cache was not built for this model (dtype or layers differ)")
+        self.kv_cache = kv_cache
+        self.req_to_token_pool = req_to_token_pool
+        self.max_context_len = req_to_token_pool.max_context_len
         self.attn_backend = create_attention_backend(
             config.attention_backend,
             self.model.attention_spec,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -32,7 +33,7 @@ class BatchResult:
     def append_token(self, req: Req, i: int) -> None:
         token = self.next_token_ids[i]
         assert token is not None
-        req.output_ids.append(token)
+        req.append_output(token)
         if req.return_logprob and self.logprobs:
             req.output_logprobs.append(self.logprobs[i])  # type: ignore[arg-type]
             if req.top_logprobs_num and self.top_logprobs:
@@ -41,6 +42,28 @@ class BatchResult:
     def collect_input_logprobs(self, req: Req, i: int) -> None:
         if self.input_logprobs and self.input_logprobs[i]:
             req.input_logprobs.extend(self.input_logprobs[i])  # type: ignore[arg-type]
+
+
+class Worker(Protocol):
+    """What the scheduler drives: a model that runs a batch (``ModelWorker``, or a fake one in
+    model-free tests). ``submit`` is only called when ``overlap`` is on."""
+
+    overlap: bool
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+    def run(self, batch: ScheduleBatch) -> BatchResult: ...
+
+    def submit(self, batch: ScheduleBatch) -> Future[BatchResult]: ...
+
+    def shutdown(self) -> None: ...
 
 
 class ModelWorker:
@@ -54,6 +77,18 @@ class ModelWorker:
             if overlap
             else None
         )
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.vocab_size
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset(self.runner.model_config.eos_token_ids)
 
     def submit(self, batch: ScheduleBatch) -> Future[BatchResult]:
         """Queue ``batch`` behind the one running; the scheduler goes on meanwhile."""

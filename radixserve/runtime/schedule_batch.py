@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from radixserve.models.forward_batch import ForwardBatch, ForwardMode
-from radixserve.runtime.kv_manager import KVManager
+from radixserve.policy import Admission
 from radixserve.types import Req
 
 
 class ScheduleBatch:
     """An EXTEND or DECODE batch over ``reqs``.
 
-    ``prepare_extend``/``prepare_decode`` allocate the slots (evicting the tree if needed) and
-    build the :class:`ForwardBatch`; they return ``None`` having allocated nothing when memory is
-    short. The running batch of decoding requests is kept with :meth:`filter` and :meth:`merge`.
+    ``extend``/``decode`` build the :class:`ForwardBatch` over slots the ``KVManager`` has
+    allocated (it owns all allocation). The running batch of decoding requests is kept with
+    :meth:`filter` and :meth:`merge`.
     """
 
     def __init__(self, reqs: list[Req], mode: ForwardMode = ForwardMode.DECODE) -> None:
@@ -37,24 +38,18 @@ class ScheduleBatch:
         return self.mode is ForwardMode.DECODE
 
     @classmethod
-    def prepare_extend(
-        cls, reqs: list[Req], kv: KVManager, device: torch.device
-    ) -> ScheduleBatch | None:
-        """Each request computes ``fill_ids[kv_len : kv_len + extend_len]`` after its prefix."""
-        if not kv.alloc_rows(reqs):
-            return None
-        for req in reqs:
-            if req.kv_len < req.prefix_len:  # newly admitted: adopt the cache hit
-                kv.adopt_prefix(req)
-        prefix_lens = [r.kv_len for r in reqs]
-        extend_lens = [r.extend_len for r in reqs]
-        slots = kv.alloc_tokens(reqs, extend_lens)
-        if slots is None:
-            return None
-        input_ids: list[int] = []
+    def extend(
+        cls, admissions: list[Admission], slots: torch.Tensor, device: torch.device
+    ) -> ScheduleBatch:
+        """Each request computes ``fill_ids[kv_len - extend_len : kv_len]``: the ``slots`` that
+        ``KVManager.alloc_extend`` gave the plan (the rows already point at them)."""
+        reqs = [a.req for a in admissions]
+        extend_lens = [a.extend_len for a in admissions]
+        prefix_lens = [r.kv_len - n for r, n in zip(reqs, extend_lens, strict=True)]
+        pieces: list[np.ndarray] = []
         starts: list[int | None] = []
         for req, start, n in zip(reqs, prefix_lens, extend_lens, strict=True):
-            input_ids.extend(req.fill_ids[start : start + n])
+            pieces.append(req.fill_ids[start : start + n])
             starts.append(_input_logprob_start(req, start, n))
         batch = cls(reqs, ForwardMode.EXTEND)
         batch.samples = [r.kv_len == r.seq_len for r in reqs]
@@ -62,7 +57,7 @@ class ScheduleBatch:
             _boundary_target(r, s) for r, s in zip(reqs, batch.samples, strict=True)
         ]
         batch.forward_batch = ForwardBatch.extend(
-            input_ids,
+            np.concatenate(pieces),
             [r.req_pool_idx for r in reqs],  # type: ignore[misc]
             prefix_lens,
             extend_lens,
@@ -72,12 +67,9 @@ class ScheduleBatch:
         )
         return batch
 
-    def prepare_decode(self, kv: KVManager, device: torch.device) -> ScheduleBatch | None:
-        """One new token per request: the last sampled one, read from the token buffer at run
-        time (``input_ids`` here are placeholders)."""
-        slots = kv.alloc_tokens(self.reqs, [1] * len(self.reqs))
-        if slots is None:
-            return None
+    def decode(self, slots: torch.Tensor, device: torch.device) -> ScheduleBatch:
+        """One new token per request (``slots`` from ``KVManager.alloc_decode``): the last
+        sampled one, read from the token buffer at run time (``input_ids`` are placeholders)."""
         batch = ScheduleBatch(list(self.reqs), ForwardMode.DECODE)
         batch.samples = [True] * len(self.reqs)
         batch.boundary_targets = [None] * len(self.reqs)
@@ -109,4 +101,4 @@ def _input_logprob_start(req: Req, start: int, extend_len: int) -> int | None:
 def _boundary_target(req: Req, samples: bool) -> int | None:
     if samples or req.logprob_start_len < 0 or req.output_ids:
         return None
-    return req.fill_ids[req.kv_len] if req.kv_len >= max(req.logprob_start_len, 1) else None
+    return int(req.fill_ids[req.kv_len]) if req.kv_len >= max(req.logprob_start_len, 1) else None

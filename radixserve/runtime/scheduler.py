@@ -18,56 +18,53 @@ from concurrent.futures import Future
 from typing import Any
 
 from radixserve.config import EngineConfig
-from radixserve.memory_pool import TokenToKVPoolAllocator
-from radixserve.policy import PrefillAdder, SchedulePolicy, admit_waiting
-from radixserve.radix import NoPrefixCache, PrefixCache, RadixCache
+from radixserve.policy import AdmissionConfig, PrefillAdder, PrefillPlan, SchedulePolicy
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_runner import ModelRunner
-from radixserve.runtime.model_worker import BatchResult, ModelWorker
+from radixserve.runtime.model_worker import BatchResult, ModelWorker, Worker
 from radixserve.runtime.output_processor import check_finished, make_output
 from radixserve.runtime.schedule_batch import ScheduleBatch
 from radixserve.runtime.scheduler_stats import SchedulerStats
-from radixserve.types import FinishKind, FinishReason, Req, ReqStatus
+from radixserve.types import FinishKind, FinishReason, Req
 
 logger = logging.getLogger(__name__)
 
 
 class Scheduler:
+    """``Scheduler(config, tokenizer)`` loads the model; tests may pass their own ``kv`` (a
+    :class:`KVManager`) and ``worker`` (anything that runs a batch, e.g. a fake model)."""
+
     def __init__(
         self,
         config: EngineConfig,
-        model_runner: ModelRunner | None = None,
         tokenizer: Any | None = None,
+        *,
+        kv: KVManager | None = None,
+        worker: Worker | None = None,
     ) -> None:
         self.config = config
         self.constants = config.constants
-        self.runner = model_runner or ModelRunner(config)
         self.tokenizer = tokenizer
-        self.device = self.runner.device
-        self.max_context_len = self.runner.max_context_len
-        self.eos_token_ids = frozenset(self.runner.model_config.eos_token_ids)
+        self.kv = kv or KVManager.build(config)
+        if worker is None:
+            assert self.kv.kv_cache is not None, "a model worker needs the KV buffers"
+            runner = ModelRunner(config, self.kv.kv_cache, self.kv.req_to_token_pool)
+            overlap = not config.disable_overlap_schedule
+            worker = ModelWorker(runner, config.max_running_requests, overlap=overlap)
+        self.worker = worker
+        self.device = worker.device
+        self.max_context_len = self.kv.max_context_len
+        self.eos_token_ids = worker.eos_token_ids
         self.page_size = config.page_size
-        tree: PrefixCache = (
-            NoPrefixCache(self.page_size)
-            if config.disable_radix_cache
-            else RadixCache(self.page_size)
-        )
-        self.tree = tree
-        self.allocator = TokenToKVPoolAllocator(
-            self.runner.num_kv_slots, self.page_size, self.device
-        )
-        self.kv = KVManager(self.runner.req_to_token_pool, self.allocator, tree)
+        self.admission = AdmissionConfig.from_engine_config(config)
         self.policy = SchedulePolicy(
             config.schedule_policy,
-            tree,
+            self.kv.tree,
             self.constants,
             enable_priority_scheduling=config.enable_priority_scheduling,
             schedule_low_priority_values_first=config.schedule_low_priority_values_first,
             seed=config.random_seed,
-        )
-        self.worker = ModelWorker(
-            self.runner, config.max_running_requests, overlap=not config.disable_overlap_schedule
         )
         self.waiting: list[Req] = []
         self.running = ScheduleBatch([])
@@ -93,11 +90,9 @@ class Scheduler:
                 f"the prompt has {prompt_len} tokens; the context length is {self.max_context_len}"
             )
         need = prompt_len + min(params.max_new_tokens, self.max_context_len - prompt_len)
-        if need > self.allocator.capacity - self.page_size:
-            raise ValueError(
-                f"the request needs {need} KV slots; the pool has {self.allocator.capacity}"
-            )
-        vocab = self.runner.vocab_size
+        if need > self.kv.capacity - self.page_size:
+            raise ValueError(f"the request needs {need} KV slots; the pool has {self.kv.capacity}")
+        vocab = self.worker.vocab_size
         if any(not 0 <= t < vocab for t in request.input_ids):
             raise ValueError(f"input ids must be in [0, {vocab})")
         req = Req(
@@ -173,6 +168,7 @@ class Scheduler:
         return batch
 
     def _get_prefill_batch(self) -> ScheduleBatch | None:
+        """Decide (the policy orders, the adder plans), then commit (the KVManager allocates)."""
         if not self.waiting and self.chunked_req is None:
             return None
         max_new_reqs = (
@@ -185,61 +181,50 @@ class Scheduler:
             and not self.config.enable_priority_scheduling
         ):
             return None
-        prefix_computed = self.policy.calc_priority(self.waiting)
+        ordering = self.policy.calc_priority(self.waiting)
         adder = PrefillAdder(
-            page_size=self.page_size,
-            tree_cache=self.tree,
-            allocator=self.allocator,
-            running_reqs=self.running.reqs,
-            new_token_ratio=self.new_token_ratio,
-            max_prefill_tokens=self.config.max_prefill_tokens,
-            chunked_prefill_size=self.config.chunked_prefill_size,
-            max_new_reqs=max(max_new_reqs, 0),
-            constants=self.constants,
-            enable_priority_scheduling=self.config.enable_priority_scheduling,
-            schedule_low_priority_values_first=self.config.schedule_low_priority_values_first,
+            self.admission, self.kv, self.running.reqs, self.new_token_ratio, max(max_new_reqs, 0)
         )
-        if self.chunked_req is not None:
-            adder.add_chunked_req(self.chunked_req)
-        admit_waiting(
-            adder,
-            self.waiting,
-            prefix_computed,
-            has_chunked_req=self.chunked_req is not None,
-            deprioritized=self.policy.deprioritized,
-        )
-        admitted = [r for r in adder.can_run_list if r is not self.chunked_req]
-        admitted_set = set(admitted)
-        self.waiting = [r for r in self.waiting if r not in admitted_set]
-        self.policy.on_pass_done(self.waiting, admitted)
-        if adder.preempt_list:
-            self._preempt(adder.preempt_list)
-        if not adder.can_run_list:
+        plan = adder.plan(self.waiting, ordering.matches, ordering.deprioritized, self.chunked_req)
+        return self._commit(plan)
+
+    def _commit(self, plan: PrefillPlan) -> ScheduleBatch | None:
+        """Run a plan: preempt its victims, then allocate its batch all or nothing (on a
+        shortfall, the budget being an estimate, its new requests go back to the queue)."""
+        new = plan.new_admissions()
+        admitted = {a.req for a in new}
+        self.waiting = [r for r in self.waiting if r not in admitted]
+        self.policy.on_pass_done(self.waiting, [a.req for a in new])
+        if plan.to_preempt:
+            self._preempt(plan.to_preempt)
+        if not plan.admitted:
             return None
-        batch = ScheduleBatch.prepare_extend(adder.can_run_list, self.kv, self.device)
-        if batch is None:  # the budget was an estimate; memory is short after all
-            self._requeue_unadmitted(admitted)
+        slots = self.kv.alloc_extend(plan.admitted)
+        if slots is None:
+            self.waiting[:0] = [a.req for a in new]
             return None
-        for req in admitted:
-            req.status = ReqStatus.RUNNING
-            req.cached_tokens += req.prefix_len
-        self.chunked_req = adder.new_chunked_req
-        self.stats.on_prefill(batch, sum(r.prefix_len for r in admitted))
+        for a in new:
+            a.req.cached_tokens += a.prefix_len
+        self.chunked_req = plan.chunked
+        batch = ScheduleBatch.extend(plan.admitted, slots, self.device)
+        self.stats.on_prefill(batch, sum(a.prefix_len for a in new))
         return batch
 
     def _get_decode_batch(self) -> ScheduleBatch | None:
         self._drop_done_from_running()
         if not self.running:
             return None
-        batch = self.running.prepare_decode(self.kv, self.device)
-        if batch is None:  # out of memory even after evicting the tree
+        slots = self.kv.alloc_decode(self.running.reqs)
+        if slots is None:  # out of memory even after evicting the tree
             self.sync()
             self._drop_done_from_running()
             self._retract_for_decode()
-            batch = self.running.prepare_decode(self.kv, self.device) if self.running else None
-            if batch is None and self.running:
-                self._abort_running("out of KV memory: the pool cannot hold even one request")
+            slots = self.kv.alloc_decode(self.running.reqs) if self.running else None
+            if slots is None:
+                if self.running:
+                    self._abort_running("out of KV memory: the pool cannot hold even one request")
                 return None
+        batch = self.running.decode(slots, self.device)
         c = self.constants
         decay = (c.init_new_token_ratio - c.min_new_token_ratio) / c.new_token_ratio_decay_steps
         self.new_token_ratio = max(self.new_token_ratio - decay, c.min_new_token_ratio)
@@ -291,7 +276,6 @@ class Scheduler:
         self.stats.on_result(batch)
 
     def _finish(self, req: Req, release: bool = True) -> None:
-        req.status = ReqStatus.FINISHED
         self.stats.num_finished_reqs += 1
         self.reqs.pop(req.rid, None)
         self.running.filter(drop={req})
@@ -348,7 +332,6 @@ class Scheduler:
         if chunked is not None and self.kv.available_size() < len(self.running) * steps:
             self.chunked_req = None
             self.kv.release(chunked)
-            chunked.status = ReqStatus.WAITING
             self.waiting.insert(0, chunked)
             chunked.num_retractions += 1
             self.stats.num_retractions += 1
@@ -360,16 +343,7 @@ class Scheduler:
         """Release the request's KV (caching what it computed) and queue it again, output kept."""
         self.running.filter(drop={req})
         self.kv.release(req)
-        req.status = ReqStatus.WAITING
         self.waiting.insert(0, req)
-
-    def _requeue_unadmitted(self, admitted: list[Req]) -> None:
-        for req in admitted:
-            if req.req_pool_idx is not None:
-                self.kv.release(req, insert=False)
-            else:
-                self.kv.unlock_unadmitted(req)
-        self.waiting[:0] = admitted
 
     # ---- helpers ---------------------------------------------------------------------------
     @staticmethod
@@ -387,7 +361,7 @@ class Scheduler:
         return self.kv.flush()
 
     def check_integrity(self) -> None:
-        self.kv.check_integrity()
+        self.kv.check_integrity(self.reqs.values())
 
     def get_stats(self) -> dict[str, Any]:
         return self.stats.snapshot(self)

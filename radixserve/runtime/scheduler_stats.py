@@ -44,17 +44,18 @@ class SchedulerStats:
         return self.num_cached_tokens / total if total else 0.0
 
     def snapshot(self, scheduler: Scheduler) -> dict[str, Any]:
-        capacity = scheduler.allocator.capacity
-        free = scheduler.allocator.available_size()
-        cached = scheduler.tree.total_size()
+        kv = scheduler.kv
+        capacity = kv.allocator.capacity
+        free = kv.allocator.available_size()
+        cached = kv.tree.total_size()
         return {
             "num_running_reqs": len(scheduler.running) + (scheduler.chunked_req is not None),
             "num_waiting_reqs": len(scheduler.waiting),
             "max_total_tokens": capacity,
             "num_free_tokens": free,
             "num_cached_tokens_in_tree": cached,
-            "num_evictable_tokens": scheduler.tree.evictable_size(),
-            "token_usage": (capacity - free - scheduler.tree.evictable_size()) / capacity,
+            "num_evictable_tokens": kv.tree.evictable_size(),
+            "token_usage": (capacity - free - kv.tree.evictable_size()) / capacity,
             "cache_hit_rate": self.cache_hit_rate,
             "num_prefill_tokens": self.num_prefill_tokens,
             "num_cached_prompt_tokens": self.num_cached_tokens,

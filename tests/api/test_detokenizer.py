@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from radixserve.runtime.detokenizer import Detokenizer, find_stop, stop_prefix_len
-from radixserve.runtime.io_struct import DetokenizeParams, ReqOutput, TextOutput
+from radixserve.runtime.io_struct import ReqOutput
+from radixserve.server.detokenizer import Detokenizer, find_stop, stop_prefix_len
+from radixserve.server.io_struct import DetokenizeParams, TextOutput
 from radixserve.types import FinishKind, FinishReason
 
 MULTIBYTE_TEXTS = [

@@ -11,21 +11,20 @@ import pytest
 import zmq
 
 from radixserve.config import EngineConfig
-from radixserve.runtime.detokenizer import Detokenizer
-from radixserve.runtime.io_struct import (
+from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
+from radixserve.runtime.scheduler import Scheduler
+from radixserve.server.detokenizer import Detokenizer
+from radixserve.server.io_struct import (
     AbortRequest,
     DetokenizeParams,
     FlushCacheReq,
-    GenerateRequest,
     GetServerInfoReq,
     ReqError,
-    ReqOutput,
     RpcReply,
     TextOutput,
 )
-from radixserve.runtime.ipc import ParentWatch, make_socket, recv_all
-from radixserve.runtime.scheduler import Scheduler
-from radixserve.runtime.scheduler_process import SchedulerLoop
+from radixserve.server.ipc import ParentWatch, make_socket, recv_all
+from radixserve.server.scheduler_process import SchedulerLoop
 from radixserve.types import FinishKind, SamplingParams
 
 

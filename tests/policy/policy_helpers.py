@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
+from radixserve.config import SchedulerConstants
 from radixserve.memory_pool import TokenToKVPoolAllocator
-from radixserve.radix import RadixCache
+from radixserve.policy import AdmissionConfig, PrefillAdder
+from radixserve.radix import NoPrefixCache, RadixCache
 from radixserve.types import Req, SamplingParams
 
 _rids = itertools.count()
@@ -79,3 +82,39 @@ def running_req(
 def pool(capacity: int, page_size: int = 1) -> tuple[RadixCache, TokenToKVPoolAllocator]:
     """A tree and an allocator with ``capacity`` usable slots."""
     return RadixCache(page_size), TokenToKVPoolAllocator(capacity + page_size, page_size)
+
+
+@dataclass
+class PoolView:
+    """What admission reads of KV memory (the KVManager's :class:`KVView`), over a bare tree
+    and allocator."""
+
+    tree: RadixCache | NoPrefixCache
+    allocator: TokenToKVPoolAllocator
+
+    def available_size(self) -> int:
+        return self.allocator.available_size() + self.tree.evictable_size()
+
+
+def new_adder(
+    tree: RadixCache | NoPrefixCache,
+    alloc: TokenToKVPoolAllocator,
+    running: Sequence[Req] = (),
+    *,
+    ratio: float = 1.0,
+    max_prefill: int = 16384,
+    chunk: int | None = None,
+    max_new_reqs: int = 64,
+    constants: SchedulerConstants | None = None,
+    priority: bool = False,
+    low_first: bool = False,
+) -> PrefillAdder:
+    config = AdmissionConfig(
+        page_size=alloc.page_size,
+        max_prefill_tokens=max_prefill,
+        chunked_prefill_size=chunk,
+        constants=constants or SchedulerConstants(),
+        enable_priority_scheduling=priority,
+        schedule_low_priority_values_first=low_first,
+    )
+    return PrefillAdder(config, PoolView(tree, alloc), running, ratio, max_new_reqs)

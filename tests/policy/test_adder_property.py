@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from policy_helpers import cache_tokens, make_req, pool, running_req
+from policy_helpers import cache_tokens, make_req, new_adder, pool, running_req
 
-from radixserve.policy import PrefillAdder, match_req_prefix
+from radixserve.policy import match_req_prefix
 
 tokens = st.lists(st.integers(0, 3), min_size=1, max_size=40)
 
@@ -56,42 +56,49 @@ def test_the_adder_never_over_commits(s: dict) -> None:
                 )
             )
     evictable_before = tree.evictable_size()
-    adder = PrefillAdder(
-        ps, tree, alloc, running, s["ratio"], s["max_prefill"], s["chunk"], s["max_new_reqs"]
+    adder = new_adder(
+        tree,
+        alloc,
+        running,
+        ratio=s["ratio"],
+        max_prefill=s["max_prefill"],
+        chunk=s["chunk"],
+        max_new_reqs=s["max_new_reqs"],
     )
     initial_total = adder.rem_total_tokens
 
     for i, (seq, max_new, ignore_eos, reuse) in enumerate(s["waiting"]):
         base = s["cached"][i % len(s["cached"])][:reuse] if s["cached"] else []
         req = make_req(base + seq, max_new=max_new, ignore_eos=ignore_eos)
-        match_req_prefix(req, tree)
-        adder.add_one_req(req)
+        adder.add_one_req(req, match=match_req_prefix(req, tree))
 
-    admitted = adder.can_run_list
+    plan = adder.result
+    admitted = [a.req for a in plan.admitted]
     budget = adder.budget
     event(f"admitted {min(len(admitted), 3)}{'+' if len(admitted) > 3 else ''}")
     event(f"chunked: {adder.new_chunked_req is not None}")
-    event(f"a cache hit admitted: {any(r.prefix_len for r in admitted)}")
+    event(f"a cache hit admitted: {any(a.prefix_len for a in plan.admitted)}")
     charged = sum(
-        budget.ceil_pages(r.extend_len)
-        + (0 if r is adder.new_chunked_req else budget.new_tokens(r))
-        for r in admitted
+        budget.ceil_pages(a.extend_len)
+        + (0 if a.req is adder.new_chunked_req else budget.new_tokens(a.req))
+        for a in plan.admitted
     )
-    inputs = sum(budget.ceil_pages(r.extend_len) for r in admitted)
+    inputs = sum(budget.ceil_pages(a.extend_len) for a in plan.admitted)
     assert charged <= max(initial_total, 0)
     # ... and counting the evictable memory that the kept locks took away:
     assert not admitted or adder.rem_total_tokens > 0
     assert inputs <= alloc.available_size() + tree.evictable_size()  # allocatable right now
     assert len(admitted) <= s["max_new_reqs"]
-    for req in admitted:
-        remaining = req.seq_len - req.prefix_len
-        if req is adder.new_chunked_req:
-            assert 0 < req.extend_len < remaining and req.extend_len % ps == 0
+    for a in plan.admitted:
+        assert a.match is not None
+        remaining = a.req.seq_len - a.prefix_len
+        if a.req is adder.new_chunked_req:
+            assert 0 < a.extend_len < remaining and a.extend_len % ps == 0
         else:
-            assert req.extend_len == remaining
-        assert req.last_node is tree.root or req.last_node.lock_ref >= 1
+            assert a.extend_len == remaining
+        assert a.match.last_node is tree.root or a.match.last_node.lock_ref >= 1
     tree.check_integrity()
-    for req in admitted:  # every lock the adder kept is one per admitted request
-        tree.dec_lock_ref(req.last_node)
+    for a in plan.admitted:  # every lock the adder kept is one per admitted request
+        tree.dec_lock_ref(a.match.last_node)  # type: ignore[union-attr]
     assert tree.evictable_size() == evictable_before and tree.protected_size() == 0
     tree.check_integrity()

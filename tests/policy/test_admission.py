@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from policy_helpers import make_req, pool
+from policy_helpers import make_req, new_adder, pool
 
-from radixserve.policy import PrefillAdder, SchedulePolicy, admit_waiting
+from radixserve.policy import SchedulePolicy
 
 
 def test_deprioritized_requests_wait_for_the_pass_after_their_prefix_provider() -> None:
@@ -14,16 +14,16 @@ def test_deprioritized_requests_wait_for_the_pass_after_their_prefix_provider() 
     cold = make_req(list(range(900, 940)), arrival=5.0)
     waiting = [*group, cold]
     policy = SchedulePolicy("lpm", tree)
-    prefix_computed = policy.calc_priority(waiting)
-    assert policy.deprioritized == {group[1].rid, group[2].rid}
-    adder = PrefillAdder(1, tree, allocator, [], 0.7, 16384, None, 8)
-    admit_waiting(adder, waiting, prefix_computed, deprioritized=policy.deprioritized)
+    ordering = policy.calc_priority(waiting)
+    assert ordering.deprioritized == {group[1].rid, group[2].rid}
+    adder = new_adder(tree, allocator, ratio=0.7, max_new_reqs=8)
+    adder.plan(waiting, ordering.matches, ordering.deprioritized)
     assert {r.rid for r in adder.can_run_list} == {group[0].rid, cold.rid}
 
 
 def test_a_deprioritized_request_still_runs_when_nothing_else_is_admitted() -> None:
     tree, allocator = pool(4096)
     req = make_req(list(range(50)))
-    adder = PrefillAdder(1, tree, allocator, [], 0.7, 16384, None, 8)
-    admit_waiting(adder, [req], False, deprioritized=frozenset({req.rid}))
+    adder = new_adder(tree, allocator, ratio=0.7, max_new_reqs=8)
+    adder.plan([req], deprioritized=frozenset({req.rid}))
     assert adder.can_run_list == [req]

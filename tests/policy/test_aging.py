@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from policy_helpers import cache_tokens, make_req, pool
+from policy_helpers import cache_tokens, make_req, new_adder, pool
 
 from radixserve.config import SchedulerConstants
-from radixserve.policy import PrefillAdder, SchedulePolicy, admit_waiting
+from radixserve.policy import SchedulePolicy
 from radixserve.types import Req
 
 HOT_PREFIX = list(range(1000, 1064))
@@ -29,15 +29,15 @@ def passes_until_admitted(
             clock += 1.0
             suffix = [20_000 + int(clock) * 8 + i for i in range(4)]
             waiting.append(make_req(HOT_PREFIX + suffix, arrival=clock))
-        prefix_computed = policy.calc_priority(waiting)
-        adder = PrefillAdder(1, tree, alloc, [], 0.5, 16384, None, 2, constants)
-        admit_waiting(adder, waiting, prefix_computed)
-        admitted = adder.can_run_list
+        ordering = policy.calc_priority(waiting)
+        adder = new_adder(tree, alloc, ratio=0.5, max_new_reqs=2, constants=constants)
+        plan = adder.plan(waiting, ordering.matches, ordering.deprioritized)
+        admitted = plan.reqs
         assert 0 < len(admitted) <= 2
         waiting = [r for r in waiting if r not in admitted]
         policy.on_pass_done(waiting, admitted)
-        for req in admitted:  # they finish at once: release their locks
-            tree.dec_lock_ref(req.last_node)
+        for admission in plan.admitted:  # they finish at once: release the plan's locks
+            tree.dec_lock_ref(admission.match.last_node)
         if cold in admitted:
             return pass_no
     return None

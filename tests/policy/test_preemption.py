@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from policy_helpers import make_req, pool, running_req
+from policy_helpers import make_req, new_adder, pool, running_req
 
 from radixserve.memory_pool import TokenToKVPoolAllocator
-from radixserve.policy import AddReqResult, PrefillAdder, admit_waiting, match_req_prefix
+from radixserve.policy import AddReqResult, PrefillAdder
 from radixserve.radix import RadixCache
 from radixserve.types import Req
 
@@ -40,21 +40,16 @@ def setup(
     running = runners(
         alloc, [("low-old", 0, 1.0), ("low-new", 0, 2.0), ("mid", 5, 3.0), ("high", 20, 4.0)]
     )
-    adder = PrefillAdder(
-        1,
+    adder = new_adder(
         tree,
         alloc,
         list(running.values()),
-        1.0,
-        16384,
-        None,
-        8,
-        enable_priority_scheduling=enabled,
-        schedule_low_priority_values_first=low_values_first,
+        max_new_reqs=8,
+        priority=enabled,
+        low_first=low_values_first,
     )
     assert adder.rem_total_tokens == REM_TOTAL
     req = make_req(range(prompt_len - 1, -1, -1), max_new=50, priority=priority, arrival=9.0)
-    match_req_prefix(req, tree)
     assert adder.add_one_req(req) is AddReqResult.NO_TOKEN
     return tree, adder, running, req
 
@@ -67,7 +62,7 @@ def test_only_as_many_victims_as_needed_least_urgent_most_recent_first(
     prompt_len: int, victims: list[str]
 ) -> None:
     _, adder, running, req = setup(16, prompt_len)
-    assert adder.preempt_to_schedule(req, list(running.values())) is True
+    assert adder.preempt_to_schedule(req) is True
     assert [r.rid for r in adder.preempt_list] == victims
     assert adder.rem_total_tokens == REM_TOTAL + CREDIT * len(victims)
     assert adder.add_one_req(req) is not None and req in adder.can_run_list
@@ -77,7 +72,7 @@ def test_only_as_many_victims_as_needed_least_urgent_most_recent_first(
 def test_nothing_changes_when_the_outranked_runners_cannot_free_enough() -> None:
     tree, adder, running, req = setup(16, 800)  # needs 4 victims; "high" is not outranked
     before = (adder.rem_total_tokens, adder.budget.free_slots, tree.evictable_size())
-    assert adder.preempt_to_schedule(req, list(running.values())) is False
+    assert adder.preempt_to_schedule(req) is False
     assert adder.preempt_list == []
     assert (adder.rem_total_tokens, adder.budget.free_slots, tree.evictable_size()) == before
     tree.check_integrity()
@@ -87,56 +82,48 @@ def test_nothing_changes_when_the_outranked_runners_cannot_free_enough() -> None
 def test_the_gap_must_exceed_the_threshold(priority: int, preempts: bool) -> None:
     # 700 tokens need three victims, the third being "mid" (priority 5): gap 10 is not enough.
     _, adder, running, req = setup(priority, 700)
-    assert adder.preempt_to_schedule(req, list(running.values())) is preempts
+    assert adder.preempt_to_schedule(req) is preempts
     assert len(adder.preempt_list) == (3 if preempts else 0)
 
 
 def test_low_values_first_flips_the_direction() -> None:
     # With small values urgent, "high" (20) is the least urgent runner; -5 outranks it by 25.
     _, adder, running, req = setup(-5, 300, low_values_first=True)
-    assert adder.preempt_to_schedule(req, list(running.values())) is True
+    assert adder.preempt_to_schedule(req) is True
     assert [r.rid for r in adder.preempt_list] == ["high"]
 
 
 def test_no_preemption_without_priority_scheduling() -> None:
     _, adder, running, req = setup(100, 300, enabled=False)
-    assert adder.preempt_to_schedule(req, list(running.values())) is False
+    assert adder.preempt_to_schedule(req) is False
 
 
 def test_a_victim_frees_a_running_slot() -> None:
     tree, alloc = pool(1000)
     running = runners(alloc, [("low", 0, 1.0)])
-    adder = PrefillAdder(
-        1, tree, alloc, list(running.values()), 1.0, 16384, None, 0, enable_priority_scheduling=True
-    )
+    adder = new_adder(tree, alloc, list(running.values()), max_new_reqs=0, priority=True)
     req = make_req(range(10), max_new=5, priority=50)
-    match_req_prefix(req, tree)
     assert adder.add_one_req(req) is AddReqResult.OTHER  # memory is fine, no slot
-    assert adder.preempt_to_schedule(req, list(running.values())) is True
+    assert adder.preempt_to_schedule(req) is True
     assert adder.add_one_req(req) is AddReqResult.OTHER and adder.can_run_list == [req]
 
 
 def test_an_admitted_request_never_preempts() -> None:
     tree, alloc = pool(1000)
     running = runners(alloc, [("low", 0, 1.0)])
-    adder = PrefillAdder(
-        1, tree, alloc, list(running.values()), 1.0, 16384, None, 1, enable_priority_scheduling=True
-    )
+    adder = new_adder(tree, alloc, list(running.values()), max_new_reqs=1, priority=True)
     req = make_req(range(10), max_new=5, priority=50)  # admitted, and takes the last slot
-    match_req_prefix(req, tree)
     assert adder.add_one_req(req) is AddReqResult.OTHER and req in adder.can_run_list
-    assert adder.preempt_to_schedule(req, list(running.values())) is False
+    assert adder.preempt_to_schedule(req) is False
     assert adder.preempt_list == []
 
 
 def test_admit_waiting_preempts_for_the_urgent_request() -> None:
     tree, alloc = pool(1000)
     running = runners(alloc, [("low-old", 0, 1.0), ("low-new", 0, 2.0), ("mid", 5, 3.0)])
-    adder = PrefillAdder(
-        1, tree, alloc, list(running.values()), 1.0, 16384, None, 8, enable_priority_scheduling=True
-    )
+    adder = new_adder(tree, alloc, list(running.values()), max_new_reqs=8, priority=True)
     urgent = make_req(range(400), max_new=50, priority=30)  # 450 > 400 free - 27 reserved
     later = make_req(range(1000, 1400), max_new=50, priority=0)  # cannot preempt anyone
-    admit_waiting(adder, [urgent, later], prefix_computed=False)
+    adder.plan([urgent, later])
     assert adder.can_run_list == [urgent]
     assert [r.rid for r in adder.preempt_list] == ["low-new"]

@@ -1,39 +1,20 @@
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 import torch
-from policy_helpers import cache_tokens, make_req, pool, running_req
+from policy_helpers import cache_tokens, make_req, new_adder, pool, running_req
 
 from radixserve.config import SchedulerConstants
 from radixserve.memory_pool import TokenToKVPoolAllocator
 from radixserve.policy import AddReqResult, PrefillAdder, match_req_prefix
-from radixserve.radix import NoPrefixCache, RadixCache
+from radixserve.radix import NoPrefixCache
 from radixserve.types import FinishKind, FinishReason, Req
 
 CONTINUE, NO_TOKEN, OTHER = AddReqResult.CONTINUE, AddReqResult.NO_TOKEN, AddReqResult.OTHER
 
 
-def new_adder(
-    tree: RadixCache | NoPrefixCache,
-    alloc: TokenToKVPoolAllocator,
-    running: Sequence[Req] = (),
-    *,
-    ratio: float = 1.0,
-    max_prefill: int = 16384,
-    chunk: int | None = None,
-    max_new_reqs: int = 64,
-    constants: SchedulerConstants | None = None,
-) -> PrefillAdder:
-    return PrefillAdder(
-        alloc.page_size, tree, alloc, running, ratio, max_prefill, chunk, max_new_reqs, constants
-    )
-
-
 def offer(adder: PrefillAdder, req: Req, has_chunked_req: bool = False) -> AddReqResult:
-    match_req_prefix(req, adder.tree_cache)
-    return adder.add_one_req(req, has_chunked_req)
+    return adder.add_one_req(req, has_chunked_req, match_req_prefix(req, adder.tree_cache))
 
 
 def test_rem_total_tokens_reserves_for_running_requests() -> None:
@@ -59,7 +40,7 @@ def test_no_token_when_input_plus_output_reaches_the_budget() -> None:
     assert offer(adder, make_req(range(50), max_new=50)) is NO_TOKEN  # 100 >= 100
     fits = make_req(range(50), max_new=49)
     assert offer(adder, fits) is CONTINUE
-    assert adder.can_run_list == [fits] and fits.extend_len == 50
+    assert adder.can_run_list == [fits] and adder.extend_len(fits) == 50
     assert adder.rem_total_tokens == 1
     assert offer(adder, make_req(range(200, 201), max_new=0)) is NO_TOKEN
 
@@ -92,7 +73,7 @@ def test_a_long_request_becomes_the_single_chunked_request(page_size: int, chunk
     long_req = make_req(range(30))
     result = offer(adder, long_req)
     assert adder.new_chunked_req is long_req
-    assert long_req.extend_len == chunk_len and chunk_len % page_size == 0
+    assert adder.extend_len(long_req) == chunk_len and chunk_len % page_size == 0
     assert adder.budget.rem_chunk_tokens == 10 - chunk_len
     assert result is (OTHER if page_size == 1 else CONTINUE)
     assert offer(adder, make_req(range(100, 101))) is OTHER  # 1 token is a page of 4 > 2 left
@@ -117,7 +98,7 @@ def test_a_small_request_before_a_long_one_leaves_it_a_shorter_chunk() -> None:
     assert offer(adder, make_req(range(3))) is CONTINUE  # one page
     long_req = make_req(range(100, 130))
     offer(adder, long_req)
-    assert long_req.extend_len == 4  # 6 tokens of budget left: one whole page
+    assert adder.extend_len(long_req) == 4  # 6 tokens of budget left: one whole page
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -127,14 +108,14 @@ def test_the_continuing_chunked_request_goes_first(page_size: int) -> None:
     req.prefix_indices, req.last_node = torch.arange(1, 9), tree.root  # first chunk done: 8 tokens
     adder = new_adder(tree, alloc, chunk=8)
     assert adder.add_chunked_req(req) is req
-    assert req.extend_len == 8 and adder.new_chunked_req is req
+    assert adder.extend_len(req) == 8 and adder.new_chunked_req is req
     assert adder.rem_total_tokens == 1024 - 8  # no decode tokens budgeted for a middle chunk
     assert offer(adder, make_req(range(100, 102))) is OTHER
 
     req.prefix_indices = torch.arange(1, 25)  # 24 done; 6 left
     last = new_adder(tree, alloc, chunk=8)
     assert last.add_chunked_req(req) is None
-    assert req.extend_len == 6 and last.new_chunked_req is None
+    assert last.extend_len(req) == 6 and last.new_chunked_req is None
     assert last.rem_total_tokens == 1024 - last.budget.ceil_pages(6) - 5
 
 
@@ -145,7 +126,7 @@ def test_the_chunked_request_progresses_even_without_memory() -> None:
     req.prefix_indices, req.last_node = torch.arange(1, 5), tree.root
     adder = new_adder(tree, alloc, [hog], chunk=8)
     assert adder.rem_total_tokens <= 0
-    assert adder.add_chunked_req(req) is req and req.extend_len == 8
+    assert adder.add_chunked_req(req) is req and adder.extend_len(req) == 8
 
 
 def test_lock_then_recheck_rejects_a_request_whose_own_lock_makes_it_not_fit() -> None:
@@ -156,15 +137,17 @@ def test_lock_then_recheck_rejects_a_request_whose_own_lock_makes_it_not_fit() -
     adder = new_adder(tree, alloc)
     too_big = make_req(prefix + list(range(500, 520)), max_new=150)  # 170 < 200, but >= 100
     assert offer(adder, too_big) is NO_TOKEN
-    assert too_big.prefix_len == 100 and too_big.last_node.lock_ref == 0
+    match = adder.match_of(too_big)
+    assert len(match.indices) == 100 and match.last_node.lock_ref == 0
     assert tree.evictable_size() == 100 and adder.can_run_list == []
     tree.check_integrity()
 
     fits = make_req(prefix + list(range(600, 620)), max_new=70)  # 90 < 100 under the lock
     assert offer(adder, fits) is CONTINUE
-    assert fits.extend_len == 20 and fits.last_node.lock_ref == 1  # kept for the scheduler
+    node = adder.match_of(fits).last_node
+    assert adder.extend_len(fits) == 20 and node.lock_ref == 1  # kept for the scheduler (plan)
     assert tree.evictable_size() == 0 and adder.rem_total_tokens == 10
-    tree.dec_lock_ref(fits.last_node)
+    tree.dec_lock_ref(node)
     tree.check_integrity()
 
 
@@ -191,5 +174,5 @@ def test_works_without_a_tree() -> None:
     tree, alloc = NoPrefixCache(), TokenToKVPoolAllocator(101)
     adder = new_adder(tree, alloc)
     req = make_req(range(20), max_new=10)
-    assert offer(adder, req) is CONTINUE and req.extend_len == 20
+    assert offer(adder, req) is CONTINUE and adder.extend_len(req) == 20
     assert adder.rem_total_tokens == 100 - 30

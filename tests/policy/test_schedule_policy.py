@@ -28,7 +28,7 @@ def test_unknown_policy_is_rejected() -> None:
 def test_fcfs_orders_by_arrival_and_computes_no_match() -> None:
     tree, _ = pool(16)
     queue = [make_req([1, 2], arrival=t, rid=f"t{t}") for t in (2.0, 0.0, 1.0)]
-    assert SchedulePolicy("fcfs", tree).calc_priority(queue) is False
+    assert SchedulePolicy("fcfs", tree).calc_priority(queue).matches == {}
     assert rids(queue) == ["t0.0", "t1.0", "t2.0"]
     assert all(r.prefix_indices is None for r in queue)
 
@@ -36,7 +36,7 @@ def test_fcfs_orders_by_arrival_and_computes_no_match() -> None:
 def test_lof_longest_output_first_ties_keep_queue_order() -> None:
     tree, _ = pool(16)
     queue = [make_req([1], max_new=n, rid=rid) for n, rid in ((10, "a"), (50, "b"), (10, "c"))]
-    assert SchedulePolicy("lof", tree).calc_priority(queue) is False
+    assert SchedulePolicy("lof", tree).calc_priority(queue).matches == {}
     assert rids(queue) == ["b", "a", "c"]
 
 
@@ -64,9 +64,9 @@ def test_lpm_seed_example_longest_prefix_first() -> None:
         make_req(shared + tail(7000), rid="hit40"),
         make_req(shared[:25] + tail(8000), rid="hit25"),
     ]
-    assert SchedulePolicy("lpm", tree).calc_priority(queue) is True
+    assert set((ordering := SchedulePolicy("lpm", tree).calc_priority(queue)).matches) == set(queue)
     assert rids(queue) == ["hit40", "hit25", "hit10", "hit0"]
-    assert [r.prefix_len for r in queue] == [40, 25, 10, 0]
+    assert [len(ordering.matches[r].indices) for r in queue] == [40, 25, 10, 0]
 
 
 def test_dfs_weight_seed_example() -> None:
@@ -78,7 +78,7 @@ def test_dfs_weight_seed_example() -> None:
     queue = [make_req(b + tail(900), rid="R4")] + [
         make_req(a + tail(900 + 10 * i), rid=f"R{i}") for i in (1, 2, 3)
     ]
-    assert SchedulePolicy("dfs-weight", tree).calc_priority(queue) is True
+    assert set(SchedulePolicy("dfs-weight", tree).calc_priority(queue).matches) == set(queue)
     assert rids(queue) == ["R1", "R2", "R3", "R4"]
 
 
@@ -157,12 +157,13 @@ def test_lpm_falls_back_to_fcfs_above_128_waiting() -> None:
 
     policy = SchedulePolicy("lpm", tree)
     long_queue = queue_of(129)
-    assert policy.calc_priority(long_queue) is False
+    assert policy.calc_priority(long_queue).matches == {}
     assert [r.arrival_time for r in long_queue] == [float(i) for i in range(129)]
 
     short_queue = queue_of(128)
-    assert policy.calc_priority(short_queue) is True
-    assert short_queue[0].prefix_len == max(r.prefix_len for r in short_queue)
+    assert set((ordering := policy.calc_priority(short_queue)).matches) == set(short_queue)
+    lens = {r: len(m.indices) for r, m in ordering.matches.items()}
+    assert lens[short_queue[0]] == max(lens.values())
 
 
 @pytest.mark.parametrize("policy_name", ["lpm", "dfs-weight"])
@@ -170,7 +171,7 @@ def test_cache_aware_policies_act_as_fcfs_without_a_tree(policy_name: str) -> No
     policy = SchedulePolicy(policy_name, NoPrefixCache())
     assert policy.policy == "fcfs"
     queue = [make_req([1, 2], arrival=t, rid=f"t{t}") for t in (1.0, 0.0)]
-    assert policy.calc_priority(queue) is False
+    assert policy.calc_priority(queue).matches == {}
     assert rids(queue) == ["t0.0", "t1.0"]
 
 

@@ -24,6 +24,7 @@ from radixserve.memory_pool import TokenToKVPoolAllocator
 from radixserve.models.attention.flashinfer_backend import FlashInferBackend
 from radixserve.models.attention.paged_reference import ReferenceWrappers
 from radixserve.models.forward_batch import ForwardBatch
+from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_runner import ModelRunner
 
 NUM_NEW_TOKENS = 32
@@ -54,7 +55,7 @@ class Driver:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.pool = runner.req_to_token_pool
-        self.allocator = TokenToKVPoolAllocator(runner.num_kv_slots, page_size=1)
+        self.allocator = TokenToKVPoolAllocator(runner.kv_cache.num_slots, page_size=1)
 
     def new_seq(self, tokens: list[int], prefix_slots: torch.Tensor | None = None) -> Seq:
         rows = self.pool.alloc(1)
@@ -200,7 +201,9 @@ def make_runner(model_dir: Path, backend: str | None = None) -> ModelRunner:
         max_context_len=256,
         attention_backend=backend,
     )
-    return ModelRunner(config)
+    kv = KVManager.build(config)
+    assert kv.kv_cache is not None
+    return ModelRunner(config, kv.kv_cache, kv.req_to_token_pool)
 
 
 def assert_matches_hf(

@@ -9,13 +9,17 @@ from radixserve.config import EngineConfig
 from radixserve.memory_pool import num_slots_for_budget
 from radixserve.models.forward_batch import ForwardBatch
 from radixserve.models.loader import resolve_dtype
+from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_runner import ModelRunner
 
 
 def runner_for(path: Path, **kw: object) -> ModelRunner:
-    return ModelRunner(
-        EngineConfig(model_path=str(path), **{"dtype": "float32", "max_total_tokens": 512, **kw})
+    config = EngineConfig(
+        model_path=str(path), **{"dtype": "float32", "max_total_tokens": 512, **kw}
     )  # type: ignore[arg-type]
+    kv = KVManager.build(config)
+    assert kv.kv_cache is not None
+    return ModelRunner(config, kv.kv_cache, kv.req_to_token_pool)
 
 
 def extend_fresh(
@@ -39,16 +43,21 @@ def extend_fresh(
     return runner.forward(batch)
 
 
+def num_kv_slots(r: ModelRunner) -> int:
+    return r.kv_cache.num_slots
+
+
 def test_pool_sizing(tiny_model_dirs: dict[str, Path]) -> None:
+    """The KVManager sizes the pools from the model's config; the runner gets them."""
     path = tiny_model_dirs["llama"]
     r = runner_for(path, max_total_tokens=100)
-    assert r.num_kv_slots == 101 and r.kv_cache.k_buffer[0].shape[0] == 101
+    assert num_kv_slots(r) == 101 and r.kv_cache.k_buffer[0].shape[0] == 101
     assert (
-        runner_for(path, max_total_tokens=10, page_size=4).num_kv_slots == 16
+        num_kv_slots(runner_for(path, max_total_tokens=10, page_size=4)) == 16
     )  # 3 pages + padding page
     r = runner_for(path, max_total_tokens=None, kv_cache_bytes=1 << 20, max_running_requests=3)
     mc = r.model_config
-    assert r.num_kv_slots == num_slots_for_budget(
+    assert num_kv_slots(r) == num_slots_for_budget(
         1 << 20, mc.num_layers, mc.num_kv_heads, mc.head_dim, torch.float32
     )
     assert r.req_to_token_pool.req_to_token.shape == (3, mc.max_position_embeddings)
@@ -67,7 +76,7 @@ def test_auto_dtype_and_threads(tiny_model_dirs: dict[str, Path]) -> None:
 
 def test_errors(tiny_model_dirs: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match="model_path"):
-        ModelRunner(EngineConfig())
+        KVManager.build(EngineConfig())
     with pytest.raises(ValueError, match="max_total_tokens"):
         runner_for(tiny_model_dirs["llama"], max_total_tokens=0)
     r = runner_for(tiny_model_dirs["llama"], max_context_len=8)

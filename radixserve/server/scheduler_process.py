@@ -18,18 +18,19 @@ from typing import Any
 import zmq
 
 from radixserve.config import EngineConfig
-from radixserve.runtime.io_struct import (
+from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.runtime.scheduler import Scheduler
+from radixserve.server.io_struct import (
     AbortRequest,
     DetokenizeParams,
     FlushCacheReq,
-    GenerateRequest,
     GetServerInfoReq,
     ReqError,
     RpcReply,
     SchedulerFatal,
     SchedulerInfo,
 )
-from radixserve.runtime.ipc import (
+from radixserve.server.ipc import (
     IpcEndpoints,
     ParentWatch,
     exit_process,
@@ -37,7 +38,6 @@ from radixserve.runtime.ipc import (
     recv_all,
     setup_child_process,
 )
-from radixserve.runtime.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ def run_scheduler_process(
             max_context_len=scheduler.max_context_len,
             max_total_tokens=int(stats["max_total_tokens"]),
             max_running_requests=config.max_running_requests,
-            vocab_size=scheduler.runner.vocab_size,
+            vocab_size=scheduler.worker.vocab_size,
             eos_token_ids=tuple(sorted(scheduler.eos_token_ids)),
         )
     )

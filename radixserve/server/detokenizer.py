@@ -24,7 +24,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.runtime.io_struct import DetokenizeParams, ReqOutput, TextOutput
+from radixserve.runtime.io_struct import ReqOutput
+from radixserve.server.io_struct import DetokenizeParams, TextOutput
 from radixserve.types import FinishKind, FinishReason
 
 REPLACEMENT_CHAR = "\ufffd"

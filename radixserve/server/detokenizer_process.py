@@ -8,8 +8,8 @@ from multiprocessing.connection import Connection
 
 import zmq
 
-from radixserve.runtime.detokenizer import Detokenizer
-from radixserve.runtime.ipc import (
+from radixserve.server.detokenizer import Detokenizer
+from radixserve.server.ipc import (
     IpcEndpoints,
     ParentWatch,
     exit_process,

@@ -16,7 +16,7 @@ from typing import Any
 from radixserve.config import EngineConfig
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.scheduler import Scheduler
-from radixserve.runtime.text import IncrementalText, output_dict
+from radixserve.server.text import IncrementalText, output_dict
 from radixserve.types import SamplingParams, new_rid
 
 _Call = tuple[Callable[[], Any], Future[Any]]

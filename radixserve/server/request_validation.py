@@ -7,7 +7,8 @@ and readable; they never replace the scheduler's own.
 
 from __future__ import annotations
 
-from radixserve.runtime.io_struct import GenerateRequest, SchedulerInfo
+from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.server.io_struct import SchedulerInfo
 from radixserve.types import SamplingParams
 
 MAX_TOP_LOGPROBS = 20

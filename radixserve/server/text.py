@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.runtime.detokenizer import INIT_CONTEXT_TOKENS, Detokenizer
-from radixserve.runtime.io_struct import DetokenizeParams, GenerateRequest, ReqOutput
+from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
+from radixserve.server.detokenizer import INIT_CONTEXT_TOKENS, Detokenizer
+from radixserve.server.io_struct import DetokenizeParams
 from radixserve.types import FinishKind, FinishReason
 
 

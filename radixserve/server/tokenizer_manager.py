@@ -25,10 +25,10 @@ import zmq
 import zmq.asyncio
 
 from radixserve.config import ServerConfig
-from radixserve.runtime.io_struct import (
+from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.server.io_struct import (
     AbortRequest,
     FlushCacheReq,
-    GenerateRequest,
     GetServerInfoReq,
     ReqError,
     RpcReply,
@@ -36,9 +36,9 @@ from radixserve.runtime.io_struct import (
     SchedulerInfo,
     TextOutput,
 )
-from radixserve.runtime.ipc import IpcEndpoints, make_socket
-from radixserve.runtime.prompt_tokenizer import PromptTokenizer
-from radixserve.runtime.request_validation import RequestValidator
+from radixserve.server.ipc import IpcEndpoints, make_socket
+from radixserve.server.prompt_tokenizer import PromptTokenizer
+from radixserve.server.request_validation import RequestValidator
 
 logger = logging.getLogger(__name__)
 

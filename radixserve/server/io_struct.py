@@ -1,0 +1,96 @@
+"""Messages between the server's processes (HTTP, scheduler, detokenizer) beyond the
+scheduler's own ``GenerateRequest`` and ``ReqOutput`` (``radixserve.runtime.io_struct``).
+
+Small picklable dataclasses, sent over pyzmq IPC sockets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixserve.runtime.io_struct import ReqOutput
+
+#   HTTP --(GenerateRequest | AbortRequest | FlushCacheReq | GetServerInfoReq)--> scheduler
+#   scheduler --list[DetokenizeParams | ReqOutput | ReqError | RpcReply | SchedulerFatal]--> detok
+#   detok --list[TextOutput | ReqError | RpcReply | SchedulerFatal]--> HTTP
+#
+# One zmq message per scheduler iteration carries a list, in order: a request's DetokenizeParams
+# always comes before its first ReqOutput.
+
+
+@dataclass(slots=True)
+class AbortRequest:
+    rid: str
+
+
+@dataclass(slots=True)
+class DetokenizeParams:
+    """What the detokenizer needs to know about a request before its first output."""
+
+    rid: str
+    stop: list[str]
+    skip_special_tokens: bool
+    prompt_tail_ids: list[int]  # the last prompt tokens: context for the first output's text
+
+
+@dataclass(slots=True)
+class TextOutput:
+    """A ``ReqOutput`` with its text: ``text`` is the new text since the previous TextOutput of
+    the request (held-back partial characters and stop-string prefixes come later).
+
+    ``stopped_early``: the detokenizer saw a stop string that the scheduler had not seen (its
+    ``output.finish_reason`` is then STOP_STR while the scheduler still runs the request): the
+    receiver aborts it in the scheduler. Later outputs of the rid are dropped.
+    """
+
+    output: ReqOutput
+    text: str
+    stopped_early: bool = False
+
+
+@dataclass(slots=True)
+class ReqError:
+    """The scheduler refused a request: ``add_request`` raised ``ValueError`` (HTTP 400), or
+    failed unexpectedly (500)."""
+
+    rid: str
+    message: str
+    status_code: int = 400
+
+
+@dataclass(slots=True)
+class FlushCacheReq:
+    call_id: int
+
+
+@dataclass(slots=True)
+class GetServerInfoReq:
+    """Ask for the scheduler's stats and, with ``check_integrity``, run its KV integrity check."""
+
+    call_id: int
+    check_integrity: bool = True
+
+
+@dataclass(slots=True)
+class RpcReply:
+    call_id: int
+    value: object = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class SchedulerFatal:
+    """The scheduler loop crashed; the message (with traceback) is for the server's log."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerInfo:
+    """Sent once by the scheduler process when the model is loaded (the ready handshake)."""
+
+    max_context_len: int
+    max_total_tokens: int
+    max_running_requests: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]

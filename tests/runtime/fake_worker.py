@@ -1,0 +1,115 @@
+"""A model worker that computes nothing: the scheduler, policy, radix tree and KVManager run for
+real around it, with no model (in the spirit of mini-sglang's ``test_cache_allocate.py``).
+
+Its next token is a pure function of the tokens so far, so a request's output does not depend
+on how it was batched, chunked, cached, retracted or preempted: a run with a tiny pool must give
+exactly the outputs of a run with a large one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import torch
+
+from radixserve.config import EngineConfig
+from radixserve.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from radixserve.radix import NoPrefixCache, PrefixCache, RadixCache
+from radixserve.runtime.kv_manager import KVManager
+from radixserve.runtime.model_worker import BatchResult
+from radixserve.runtime.schedule_batch import ScheduleBatch
+from radixserve.runtime.scheduler import Scheduler
+
+VOCAB = 1000
+
+
+def next_token(tokens: list[int]) -> int:
+    """Deterministic, content-only "model"."""
+    h = len(tokens)
+    for t in tokens[-8:]:
+        h = (h * 1_000_003 + t) % 2_147_483_647
+    return h % VOCAB
+
+
+class FakeWorker:
+    """Checks what a real forward relies on, then "samples" :func:`next_token`: every token of
+    the sequence has a KV slot in the request's row, and the slots of the batch are distinct."""
+
+    def __init__(self, kv: KVManager, overlap: bool = False) -> None:
+        self.kv = kv
+        self.overlap = overlap
+        self.device = torch.device("cpu")
+        self.vocab_size = VOCAB
+        self.eos_token_ids: frozenset[int] = frozenset()
+        self.num_forwards = 0
+
+    def run(self, batch: ScheduleBatch) -> BatchResult:
+        fb = batch.forward_batch
+        assert fb is not None
+        self.num_forwards += 1
+        slots = fb.out_cache_loc.tolist()
+        assert len(set(slots)) == len(slots) and 0 not in slots, "a slot given twice or slot 0"
+        tokens: list[int | None] = []
+        for i, req in enumerate(batch.reqs):
+            row = self.kv.req_to_token_pool.req_to_token[fb.req_pool_indices[i]]
+            seq_len = int(fb.seq_lens[i])
+            assert bool((row[:seq_len] > 0).all()), "a token without a KV slot"
+            if not batch.samples[i]:
+                tokens.append(None)
+                continue
+            if req.is_finished:  # finished in the batch before (overlap): its token is dropped
+                tokens.append(0)
+                continue
+            # the sequence this forward sees: the request's tokens up to seq_len
+            tokens.append(next_token(req.fill_ids[:seq_len].tolist()))
+        n = len(batch.reqs)
+        return BatchResult(tokens, [None] * n, [[] for _ in range(n)], [None] * n)
+
+    def submit(self, batch: ScheduleBatch) -> Future[BatchResult]:
+        """Overlap: the forward "runs" when its result is asked for, after the scheduler has
+        processed the batch before (whose sampled tokens a real decode reads on the device)."""
+        return _Deferred(lambda: self.run(batch))
+
+    def shutdown(self) -> None:
+        pass
+
+
+class _Deferred(Future[BatchResult]):
+    def __init__(self, fn: Callable[[], BatchResult]) -> None:
+        super().__init__()
+        self._fn = fn
+
+    def result(self, timeout: float | None = None) -> BatchResult:
+        if not self.done():
+            self.set_result(self._fn())
+        return super().result(timeout)
+
+
+def fake_scheduler(
+    page_size: int = 1,
+    capacity: int = 4096,
+    *,
+    max_running: int = 16,
+    max_context_len: int = 512,
+    radix: bool = True,
+    overlap: bool = False,
+    **config: object,
+) -> tuple[Scheduler, FakeWorker]:
+    """A Scheduler over ``capacity`` usable KV slots (whole pages) with a :class:`FakeWorker`."""
+    engine_config = EngineConfig(
+        page_size=page_size,
+        max_running_requests=max_running,
+        disable_radix_cache=not radix,
+        disable_overlap_schedule=not overlap,
+        **config,  # type: ignore[arg-type]
+    )
+    tree: PrefixCache = RadixCache(page_size) if radix else NoPrefixCache(page_size)
+    slots = (-(-capacity // page_size) + 1) * page_size
+    kv = KVManager(
+        ReqToTokenPool(max_running, max_context_len),
+        TokenToKVPoolAllocator(slots, page_size),
+        tree,
+    )
+    worker = FakeWorker(kv, overlap)
+    return Scheduler(engine_config, kv=kv, worker=worker), worker
