@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
+import sys
 import tarfile
 import tempfile
 from collections.abc import Iterator
@@ -40,6 +42,8 @@ def exported(rev: str, paths: list[str]) -> Iterator[str]:
 
 @contextmanager
 def worktree(rev: str) -> Iterator[str]:
+    # a SIGTERM (a timeout, a kill) unwinds like Ctrl-C, so the checkout is still removed
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with tempfile.TemporaryDirectory(prefix=f"radixserve-{rev}-") as tmp:
         path = os.path.join(tmp, "checkout")
         _git("worktree", "add", "--detach", "--quiet", path, rev)

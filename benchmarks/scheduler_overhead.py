@@ -185,7 +185,8 @@ def model_dir(args: argparse.Namespace) -> Iterator[str]:
 def run_worker(args: argparse.Namespace, path: str) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--model-path", args.model_path]
     cmd += ["--dtype", args.dtype, "--batch", str(args.batch), "--steps", str(args.steps)]
-    cmd += ["--prompt-len", str(args.prompt_len)] + (["--no-overlap"] if args.no_overlap else [])
+    cmd += ["--prompt-len", str(args.prompt_len), "--threads", str(args.threads)]
+    cmd += ["--no-overlap"] if args.no_overlap else []
     out = subprocess.run(cmd, env=env_with_path(path), capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"the run on {path} failed:\n{out.stderr[-4000:]}")
@@ -239,6 +240,7 @@ def main() -> None:
     parser.add_argument("--compare-rev", help="also measure this git revision, side by side")
     parser.add_argument("--rounds", type=int, default=3, help="alternations with --compare-rev")
     parser.add_argument("--no-overlap", action="store_true", help="skip the overlap-mode run")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument(
         "--profile", action="store_true", help="print a cProfile of the scheduler side"
     )
@@ -246,6 +248,8 @@ def main() -> None:
     parser.add_argument("--model-path", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.dtype = args.dtype or ("bfloat16" if args.model_shape == "0.5b" else "float32")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     if args.worker:
         worker(args)
         return
