@@ -3,12 +3,14 @@
 ``exported(rev, paths)`` extracts ``paths`` at ``rev`` (``git archive``); ``worktree(rev)`` makes
 a detached checkout (``git worktree add --detach``, removed afterwards). Either yields a
 directory to put first on ``PYTHONPATH`` of a subprocess, so ``import radixserve`` finds the old
-package there rather than the checkout this script runs from.
+package there rather than the checkout this script runs from; ``run_json`` runs one such
+subprocess.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -53,9 +56,20 @@ def worktree(rev: str) -> Iterator[str]:
             _git("worktree", "remove", "--force", path)
 
 
-def env_with_path(path: str) -> dict[str, str]:
-    """The environment of a subprocess that imports ``radixserve`` from ``path``."""
-    return {**os.environ, "PYTHONPATH": path}
+def run_json(argv: list[str], path: str) -> dict[str, Any]:
+    """Run ``python *argv`` importing ``radixserve`` from ``path``; its last stdout line is a
+    JSON object whose ``module`` (the ``__file__`` it imported) must lie under ``path``."""
+    out = subprocess.run(
+        [sys.executable, *argv],
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} on {path} failed:\n{out.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["module"].startswith(path), f"{result['module']} is not from {path}"
+    return result
 
 
 def _git(*args: str) -> str:

@@ -23,7 +23,6 @@ import contextlib
 import importlib
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,7 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from git_revision import REPO, describe, env_with_path, worktree
+from git_revision import REPO, describe, run_json, worktree
 
 FIELDS = ("step_ms", "forward_ms", "outside_ms")
 
@@ -183,16 +182,10 @@ def model_dir(args: argparse.Namespace) -> Iterator[str]:
 
 
 def run_worker(args: argparse.Namespace, path: str) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "--model-path", args.model_path]
-    cmd += ["--dtype", args.dtype, "--batch", str(args.batch), "--steps", str(args.steps)]
-    cmd += ["--prompt-len", str(args.prompt_len), "--threads", str(args.threads)]
-    cmd += ["--no-overlap"] if args.no_overlap else []
-    out = subprocess.run(cmd, env=env_with_path(path), capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"the run on {path} failed:\n{out.stderr[-4000:]}")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["module"].startswith(path), f"{result['module']} is not from {path}"
-    return result
+    argv = [__file__, "--worker", "--model-path", args.model_path, "--dtype", args.dtype]
+    argv += ["--batch", str(args.batch), "--steps", str(args.steps)]
+    argv += ["--prompt-len", str(args.prompt_len), "--threads", str(args.threads)]
+    return run_json(argv + (["--no-overlap"] if args.no_overlap else []), path)
 
 
 def print_row(name: str, normal: dict[str, float], overlap: dict[str, float] | None) -> None:
