@@ -3,19 +3,24 @@
 ``exported(rev, paths)`` extracts ``paths`` at ``rev`` (``git archive``); ``worktree(rev)`` makes
 a detached checkout (``git worktree add --detach``, removed afterwards). Either yields a
 directory to put first on ``PYTHONPATH`` of a subprocess, so ``import radixserve`` finds the old
-package there rather than the checkout this script runs from.
+package there rather than the checkout this script runs from; ``run_json`` runs one such
+subprocess.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
+import signal
 import subprocess
+import sys
 import tarfile
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,6 +45,8 @@ def exported(rev: str, paths: list[str]) -> Iterator[str]:
 
 @contextmanager
 def worktree(rev: str) -> Iterator[str]:
+    # a SIGTERM (a timeout, a kill) unwinds like Ctrl-C, so the checkout is still removed
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with tempfile.TemporaryDirectory(prefix=f"radixserve-{rev}-") as tmp:
         path = os.path.join(tmp, "checkout")
         _git("worktree", "add", "--detach", "--quiet", path, rev)
@@ -49,9 +56,20 @@ def worktree(rev: str) -> Iterator[str]:
             _git("worktree", "remove", "--force", path)
 
 
-def env_with_path(path: str) -> dict[str, str]:
-    """The environment of a subprocess that imports ``radixserve`` from ``path``."""
-    return {**os.environ, "PYTHONPATH": path}
+def run_json(argv: list[str], path: str) -> dict[str, Any]:
+    """Run ``python *argv`` importing ``radixserve`` from ``path``; its last stdout line is a
+    JSON object whose ``module`` (the ``__file__`` it imported) must lie under ``path``."""
+    out = subprocess.run(
+        [sys.executable, *argv],
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} on {path} failed:\n{out.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["module"].startswith(path), f"{result['module']} is not from {path}"
+    return result
 
 
 def _git(*args: str) -> str:

@@ -17,13 +17,11 @@ import argparse
 import hashlib
 import json
 import random
-import subprocess
-import sys
 import time
 
 import numpy as np
 import torch
-from git_revision import REPO, describe, env_with_path, exported
+from git_revision import REPO, describe, exported, run_json
 
 KEY_FORMS = ("list", "int32")
 
@@ -89,13 +87,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run_worker(args: argparse.Namespace, key_form: str, path: str) -> dict:
-    cmd = [sys.executable, __file__, "--worker", key_form, *args.forwarded]
-    out = subprocess.run(cmd, env=env_with_path(path), capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"worker {key_form} on {path} failed:\n{out.stderr}")
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    assert res["module"].startswith(path), f"{res['module']} is not from {path}"
-    return res
+    return run_json([__file__, "--worker", key_form, *args.forwarded], path)
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 SCHEDULE_POLICIES = ("fcfs", "lof", "random", "lpm", "dfs-weight")
 QUANTIZATIONS = ("int8",)
@@ -87,10 +87,6 @@ class EngineConfig:
             raise ValueError(
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
             )
-
-    def with_(self, **changes: object) -> EngineConfig:
-        """A copy with some fields changed (configs are never mutated)."""
-        return replace(self, **changes)  # type: ignore[arg-type]
 
 
 def _env_int(name: str) -> int | None:

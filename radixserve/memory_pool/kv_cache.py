@@ -72,6 +72,3 @@ class KVCache:
     def get_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole K and V buffers of ``layer``, each ``[num_slots, num_kv_heads, head_dim]``."""
         return self.k_buffer[layer], self.v_buffer[layer]
-
-    def size_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k_buffer + self.v_buffer)

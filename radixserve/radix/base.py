@@ -2,8 +2,8 @@
 
 Ownership rules (the contract every implementation keeps):
 - Keys are token-id sequences, values KV-slot index tensors (int64) of the same length.
-- Keys travel as contiguous int32 ndarrays (``Req.fill_ids``): the tree stores slices of them
-  and converts nothing. A list or tensor key also works (converted once per call).
+- Keys travel as int32 ndarrays (``Req.fill_ids``): the tree reads their bytes (one memcpy per
+  call) and converts nothing. A list or tensor key also works (converted once per call).
 - ``match_prefix`` is read-only apart from access times and node splits.
 - ``insert`` takes ownership of the value entries it stores. Its :class:`InsertResult` says how
   many leading entries it did *not* take because it already held that prefix (the caller frees

@@ -228,7 +228,7 @@ class RadixCache:
             if key_bytes.startswith(child.key_bytes, off, end):  # the whole edge matches
                 off += len(child.key_bytes)
             else:
-                n = self._common_len(child.key, key_bytes[off:end])
+                n = self._common_len(child.key, key_bytes, off, end)
                 child = self._split(child, n)
                 off += n * _TOKEN_BYTES
             values.append(child.value)
@@ -249,9 +249,9 @@ class RadixCache:
         first = key_bytes[: self._page_bytes]
         return (extra_key, first) if parent is self._root else first
 
-    def _common_len(self, key: np.ndarray, other: bytes) -> int:
-        """Whole pages ``key`` shares with ``other`` (a page-aligned run of int32 bytes)."""
-        b = np.frombuffer(other, dtype=np.int32)
+    def _common_len(self, key: np.ndarray, other: bytes, start: int, end: int) -> int:
+        """Whole pages ``key`` shares with the int32 tokens of ``other[start:end]`` (bytes)."""
+        b = np.frombuffer(other, dtype=np.int32, count=(end - start) // _TOKEN_BYTES, offset=start)
         n = min(len(key), len(b))
         differs = key[:n] != b[:n]
         first = int(differs.argmax())  # the first True, or 0 when there is none
