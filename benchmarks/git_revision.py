@@ -37,6 +37,7 @@ def exported(rev: str, paths: list[str]) -> Iterator[str]:
         check=True,
         capture_output=True,
     ).stdout
+    _exit_on_sigterm()
     with tempfile.TemporaryDirectory(prefix=f"radixserve-{rev}-") as tmp:
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(tmp, filter="data")
@@ -45,8 +46,7 @@ def exported(rev: str, paths: list[str]) -> Iterator[str]:
 
 @contextmanager
 def worktree(rev: str) -> Iterator[str]:
-    # a SIGTERM (a timeout, a kill) unwinds like Ctrl-C, so the checkout is still removed
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    _exit_on_sigterm()
     with tempfile.TemporaryDirectory(prefix=f"radixserve-{rev}-") as tmp:
         path = os.path.join(tmp, "checkout")
         _git("worktree", "add", "--detach", "--quiet", path, rev)
@@ -70,6 +70,11 @@ def run_json(argv: list[str], path: str) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["module"].startswith(path), f"{result['module']} is not from {path}"
     return result
+
+
+def _exit_on_sigterm() -> None:
+    """A SIGTERM (a timeout, a kill) unwinds like Ctrl-C, so the temp dir is still removed."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def _git(*args: str) -> str:
