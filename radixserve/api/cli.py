@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model name /v1/models lists and the OpenAI routes accept "
         "(default: the model directory's name)",
     )
+    _add_limit_flags(serve)
     add(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
@@ -102,6 +103,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     return parser
+
+
+def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
+    """What one request may cost, and how the server stops."""
+    defaults = ServerConfig(EngineConfig(model_path="-"))
+    add = serve.add_argument
+    add(
+        "--max-request-bytes",
+        type=int,
+        default=defaults.max_request_bytes,
+        help="largest request body; 413 past it",
+    )
+    add(
+        "--max-batch-sub-requests",
+        type=int,
+        default=defaults.max_batch_sub_requests,
+        help="most prompts x n (choices) in one request; 400 past it",
+    )
+    add(
+        "--max-stop-strings",
+        type=int,
+        default=defaults.max_stop_strings,
+        help="most stop strings in one request; 400 past it",
+    )
+    add(
+        "--graceful-shutdown-timeout",
+        type=float,
+        default=defaults.graceful_shutdown_timeout_s,
+        help="seconds in-flight requests may run on after SIGTERM before they are aborted",
+    )
+    add(
+        "--disable-docs",
+        action="store_true",
+        help="serve no /docs, /redoc or /openapi.json (with --api-key they need the key)",
+    )
 
 
 def make_server_config(args: argparse.Namespace) -> ServerConfig:
@@ -143,6 +179,11 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         served_model_name=args.served_model_name,
         is_default_model=is_default,
         log_level=args.log_level,
+        max_request_bytes=args.max_request_bytes,
+        max_batch_sub_requests=args.max_batch_sub_requests,
+        max_stop_strings=args.max_stop_strings,
+        graceful_shutdown_timeout_s=args.graceful_shutdown_timeout,
+        disable_docs=args.disable_docs,
     )
 
 

@@ -113,9 +113,9 @@ class TokenizerManager:
         self.config = config
         self.info = info
         self.prompts = (
-            PromptTokenizer(tokenizer)
+            PromptTokenizer(tokenizer, info.max_context_len)
             if tokenizer is not None
-            else PromptTokenizer.from_pretrained(config.engine.model_path)
+            else PromptTokenizer.from_pretrained(config.engine.model_path, info.max_context_len)
         )
         self.validator = RequestValidator(info, config.default_max_new_tokens)
         self.children = dict(children or {})

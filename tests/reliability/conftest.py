@@ -1,0 +1,67 @@
+"""Reliability fixtures: real ``radixserve serve`` subprocesses (``tests/api/serving_harness``)
+on 127.0.0.1, a tiny model, tight limits so each bound is cheap to reach."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
+
+from serving_harness import MAX_CONTEXT_LEN, Server, start_server, stop_server  # noqa: E402
+
+API_KEY = "sk-reliability"
+# the limits of the guarded server (small, so tests reach them with little traffic)
+MAX_REQUEST_BYTES = 1 << 20
+MAX_SUB_REQUESTS = 256
+MAX_STOP_STRINGS = 64
+
+
+@pytest.fixture(scope="session")
+def rel_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: object) -> Path:
+    """A tiny random Llama (context 1024) with the real ChatML tokenizer."""
+    from radixserve.models.tiny import write_tiny_model
+
+    return write_tiny_model(
+        tmp_path_factory.mktemp("rel-model") / "tiny-llama",
+        "llama",
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=MAX_CONTEXT_LEN,
+        tokenizer=tiny_tokenizer,
+        seed=3,
+    )
+
+
+def server_args(model_dir: Path, *extra: str) -> list[str]:
+    return ["--model", str(model_dir), "--host", "127.0.0.1", "--max-total-tokens", "16384", *extra]
+
+
+@pytest.fixture(scope="session")
+def guarded(rel_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server with an API key and tight limits, shared by the tests that leave it serving;
+    it must stop with exit code 0 and no traceback in its log."""
+    log = tmp_path_factory.mktemp("guarded-log") / "server.log"
+    args = server_args(
+        rel_model_dir,
+        "--max-request-bytes",
+        str(MAX_REQUEST_BYTES),
+        "--max-batch-sub-requests",
+        str(MAX_SUB_REQUESTS),
+        "--max-stop-strings",
+        str(MAX_STOP_STRINGS),
+    )
+    srv = start_server(args, log, api_key=API_KEY)
+    try:
+        yield srv
+    finally:
+        code = stop_server(srv)
+        text = srv.log()
+        assert code == 0, f"the server did not stop cleanly ({code}):\n{text[-4000:]}"
+        assert "Traceback" not in text, text[-6000:]
