@@ -205,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from radixserve.api.server import StartupError, launch_server
 
+    code = 0
     try:
-        launch_server(config)
+        code = launch_server(config)
     except StartupError as exc:
         logger.error("the server could not start: %s", exc)
         return 1
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     # the interpreter's last garbage collection over torch's and transformers' objects takes
     # seconds; nothing left needs it
     gc.freeze()
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.5
 WATCH_INTERVAL_S = 0.25
 RPC_TIMEOUT_S = 30.0
+DRAIN_SETTLE_S = 2.0  # after ending the last requests: time for their responses to close
 
 
 class SchedulerUnavailable(RuntimeError):
@@ -129,6 +130,7 @@ class TokenizerManager:
         self._endpoints = endpoints
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False  # the sockets are closed: nothing more is sent
+        self._draining = False  # shutting down: no new requests
         # sends are never blocking (no high-water mark): a plain socket, usable in ``finally``
         self._send = make_socket(zmq.Context.instance(), zmq.PUSH, endpoints.scheduler_in, False)
         self._actx = zmq.asyncio.Context()
@@ -259,7 +261,7 @@ class TokenizerManager:
     def _check_alive(self) -> None:
         if self.dead_reason is not None:
             raise SchedulerUnavailable(self.dead_reason)
-        if self._closed:
+        if self._closed or self._draining:
             raise SchedulerUnavailable("the server is shutting down")
 
     # ---- background tasks -------------------------------------------------------------------
@@ -323,3 +325,22 @@ class TokenizerManager:
         for future in self._rpcs.values():
             if not future.done():
                 future.set_exception(SchedulerUnavailable(reason))
+
+    async def drain(self, timeout_s: float) -> None:
+        """Shutting down: new requests get 503 at once; pending ones may finish for
+        ``timeout_s``, then the rest end with :class:`SchedulerUnavailable` (a stream with an
+        error event and ``[DONE]``, a plain request with a 503) and are aborted."""
+        self._draining = True
+        deadline = time.monotonic() + timeout_s
+        while self.states and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.states:
+            logger.warning(
+                "shutting down: ending %d requests still running after %.1f s",
+                len(self.states),
+                timeout_s,
+            )
+            self._end_pending("the server is shutting down")
+        deadline = time.monotonic() + DRAIN_SETTLE_S
+        while self.states and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
