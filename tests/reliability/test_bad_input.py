@@ -14,6 +14,8 @@ import pytest
 from conftest import API_KEY, MAX_REQUEST_BYTES, MAX_STOP_STRINGS
 from serving_harness import Server
 
+pytestmark = pytest.mark.timeout(300)  # each may start a server on a loaded machine
+
 USER = [{"role": "user", "content": "hi"}]
 MSGS = '"messages": [{"role": "user", "content": "hi"}]'
 

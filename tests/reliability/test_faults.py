@@ -17,6 +17,8 @@ import pytest
 from conftest import server_args
 from serving_harness import Server, start_server, stop_server
 
+pytestmark = pytest.mark.timeout(300)  # each may start a server on a loaded machine
+
 LONG = {"max_tokens": 900, "ignore_eos": True}
 
 

@@ -15,15 +15,16 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from serving_harness import Server
 
-BUDGET_S = 240.0  # the whole run, however slow the machine
+pytestmark = pytest.mark.timeout(400)  # the first test here may start the guarded server
 
 
-def fuzz(server: Server, examples: int) -> list[str]:
-    """Up to ``examples`` cases per operation and generation mode; the problems found."""
+def fuzz(server: Server, examples: int, budget_s: float) -> list[str]:
+    """Up to ``examples`` cases per operation and generation mode, within ``budget_s``
+    (later cases are skipped once it is spent); the problems found."""
     spec = httpx.get(server.url + "/openapi.json", headers=server.headers, timeout=30).json()
     schema = schemathesis.openapi.from_dict(spec)
     problems: list[str] = []
-    deadline = time.monotonic() + BUDGET_S
+    deadline = time.monotonic() + budget_s
     num_ops = 0
     for result in schema.get_all_operations():
         op = result.ok()
@@ -37,7 +38,6 @@ def fuzz(server: Server, examples: int) -> list[str]:
             except Unsatisfiable:  # no invalid input exists (an operation without a body)
                 assert mode is GenerationMode.NEGATIVE, op.label
     assert num_ops >= 10, spec["paths"].keys()
-    assert time.monotonic() < deadline + 60, "the fuzzing budget ran out"
     return problems
 
 
@@ -68,11 +68,12 @@ def _fuzz_operation(
 
 
 def test_fuzzing_the_spec_finds_no_5xx(guarded: Server) -> None:
-    problems = fuzz(guarded, examples=12)
+    problems = fuzz(guarded, examples=12, budget_s=150)
     assert not problems, "\n".join(problems[:10])
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_fuzzing_the_spec_longer(guarded: Server) -> None:
-    problems = fuzz(guarded, examples=100)
+    problems = fuzz(guarded, examples=100, budget_s=1200)
     assert not problems, "\n".join(problems[:10])
