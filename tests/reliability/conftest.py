@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
 
-from serving_harness import MAX_CONTEXT_LEN, Server, start_server, stop_server  # noqa: E402
+from serving_harness import Server, start_server, stop_server, write_api_model  # noqa: E402
 
 API_KEY = "sk-reliability"
 # the limits of the guarded server (small, so tests reach them with little traffic)
@@ -23,20 +23,7 @@ MAX_STOP_STRINGS = 64
 @pytest.fixture(scope="session")
 def rel_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: object) -> Path:
     """A tiny random Llama (context 1024) with the real ChatML tokenizer."""
-    from radixserve.models.tiny import write_tiny_model
-
-    return write_tiny_model(
-        tmp_path_factory.mktemp("rel-model") / "tiny-llama",
-        "llama",
-        num_layers=2,
-        hidden_size=64,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=MAX_CONTEXT_LEN,
-        tokenizer=tiny_tokenizer,
-        seed=3,
-    )
+    return write_api_model(tmp_path_factory.mktemp("rel-model") / "tiny-llama", tiny_tokenizer)
 
 
 def server_args(model_dir: Path, *extra: str) -> list[str]:
