@@ -3,31 +3,24 @@ on 127.0.0.1, a tiny model, tight limits so each bound is cheap to reach."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
-
-from serving_harness import Server, start_server, stop_server, write_api_model  # noqa: E402
-
-API_KEY = "sk-reliability"
-# the limits of the guarded server (small, so tests reach them with little traffic)
-MAX_REQUEST_BYTES = 1 << 20
-MAX_SUB_REQUESTS = 256
-MAX_STOP_STRINGS = 64
+from reliability_harness import (
+    API_KEY,
+    MAX_REQUEST_BYTES,
+    MAX_STOP_STRINGS,
+    MAX_SUB_REQUESTS,
+    server_args,
+)
+from serving_harness import Server, start_server, stop_server, write_api_model
 
 
 @pytest.fixture(scope="session")
 def rel_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: object) -> Path:
     """A tiny random Llama (context 1024) with the real ChatML tokenizer."""
     return write_api_model(tmp_path_factory.mktemp("rel-model") / "tiny-llama", tiny_tokenizer)
-
-
-def server_args(model_dir: Path, *extra: str) -> list[str]:
-    return ["--model", str(model_dir), "--host", "127.0.0.1", "--max-total-tokens", "16384", *extra]
 
 
 @pytest.fixture(scope="session")

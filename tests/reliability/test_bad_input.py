@@ -11,12 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import API_KEY, MAX_REQUEST_BYTES, MAX_STOP_STRINGS
-from serving_harness import Server
+from reliability_harness import API_KEY, MAX_REQUEST_BYTES, MAX_STOP_STRINGS, server_args
+from serving_harness import Server, start_server, stop_server
 
 pytestmark = pytest.mark.timeout(300)  # each may start a server on a loaded machine
 
-USER = [{"role": "user", "content": "hi"}]
 MSGS = '"messages": [{"role": "user", "content": "hi"}]'
 
 
@@ -181,9 +180,6 @@ def test_the_spec_declares_the_real_errors(guarded: Server) -> None:
 
 
 def test_disable_docs(rel_model_dir: Any, tmp_path: Any) -> None:
-    from conftest import server_args
-    from serving_harness import start_server, stop_server
-
     srv = start_server(server_args(rel_model_dir, "--disable-docs"), tmp_path / "log")
     try:
         for path in ("/openapi.json", "/docs", "/redoc"):

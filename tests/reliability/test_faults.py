@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import server_args
+from reliability_harness import server_args
 from serving_harness import Server, start_server, stop_server
 
 pytestmark = pytest.mark.timeout(300)  # each may start a server on a loaded machine

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import MAX_SUB_REQUESTS
+from reliability_harness import MAX_SUB_REQUESTS
 from serving_harness import Server
 
 pytestmark = pytest.mark.timeout(300)  # each may start a server on a loaded machine
