@@ -10,6 +10,7 @@ removed; a child whose parent is killed outright notices and exits by itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -163,6 +164,8 @@ async def _serve(
     finally:
         if not supervisor.done():
             supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervisor
     return 0 if supervisor.cancelled() else supervisor.result()
 
 
