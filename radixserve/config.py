@@ -116,6 +116,13 @@ class ServerConfig:
     log_level: str = "info"
     startup_timeout_s: float = 600.0  # loading the model in the scheduler process
     default_max_new_tokens: int = 128  # /generate without max_new_tokens (SGLang's default)
+    # limits on one HTTP request (bad or hostile input is refused before it costs anything)
+    max_request_bytes: int = 4 << 20  # body size; 413 past it
+    max_batch_sub_requests: int = 1024  # prompts x n of one request; 400 past it
+    max_stop_strings: int = 256  # OpenAI allows 4; SGLang users send more; 400 past it
+    disable_docs: bool = False  # no /docs, /redoc, /openapi.json
+    # on SIGTERM: in-flight requests may finish for this long, then are aborted (closing event)
+    graceful_shutdown_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.engine.model_path is None:
@@ -124,6 +131,11 @@ class ServerConfig:
             raise ValueError(f"port must be in [0, 65536), got {self.port}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must be non-empty when given")
+        for name in ("max_request_bytes", "max_batch_sub_requests", "max_stop_strings"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.graceful_shutdown_timeout_s < 0:
+            raise ValueError("graceful_shutdown_timeout_s must be >= 0")
 
     @property
     def model_name(self) -> str:

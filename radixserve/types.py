@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,16 @@ from typing import Any
 import numpy as np
 
 _rid_counter = itertools.count()
+# below this a temperature is greedy (SGLang's _SAMPLING_EPS): logits / 1e-45 overflow to inf
+GREEDY_TEMPERATURE = 1e-5
+_FLOAT_PARAMS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+)
 
 
 def new_rid() -> str:
@@ -49,8 +60,13 @@ class SamplingParams:
             raise ValueError(
                 f"max_new_tokens must be a non-negative integer, got {self.max_new_tokens!r}"
             )
+        for name in _FLOAT_PARAMS:
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.temperature < GREEDY_TEMPERATURE:  # 1/temperature would overflow: greedy
+            self.temperature = 0.0
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:

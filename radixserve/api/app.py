@@ -2,8 +2,10 @@
 
 Routes: ``/generate`` (SGLang native), ``/v1/completions``, ``/v1/chat/completions``,
 ``/v1/models``, ``/health``, ``/get_model_info``, ``/get_server_info``, ``/get_load``,
-``/flush_cache``, ``/abort_request``, ``/metrics``. With an API key, every route but ``/health``
-needs ``Authorization: Bearer <key>`` (401 otherwise).
+``/flush_cache``, ``/abort_request``, ``/metrics``, and the docs (``/docs``, ``/redoc``,
+``/openapi.json``) unless ``disable_docs``. With an API key, every path but ``/health`` needs
+``Authorization: Bearer <key>`` (401 otherwise; :class:`RequestGuard` checks it before reading
+the body).
 """
 
 from __future__ import annotations
@@ -12,16 +14,17 @@ import contextlib
 import dataclasses
 import logging
 import os
-import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixserve.api.errors import APIError, install_error_handlers
+from radixserve.api.guard import RequestGuard
 from radixserve.api.metrics import ServingMetrics
+from radixserve.api.openapi import ROUTE_RESPONSES, install_openapi
 from radixserve.api.protocol import (
     AbortReqInput,
     ChatCompletionRequest,
@@ -37,24 +40,6 @@ from radixserve.runtime.default_model import DESCRIPTION as DEFAULT_MODEL_DESCRI
 from radixserve.server.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
-
-
-def api_key_dependency(api_key: str | None) -> Any:
-    async def check(request: Request) -> None:
-        if api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(
-            token.strip().encode(), api_key.encode()
-        ):
-            raise APIError(
-                "invalid or missing API key (send Authorization: Bearer <key>)",
-                401,
-                code="invalid_api_key",
-            )
-
-    return check
 
 
 class JSONBodyMiddleware:
@@ -86,33 +71,38 @@ def create_app(
         finally:
             await tm.close()
 
-    app = FastAPI(title="radixserve", lifespan=lifespan)
+    docs = {} if not config.disable_docs else dict(docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="radixserve", lifespan=lifespan, **docs)  # type: ignore[arg-type]
     app.add_middleware(JSONBodyMiddleware)
+    # added last: the outermost layer, so it runs first
+    app.add_middleware(
+        RequestGuard, api_key=config.api_key, max_request_bytes=config.max_request_bytes
+    )
     install_error_handlers(app)
     native = NativeServing(tm)
     completions = CompletionServing(tm, config)
     chat = ChatServing(tm, config)
-    router = APIRouter(dependencies=[Depends(api_key_dependency(config.api_key))])
+    router = APIRouter()
 
-    @app.get("/health")
+    @app.get("/health", responses=ROUTE_RESPONSES["empty"])
     async def health() -> Response:
         if not tm.is_alive:
             raise APIError(f"unhealthy: {tm.dead_reason}".splitlines()[0], 503, "server_error")
         return Response(status_code=200)
 
-    @router.post("/generate")
+    @router.post("/generate", responses=ROUTE_RESPONSES["generate"])
     async def generate(body: GenerateReqInput, raw: Request) -> Response:
         return await native.generate(body, raw)
 
-    @router.post("/v1/completions")
+    @router.post("/v1/completions", responses=ROUTE_RESPONSES["completions"])
     async def v1_completions(body: CompletionRequest, raw: Request) -> Response:
         return await completions.create(body, raw)
 
-    @router.post("/v1/chat/completions")
+    @router.post("/v1/chat/completions", responses=ROUTE_RESPONSES["chat"])
     async def v1_chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
         return await chat.create(body, raw)
 
-    @router.get("/v1/models")
+    @router.get("/v1/models", responses=ROUTE_RESPONSES["models"])
     async def v1_models() -> dict[str, Any]:
         card = ModelCard(
             id=config.model_name,
@@ -170,7 +160,7 @@ def create_app(
             "num_tokens": used,
         }
 
-    @router.api_route("/flush_cache", methods=["GET", "POST"])
+    @router.api_route("/flush_cache", methods=["GET", "POST"], responses=ROUTE_RESPONSES["text"])
     async def flush_cache() -> Response:
         if await tm.flush_cache():
             return PlainTextResponse("Cache flushed.\n")
@@ -183,7 +173,7 @@ def create_app(
         aborted = tm.abort(None if body.abort_all else body.rid)
         return {"aborted": aborted}
 
-    @router.get("/metrics")
+    @router.get("/metrics", responses=ROUTE_RESPONSES["text"])
     async def prometheus_metrics() -> Response:
         if tm.is_alive:
             with contextlib.suppress(Exception):
@@ -192,5 +182,6 @@ def create_app(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.include_router(router)
+    install_openapi(app)
     app.state.metrics = metrics
     return app

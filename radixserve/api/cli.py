@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model name /v1/models lists and the OpenAI routes accept "
         "(default: the model directory's name)",
     )
+    _add_limit_flags(serve)
     add(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
@@ -118,6 +119,41 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_parallel_arguments(serve)
     add_bench_parser(sub)
     return parser
+
+
+def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
+    """What one request may cost, and how the server stops."""
+    defaults = ServerConfig(EngineConfig(model_path="-"))
+    add = serve.add_argument
+    add(
+        "--max-request-bytes",
+        type=int,
+        default=defaults.max_request_bytes,
+        help="largest request body; 413 past it",
+    )
+    add(
+        "--max-batch-sub-requests",
+        type=int,
+        default=defaults.max_batch_sub_requests,
+        help="most prompts x n (choices) in one request; 400 past it",
+    )
+    add(
+        "--max-stop-strings",
+        type=int,
+        default=defaults.max_stop_strings,
+        help="most stop strings in one request; 400 past it",
+    )
+    add(
+        "--graceful-shutdown-timeout",
+        type=float,
+        default=defaults.graceful_shutdown_timeout_s,
+        help="seconds in-flight requests may run on after SIGTERM before they are aborted",
+    )
+    add(
+        "--disable-docs",
+        action="store_true",
+        help="serve no /docs, /redoc or /openapi.json (with --api-key they need the key)",
+    )
 
 
 def make_server_config(args: argparse.Namespace) -> ServerConfig:
@@ -160,6 +196,11 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         served_model_name=args.served_model_name,
         is_default_model=is_default,
         log_level=args.log_level,
+        max_request_bytes=args.max_request_bytes,
+        max_batch_sub_requests=args.max_batch_sub_requests,
+        max_stop_strings=args.max_stop_strings,
+        graceful_shutdown_timeout_s=args.graceful_shutdown_timeout,
+        disable_docs=args.disable_docs,
     )
 
 
@@ -188,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         return data_parallel.serve_data_parallel(config, dp)
     from radixserve.api.server import StartupError, launch_server
 
+    code = 0
     try:
-        launch_server(config)
+        code = launch_server(config)
     except StartupError as exc:
         logger.error("the server could not start: %s", exc)
         return 1
@@ -198,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     # the interpreter's last garbage collection over torch's and transformers' objects takes
     # seconds; nothing left needs it
     gc.freeze()
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Status codes:
 - 400 ``invalid_request_error``: bad parameters, malformed JSON, missing fields, wrong types,
   prompts longer than the context (FastAPI's 422 validation errors are answered as 400 here);
 - 401 ``invalid_api_key``: a missing or wrong ``Authorization: Bearer`` key;
+- 413 ``request_too_large``: a body over ``--max-request-bytes`` (``radixserve.api.guard``);
 - 404 ``model_not_found``: a ``model`` the server does not serve. DESIGN.md section 8 lists
   unknown model names under 400; we answer 404 as OpenAI and vLLM do, so the official clients
   raise ``NotFoundError`` as they would against those;
@@ -101,6 +102,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         return f"malformed JSON body: {msg}", None
     if first.get("type") == "missing":
+        if param is None:  # the body itself
+            return "the request body is missing: send a JSON object", None
         return f"missing required field: {param}", param
     extra = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
     return (f"{param}: {msg}" if param else msg) + extra, param

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from radixserve.api.errors import APIError
+from radixserve.api.limits import check_stop_strings, check_sub_requests
 from radixserve.api.protocol import OpenAISamplingFields
 from radixserve.api.responses import (
     ChatLogprobs,
@@ -48,10 +49,14 @@ class OpenAIServing:
                 code="model_not_found",
             )
 
-    @staticmethod
-    def check_common(body: OpenAISamplingFields) -> None:
+    def check_common(self, body: OpenAISamplingFields, num_prompts: int, prompt_param: str) -> None:
+        """What both routes refuse before any tokenizing: unsupported fields, and requests
+        past the server's bounds (prompts x n, stop strings)."""
         if body.logit_bias:
             raise APIError("logit_bias is not supported", param="logit_bias")
+        limits = self.tm.config
+        check_sub_requests(num_prompts, body.n, limits.max_batch_sub_requests, prompt_param)
+        check_stop_strings(body.stop, limits.max_stop_strings)
 
     def build_requests(
         self,

@@ -2,7 +2,7 @@
 
 Unknown top-level fields are ignored (as OpenAI-compatible servers do); native
 ``sampling_params`` are strict (an unknown key is a 400, never silently dropped). Bad types and
-missing fields surface as FastAPI validation errors, which :mod:`radixserve.api.errors` turns
+missing fields (and NaN or infinite floats) surface as FastAPI validation errors, which :mod:`radixserve.api.errors` turns
 into 400s in OpenAI's error shape. Range checks of sampling values live in
 ``SamplingParams.validate`` (one place for the native and the OpenAI routes).
 """
@@ -22,7 +22,7 @@ class NativeSamplingParams(BaseModel):
     """SGLang's ``sampling_params``; ``max_new_tokens`` None: the server default (128),
     clipped to the context left."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_new_tokens: int | None = None
     temperature: float = 1.0
@@ -92,6 +92,8 @@ class StreamOptions(BaseModel):
 class OpenAISamplingFields(BaseModel):
     """What completions and chat completions share, with vLLM/SGLang-style extensions
     (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``, ...)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # NaN and inf are 400s, never sampled with
 
     model: str | None = None
     max_tokens: int | None = None

@@ -10,6 +10,7 @@ removed; a child whose parent is killed outright notices and exits by itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -38,7 +39,8 @@ from radixserve.server.tokenizer_manager import TokenizerManager
 logger = logging.getLogger("radixserve.server")
 
 CHILD_STOP_TIMEOUT_S = 5.0
-GRACEFUL_SHUTDOWN_S = 3
+DEAD_CHILD_GRACE_S = 1.0  # after a child dies: time to send the in-flight requests their 503s
+SUPERVISE_INTERVAL_S = 0.1
 
 
 class StartupError(RuntimeError):
@@ -49,14 +51,16 @@ class _Terminated(Exception):
     """SIGTERM arrived: stop like Ctrl-C does."""
 
 
-def launch_server(config: ServerConfig) -> None:
-    """Run the server until SIGINT/SIGTERM; returns after a clean stop (KeyboardInterrupt may
-    escape on SIGINT). Raises StartupError if a child fails to start."""
+def launch_server(config: ServerConfig) -> int:
+    """Run the server until SIGINT/SIGTERM or a child's death; returns the exit code: 0 after
+    a clean stop, 1 when a child process died (the log says which and why). KeyboardInterrupt
+    may escape on SIGINT. Raises StartupError if a child fails to start."""
     ipc_dir = tempfile.mkdtemp(prefix="radixserve-ipc-")
     endpoints = IpcEndpoints.in_dir(ipc_dir)
     children: dict[str, BaseProcess] = {}
     # uvicorn takes SIGTERM over while it serves and re-raises it to this handler afterwards
     old_term = signal.signal(signal.SIGTERM, _raise_terminated)
+    code = 0
     try:
         info = _start_children(config, endpoints, children)
         metrics = ServingMetrics(config.model_name)
@@ -68,17 +72,19 @@ def launch_server(config: ServerConfig) -> None:
                 host=config.host,
                 port=config.port,
                 log_level=config.log_level,
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                # the drain (_supervise) ends every request first; this is a backstop
+                timeout_graceful_shutdown=int(config.graceful_shutdown_timeout_s) + 5,
             )
         )
-        asyncio.run(_serve(server, config, info))
+        code = asyncio.run(_serve(server, config, info, tm))
     except _Terminated:
         logger.info("SIGTERM: shutting down")
     finally:
         signal.signal(signal.SIGTERM, old_term)
         _stop_children(children)
         shutil.rmtree(ipc_dir, ignore_errors=True)
-        logger.info("radixserve stopped")
+        logger.info("radixserve stopped" + (f" (exit code {code})" if code else ""))
+    return code
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
@@ -144,13 +150,39 @@ def _stop_children(children: dict[str, BaseProcess]) -> None:
             proc.join(1.0)
 
 
-async def _serve(server: uvicorn.Server, config: ServerConfig, info: SchedulerInfo) -> None:
+async def _serve(
+    server: uvicorn.Server, config: ServerConfig, info: SchedulerInfo, tm: TokenizerManager
+) -> int:
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
     if server.started:
         _print_ready(config, info)
-    await task
+    supervisor = asyncio.create_task(_supervise(server, config, tm))
+    try:
+        await task
+    finally:
+        if not supervisor.done():
+            supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervisor
+    return 0 if supervisor.cancelled() else supervisor.result()
+
+
+async def _supervise(server: uvicorn.Server, config: ServerConfig, tm: TokenizerManager) -> int:
+    """Ends the server when a child process dies (exit code 1: a server that cannot generate
+    must not hold its port), and drains it when uvicorn is told to stop (SIGTERM, SIGINT):
+    uvicorn stops accepting while the requests in flight finish or are ended (0)."""
+    while not server.should_exit:
+        if not tm.is_alive:
+            reason = (tm.dead_reason or "").splitlines()[0]
+            logger.error("%s: the server exits with code 1", reason)
+            await asyncio.sleep(DEAD_CHILD_GRACE_S)  # the in-flight requests get their 503s
+            server.should_exit = True
+            return 1
+        await asyncio.sleep(SUPERVISE_INTERVAL_S)
+    await tm.drain(config.graceful_shutdown_timeout_s)
+    return 0
 
 
 def _print_ready(config: ServerConfig, info: SchedulerInfo) -> None:

@@ -42,7 +42,7 @@ from radixserve.server.tokenizer_manager import ClientDisconnected
 class ChatServing(OpenAIServing):
     async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(body.model)
-        self.check_common(body)
+        self.check_common(body, 1, "n")
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise APIError("give max_completion_tokens or max_tokens, not both", param="max_tokens")
         max_tokens, param = body.max_completion_tokens, "max_completion_tokens"

@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.api.errors import APIError, error_body, to_api_error
+from radixserve.api.limits import num_prompts_of
 from radixserve.api.openai_common import OpenAIServing, choice_logprob_slices
 from radixserve.api.protocol import CompletionRequest
 from radixserve.api.responses import (
@@ -39,14 +40,17 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 class CompletionServing(OpenAIServing):
     async def create(self, body: CompletionRequest, raw: Request) -> Response:
         self.check_model(body.model)
-        self.check_common(body)
+        self.check_common(body, num_prompts_of(body.prompt), "prompt")
         if body.suffix:
             raise APIError("suffix is not supported", param="suffix")
         if body.best_of is not None and body.best_of != body.n:
             raise APIError("best_of must equal n (no server-side ranking)", param="best_of")
         if body.echo and body.logprobs is not None:
             raise APIError("echo with logprobs is not supported", param="echo")
-        prompts = await self._prompt_ids(body)
+        try:
+            prompts = await self._prompt_ids(body)
+        except ValueError as exc:  # a text that cannot fit the context, refused untokenized
+            raise APIError(str(exc), param="prompt") from None
         base_id = f"cmpl-{self.tm.new_rid()}"
         ctx = self.tm.info.max_context_len
         requests = self.build_requests(

@@ -17,6 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.api.errors import error_body, to_api_error
+from radixserve.api.limits import check_stop_strings, check_sub_requests, num_prompts_of
 from radixserve.api.protocol import GenerateReqInput, NativeSamplingParams
 from radixserve.api.streaming import (
     SSE_DONE,
@@ -53,6 +54,15 @@ class NativeServing:
     async def build_requests(self, body: GenerateReqInput) -> tuple[list[GenerateRequest], bool]:
         if (body.text is None) == (body.input_ids is None):
             raise ValueError("give exactly one of text and input_ids")
+        limits = self.tm.config
+        prompt = body.text if body.text is not None else body.input_ids
+        check_sub_requests(num_prompts_of(prompt), 1, limits.max_batch_sub_requests, "text")
+        for sp in (
+            body.sampling_params
+            if isinstance(body.sampling_params, list)
+            else [body.sampling_params]
+        ):
+            check_stop_strings(sp.stop if sp else None, limits.max_stop_strings)
         if body.text is not None:
             is_batch = isinstance(body.text, list)
             texts = body.text if isinstance(body.text, list) else [body.text]

@@ -8,11 +8,10 @@ scheduler refuses is a plain 4xx instead of an error inside a 200 stream. The re
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -22,7 +21,6 @@ from radixserve.server.io_struct import TextOutput
 from radixserve.server.result import RequestResult
 from radixserve.server.tokenizer_manager import TokenizerManager
 
-T = TypeVar("T")
 SSE_DONE = "data: [DONE]\n\n"
 
 
@@ -53,62 +51,37 @@ class SSEResponse(StreamingResponse):
                 await self._on_close()
 
 
-async def gather_or_cancel(coros: list[Awaitable[T]]) -> list[T]:
-    """``asyncio.gather`` that cancels the others when one fails."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-
-
 class OpenRequests:
-    """A group of running requests; iterate ``events()`` for (index, output) as they come."""
+    """A group of running requests (one HTTP request's), read through one iterator of
+    ``(index, output)``: one waiter however many requests."""
 
-    def __init__(self, stack: contextlib.AsyncExitStack, streams: list[AsyncIterator[TextOutput]]):
+    def __init__(
+        self,
+        stack: contextlib.AsyncExitStack,
+        outputs: AsyncIterator[tuple[int, TextOutput]],
+        size: int,
+    ) -> None:
         self._stack = stack
-        self._streams = streams
-        self._firsts: list[TextOutput] = []
+        self._outputs = outputs
+        self._size = size
+        self._peeked: list[tuple[int, TextOutput]] = []
 
     async def peek(self) -> None:
-        """Wait for the first output of every request (a refused one raises here)."""
-        self._firsts = await gather_or_cancel([s.__anext__() for s in self._streams])
+        """Wait for the first output of every request (a refused one raises here); what
+        arrives meanwhile is kept for ``events()``."""
+        seen: set[int] = set()
+        while len(seen) < self._size:
+            i, out = await self._outputs.__anext__()
+            seen.add(i)
+            self._peeked.append((i, out))
 
     async def events(self) -> AsyncIterator[tuple[int, TextOutput]]:
         """Every output of every request, in arrival order per request, each once."""
-        queue: asyncio.Queue[tuple[int, TextOutput | BaseException | None]] = asyncio.Queue()
-
-        async def pump(i: int, first: TextOutput, rest: AsyncIterator[TextOutput]) -> None:
-            try:
-                await queue.put((i, first))
-                async for out in rest:
-                    await queue.put((i, out))
-                await queue.put((i, None))
-            except BaseException as exc:
-                await queue.put((i, exc))
-                raise
-
-        tasks = [
-            asyncio.ensure_future(pump(i, f, s))
-            for i, (f, s) in enumerate(zip(self._firsts, self._streams, strict=True))
-        ]
-        try:
-            remaining = len(tasks)
-            while remaining:
-                i, item = await queue.get()
-                if item is None:
-                    remaining -= 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    yield i, item
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        peeked, self._peeked = self._peeked, []
+        for event in peeked:
+            yield event
+        async for event in self._outputs:
+            yield event
 
     async def aclose(self) -> None:
         await self._stack.aclose()
@@ -122,8 +95,8 @@ async def open_requests(
     """Send ``requests`` and wait for the first output of each (errors raise here)."""
     stack = contextlib.AsyncExitStack()
     try:
-        streams = [await stack.enter_async_context(tm.stream(r, is_disconnected)) for r in requests]
-        group = OpenRequests(stack, streams)
+        outputs = await stack.enter_async_context(tm.stream(requests, is_disconnected))
+        group = OpenRequests(stack, outputs, len(requests))
         await group.peek()
         return group
     except BaseException:

@@ -1,7 +1,11 @@
 """PromptTokenizer: the HTTP process's text <-> token ids (prompts, chat templates, logprobs).
 
 Large texts are tokenized in a worker thread so the event loop keeps serving other requests
-while a megabyte of prompt is split.
+while a megabyte of prompt is split. A text that cannot fit the context is refused by its
+length in characters, before it is tokenized, where the tokenizer makes that decisive: a
+byte-level BPE with no normalizer never drops a byte, and each token covers at most as many
+characters as its own byte string (the longest in the vocabulary), so a text of ``c``
+characters has at least ``c / longest`` tokens.
 """
 
 from __future__ import annotations
@@ -13,17 +17,23 @@ LARGE_TEXT_CHARS = 16384
 
 
 class PromptTokenizer:
-    def __init__(self, tokenizer: Any) -> None:
+    """``max_context_len``: texts that must tokenize to at least this many tokens are refused
+    (``ValueError``) without tokenizing; None: no such check."""
+
+    def __init__(self, tokenizer: Any, max_context_len: int | None = None) -> None:
         self.tokenizer = tokenizer
+        self.max_context_len = max_context_len
+        self.max_chars_per_token = _max_chars_per_token(tokenizer)
 
     @classmethod
-    def from_pretrained(cls, path: str) -> PromptTokenizer:
+    def from_pretrained(cls, path: str, max_context_len: int | None = None) -> PromptTokenizer:
         from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(path))
+        return cls(AutoTokenizer.from_pretrained(path), max_context_len)
 
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """The ids of ``text`` (with the tokenizer's BOS etc. when ``add_special_tokens``)."""
+        self._check_length(text)
         if len(text) > LARGE_TEXT_CHARS:
             return await asyncio.to_thread(self._encode, text, add_special_tokens)
         return self._encode(text, add_special_tokens)
@@ -47,3 +57,27 @@ class PromptTokenizer:
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def _check_length(self, text: str) -> None:
+        ctx, per_token = self.max_context_len, self.max_chars_per_token
+        if ctx is None or per_token is None:
+            return
+        min_tokens = -(-len(text) // per_token)
+        if min_tokens >= ctx:
+            raise ValueError(
+                f"this model's maximum context length is {ctx} tokens; the prompt has "
+                f"{len(text)} characters, so at least {min_tokens} tokens"
+            )
+
+
+def _max_chars_per_token(tokenizer: Any) -> int | None:
+    """The most characters one token can cover, where that is certain: a fast byte-level
+    tokenizer without a normalizer (None otherwise)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.normalizer is not None:
+        return None
+    if "ByteLevel" not in repr(backend.pre_tokenizer):
+        return None
+    vocab = tokenizer.get_vocab()
+    # byte-level keys spell one byte per character; added tokens are the literal text they match
+    return max((len(token) for token in vocab), default=0) or None

@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.5
 WATCH_INTERVAL_S = 0.25
 RPC_TIMEOUT_S = 30.0
+DRAIN_SETTLE_S = 2.0  # after ending the last requests: time for their responses to close
 
 
 class SchedulerUnavailable(RuntimeError):
@@ -81,12 +82,14 @@ class OutputObserver(Protocol):
 
 @dataclass(eq=False)
 class ReqState:
-    """One request the HTTP process waits on: its outputs (or the exception that ends it) are
-    queued by the reader task; times are ``time.monotonic()``."""
+    """One request the HTTP process waits on: the reader task puts its outputs (or the
+    exception that ends it) as ``(index, item)`` on its group's shared queue; times are
+    ``time.monotonic()``."""
 
     request: GenerateRequest
+    index: int
+    queue: asyncio.Queue[tuple[int, TextOutput | Exception]]
     created: float = field(default_factory=time.monotonic)
-    queue: asyncio.Queue[TextOutput | Exception] = field(default_factory=asyncio.Queue)
     first_output_time: float | None = None
     last_output_time: float | None = None
     finished: bool = False
@@ -113,9 +116,9 @@ class TokenizerManager:
         self.config = config
         self.info = info
         self.prompts = (
-            PromptTokenizer(tokenizer)
+            PromptTokenizer(tokenizer, info.max_context_len)
             if tokenizer is not None
-            else PromptTokenizer.from_pretrained(config.engine.model_path)
+            else PromptTokenizer.from_pretrained(config.engine.model_path, info.max_context_len)
         )
         self.validator = RequestValidator(info, config.default_max_new_tokens)
         self.children = dict(children or {})
@@ -126,6 +129,8 @@ class TokenizerManager:
         self._call_ids = itertools.count()
         self._endpoints = endpoints
         self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False  # the sockets are closed: nothing more is sent
+        self._draining = False  # shutting down: no new requests
         # sends are never blocking (no high-water mark): a plain socket, usable in ``finally``
         self._send = make_socket(zmq.Context.instance(), zmq.PUSH, endpoints.scheduler_in, False)
         self._actx = zmq.asyncio.Context()
@@ -139,6 +144,7 @@ class TokenizerManager:
         ]
 
     async def close(self) -> None:
+        self._closed = True
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -163,53 +169,71 @@ class TokenizerManager:
     @contextlib.asynccontextmanager
     async def stream(
         self,
-        request: GenerateRequest,
+        requests: list[GenerateRequest],
         is_disconnected: Callable[[], Awaitable[bool]] | None = None,
-    ) -> AsyncIterator[AsyncIterator[TextOutput]]:
-        """Send ``request`` (validated by the caller) and yield an iterator of its outputs,
-        ending after the last one. Leaving the context early aborts the request.
+    ) -> AsyncIterator[AsyncIterator[tuple[int, TextOutput]]]:
+        """Send ``requests`` (one HTTP request's batch or choices, validated by the caller) as
+        one message and yield one iterator of ``(index, output)`` over all of them, ending
+        after the last output of the last one. However many requests, the group has one queue
+        and one waiter, and the client is polled once per ``DISCONNECT_POLL_S``. Leaving the
+        context early aborts the unfinished ones (one message).
 
         Raises :class:`SchedulerUnavailable`, :class:`RequestFailed`, ``ValueError`` (a
         duplicate rid) and :class:`ClientDisconnected` (``is_disconnected`` said so)."""
         self._check_alive()
-        if request.rid in self.states:
-            raise ValueError(f"a request with rid {request.rid!r} is already running")
-        state = ReqState(request)
-        self.states[request.rid] = state
-        self._send.send_pyobj([request])
+        rids = [r.rid for r in requests]
+        running = next((rid for rid in rids if rid in self.states), None)
+        if running is not None:
+            raise ValueError(f"a request with rid {running!r} is already running")
+        if len(set(rids)) != len(rids):
+            raise ValueError("the rids of a batch must be distinct")
+        queue: asyncio.Queue[tuple[int, TextOutput | Exception]] = asyncio.Queue()
+        states = [ReqState(r, i, queue) for i, r in enumerate(requests)]
+        self.states.update((s.request.rid, s) for s in states)
+        self._send.send_pyobj(list(requests))
         try:
-            yield self._outputs(state, is_disconnected)
+            yield self._outputs(states, queue, is_disconnected)
         finally:
-            self.states.pop(request.rid, None)
-            if not state.finished and self.is_alive:
-                self._send.send_pyobj([AbortRequest(request.rid)])
+            for state in states:
+                self.states.pop(state.request.rid, None)
+            aborts = [AbortRequest(s.request.rid) for s in states if not s.finished]
+            if aborts and self.is_alive and not self._closed:
+                self._send.send_pyobj(aborts)
 
     async def _outputs(
-        self, state: ReqState, is_disconnected: Callable[[], Awaitable[bool]] | None
-    ) -> AsyncIterator[TextOutput]:
+        self,
+        states: list[ReqState],
+        queue: asyncio.Queue[tuple[int, TextOutput | Exception]],
+        is_disconnected: Callable[[], Awaitable[bool]] | None,
+    ) -> AsyncIterator[tuple[int, TextOutput]]:
         # the client is checked every DISCONNECT_POLL_S, whether or not outputs keep coming
         next_check = time.monotonic() + DISCONNECT_POLL_S
-        while not state.finished:
+        num_unfinished = len(states)
+        while num_unfinished:
             if is_disconnected is not None and time.monotonic() >= next_check:
                 next_check = time.monotonic() + DISCONNECT_POLL_S
                 if await is_disconnected():
-                    logger.info("client of %s disconnected: aborting it", state.request.rid)
+                    logger.info("client of %s disconnected: aborting it", states[0].request.rid)
                     raise ClientDisconnected()
-            try:
-                item = await asyncio.wait_for(state.queue.get(), DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
-                continue
+            if queue.empty():
+                try:
+                    i, item = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    continue
+            else:
+                i, item = queue.get_nowait()
+            state = states[i]
             if isinstance(item, Exception):
-                state.finished = True
                 raise item
-            if item.output.finish_reason is not None:
+            if item.output.finish_reason is not None and not state.finished:
                 state.finished = True
-            yield item
+                num_unfinished -= 1
+            yield i, item
 
     def abort(self, rid: str | None = None) -> list[str]:
         """Abort one request, or every pending one (``rid`` None); returns the rids aborted."""
         rids = list(self.states) if rid is None else [rid] if rid in self.states else []
-        if rids and self.is_alive:
+        if rids and self.is_alive and not self._closed:
             self._send.send_pyobj([AbortRequest(r) for r in rids])
         return rids
 
@@ -237,6 +261,8 @@ class TokenizerManager:
     def _check_alive(self) -> None:
         if self.dead_reason is not None:
             raise SchedulerUnavailable(self.dead_reason)
+        if self._closed or self._draining:
+            raise SchedulerUnavailable("the server is shutting down")
 
     # ---- background tasks -------------------------------------------------------------------
     async def _read_loop(self) -> None:
@@ -259,11 +285,11 @@ class TokenizerManager:
             if state.first_output_time is None:
                 state.first_output_time = now
             state.last_output_time = now
-            state.queue.put_nowait(msg)
+            state.queue.put_nowait((state.index, msg))
         elif isinstance(msg, ReqError):
             state = self.states.get(msg.rid)
             if state is not None:
-                state.queue.put_nowait(RequestFailed(msg.message, msg.status_code))
+                state.queue.put_nowait((state.index, RequestFailed(msg.message, msg.status_code)))
         elif isinstance(msg, RpcReply):
             future = self._rpcs.get(msg.call_id)
             if future is not None and not future.done():
@@ -289,8 +315,30 @@ class TokenizerManager:
             return
         self.dead_reason = reason
         logger.error("%s; every request now fails with 503", reason)
+        self._end_pending(reason)
+
+    def _end_pending(self, reason: str) -> None:
         for state in self.states.values():
-            state.queue.put_nowait(SchedulerUnavailable(reason))
+            state.queue.put_nowait((state.index, SchedulerUnavailable(reason)))
         for future in self._rpcs.values():
             if not future.done():
                 future.set_exception(SchedulerUnavailable(reason))
+
+    async def drain(self, timeout_s: float) -> None:
+        """Shutting down: new requests get 503 at once; pending ones may finish for
+        ``timeout_s``, then the rest end with :class:`SchedulerUnavailable` (a stream with an
+        error event and ``[DONE]``, a plain request with a 503) and are aborted."""
+        self._draining = True
+        deadline = time.monotonic() + timeout_s
+        while self.states and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.states:
+            logger.warning(
+                "shutting down: ending %d requests still running after %.1f s",
+                len(self.states),
+                timeout_s,
+            )
+            self._end_pending("the server is shutting down")
+        deadline = time.monotonic() + DRAIN_SETTLE_S
+        while self.states and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)

@@ -8,26 +8,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serving_harness import MAX_CONTEXT_LEN, Server, start_server, stop_server
+from serving_harness import Server, start_server, stop_server, write_api_model
 
 
 @pytest.fixture(scope="session")
 def api_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: object) -> Path:
     """A tiny random Llama (context 1024) with the real ChatML tokenizer."""
-    from radixserve.models.tiny import write_tiny_model
-
-    return write_tiny_model(
-        tmp_path_factory.mktemp("api-model") / "tiny-llama",
-        "llama",
-        num_layers=2,
-        hidden_size=64,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=MAX_CONTEXT_LEN,
-        tokenizer=tiny_tokenizer,
-        seed=3,
-    )
+    return write_api_model(tmp_path_factory.mktemp("api-model") / "tiny-llama", tiny_tokenizer)
 
 
 @pytest.fixture(scope="session")

@@ -36,6 +36,25 @@ class Server:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
 
 
+def write_api_model(path: Path, tokenizer: object) -> Path:
+    """The servers' tiny random Llama (context ``MAX_CONTEXT_LEN``) with the real ChatML
+    tokenizer, written to ``path``."""
+    from radixserve.models.tiny import write_tiny_model
+
+    return write_tiny_model(
+        path,
+        "llama",
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=MAX_CONTEXT_LEN,
+        tokenizer=tokenizer,
+        seed=3,
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

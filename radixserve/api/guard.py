@@ -1,0 +1,147 @@
+"""RequestGuard: the checks made on a request before any route reads or parses it.
+
+In order, each answered in OpenAI's error shape:
+
+1. the API key (401), on every path but ``/health``: the docs and ``/openapi.json`` too, and
+   before a byte of the body is read, so an unauthenticated client costs nothing;
+2. the body's size (413): ``Content-Length`` over the limit is refused unread, a chunked body
+   as soon as it passes the limit;
+3. lone UTF-16 surrogates (``"\\ud800"`` is valid JSON but not valid Unicode: no tokenizer
+   and no UTF-8 response can hold it): 400, checked once here for every field of every route.
+
+The body it read is replayed to the app; later ``receive`` calls (disconnect detection) go to
+the client's own channel.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from radixserve.api.errors import error_body
+
+OPEN_PATHS = frozenset({"/health"})
+# a JSON escape of a surrogate: only then can the parsed body hold a lone one
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class RequestGuard:
+    def __init__(self, app: ASGIApp, api_key: str | None, max_request_bytes: int) -> None:
+        self.app = app
+        self.api_key = api_key.encode() if api_key is not None else None
+        self.max_request_bytes = max_request_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        if self.api_key is not None and scope["path"] not in OPEN_PATHS:
+            if not self._key_ok(headers.get(b"authorization", b"")):
+                await _reply(
+                    send,
+                    401,
+                    "invalid or missing API key (send Authorization: Bearer <key>)",
+                    "invalid_api_key",
+                    [(b"www-authenticate", b"Bearer")],
+                )
+                return
+        if scope.get("method") not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_request_bytes:
+            await self._too_large(send)
+            return
+        body = await self._read_body(receive)
+        if body is None:
+            await self._too_large(send)
+            return
+        if _has_lone_surrogate(body):
+            await _reply(
+                send,
+                400,
+                "the request holds a lone UTF-16 surrogate (such as \\ud800): "
+                "text must be valid Unicode",
+                "invalid_unicode",
+            )
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    def _key_ok(self, header: bytes) -> bool:
+        assert self.api_key is not None
+        scheme, _, token = header.partition(b" ")
+        return scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), self.api_key)
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole body, or None once it passes the limit (the rest is left unread)."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_request_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    async def _too_large(self, send: Send) -> None:
+        await _reply(
+            send,
+            413,
+            f"the request body is larger than the server's limit of {self.max_request_bytes} "
+            "bytes (--max-request-bytes)",
+            "request_too_large",
+        )
+
+
+def _has_lone_surrogate(body: bytes) -> bool:
+    if not _SURROGATE_ESCAPE.search(body):
+        return False
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return False  # malformed JSON: the route's parser says so
+    try:
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _reply(
+    send: Send,
+    status: int,
+    message: str,
+    code: str,
+    extra_headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    payload = json.dumps(error_body(message, code=code)).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        *(extra_headers or []),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
