@@ -154,6 +154,7 @@ class Req:
     num_preemptions: int = 0
     num_retractions: int = 0
     skipped_passes: int = 0  # passes it was passed over by a cache-aware policy (aging)
+    stop_matcher: Any = field(default=None, repr=False)  # its stop strings' automaton (judge)
 
     # outputs for logprobs
     output_logprobs: list[float] = field(default_factory=list)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixserve.runtime.io_struct import ReqOutput
+from radixserve.runtime.stop_matcher import StopMatcher
 from radixserve.runtime.stop_strings import match_stop_str
 from radixserve.types import FinishKind, FinishReason, Req
 
@@ -22,11 +23,13 @@ def check_finished(req: Req, max_context_len: int, tokenizer: Any | None) -> Fin
         if not params.ignore_eos and last in req.eos_token_ids:
             return FinishReason(FinishKind.STOP_TOKEN, last)
     if params.stop and tokenizer is not None:
+        if req.stop_matcher is None:  # built once per request: the judge scans each tail once
+            req.stop_matcher = StopMatcher(params.stop)
         stop = match_stop_str(
             tokenizer,
             req.origin_input_ids,
             req.output_ids,
-            params.stop,
+            req.stop_matcher,
             params.skip_special_tokens,
         )
         if stop is not None:

@@ -100,6 +100,27 @@ class StopMatcher:
         return None
 
     @property
+    def max_len(self) -> int:
+        """The longest stop string's length."""
+        return max(self._depth, default=0)
+
+    def first_in(self, text: str) -> StopMatch | None:
+        """The stop string that starts first in ``text`` alone (then the one ending first), by
+        a fresh scan: one step per character whatever the number of stop strings. The
+        streaming state of ``feed`` is untouched. Offsets are into ``text``."""
+        node, nxt, fail, match = 0, self._next, self._fail, self._match
+        best: StopMatch | None = None
+        for end, ch in enumerate(text, 1):
+            while node and ch not in nxt[node]:
+                node = fail[node]
+            node = nxt[node].get(ch, 0)
+            if match[node] >= 0:  # the longest stop ending here: the earliest start here
+                stop = self.stops[match[node]]
+                if best is None or end - len(stop) < best.start:
+                    best = StopMatch(stop, end - len(stop), end)
+        return best
+
+    @property
     def held_len(self) -> int:
         """The length of the longest end of the fed text that begins some stop string: the
         characters a stream must hold back until it knows whether they complete one."""

@@ -19,12 +19,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from radixserve.runtime.stop_matcher import StopMatcher
+
 PROMPT_CONTEXT_TOKENS = 5  # prompt tokens decoded as context before the output (SGLang: 5)
 EDGE_MARGIN_CHARS = 4  # U+FFFD of a character cut at the tail's start, plus one
 
 
 def find_stop(text: str, stops: list[str], start: int = 0) -> tuple[int, str] | None:
-    """The earliest match of any stop string in ``text[start:]``: (position, stop) or None."""
+    """The earliest match of any stop string in ``text[start:]``: (position, stop) or None.
+
+    The plain reference (stops x length per call) that ``StopMatcher.first_in`` is tested
+    against; the judge uses the automaton."""
     best: tuple[int, str] | None = None
     for stop in stops:
         pos = text.find(stop, start)
@@ -37,15 +42,17 @@ def match_stop_str(
     tokenizer: Any,
     prompt_ids: Sequence[int],
     output_ids: list[int],
-    stops: list[str],
+    stops: StopMatcher | list[str],
     skip_special_tokens: bool = True,
 ) -> str | None:
     """The stop string that the text of ``output_ids`` now contains (checked after every new
     token, so the match ends in the last token's text), or None. When several match, the one
-    that starts first (the detokenizer cuts there)."""
+    that starts first (the detokenizer cuts there). ``stops``: the request's automaton (built
+    once per request by the caller; a list is compiled here)."""
     if not stops or not output_ids:
         return None
-    need = max(len(s) for s in stops) + EDGE_MARGIN_CHARS
+    matcher = stops if isinstance(stops, StopMatcher) else StopMatcher(stops)
+    need = matcher.max_len + EDGE_MARGIN_CHARS
     n = len(output_ids)
     num = min(n, need)
     while num < n:
@@ -56,8 +63,8 @@ def match_stop_str(
         num = min(n, 2 * num)
     else:
         text = output_text(tokenizer, prompt_ids, output_ids, skip_special_tokens)
-    hit = find_stop(text, stops)
-    return None if hit is None else hit[1]
+    hit = matcher.first_in(text)
+    return None if hit is None else hit.stop
 
 
 def output_text(

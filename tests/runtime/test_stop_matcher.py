@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.runtime.stop_matcher import StopMatch, StopMatcher
+from radixserve.runtime.stop_strings import find_stop
 
 ALPHABET = "abc"
 
@@ -89,3 +90,23 @@ def test_ten_thousand_stop_strings_cost_little_per_character() -> None:
     assert built < 5.0 and fed < 2.0, (built, fed)
     hit = StopMatcher(stops)
     assert hit.feed("zz" + stops[123] + "zz") == StopMatch(stops[123], 2, 11)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    stops=st.lists(st.text(ALPHABET, min_size=1, max_size=4), min_size=1, max_size=6),
+    text=st.text(ALPHABET, max_size=30),
+)
+def test_first_in_finds_the_earliest_start_like_the_plain_search(
+    stops: list[str], text: str
+) -> None:
+    """The judge's scan: the same cut as ``find_stop`` (the earliest start), one step per
+    character; among stops starting there, the one that ends first."""
+    found = StopMatcher(stops).first_in(text)
+    plain = find_stop(text, stops)
+    if plain is None:
+        assert found is None
+        return
+    assert found is not None and found.start == plain[0]
+    assert text[found.start : found.end] == found.stop
+    assert found.stop == min((s for s in stops if text.startswith(s, plain[0])), key=len)
