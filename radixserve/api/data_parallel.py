@@ -188,12 +188,17 @@ def wait_router_ready(
 
 
 def _run_worker(config: ServerConfig) -> None:
-    from radixserve.api.server import launch_server
+    from radixserve.api.server import StartupError, launch_server
     from radixserve.server.ipc import LOG_FORMAT
 
     logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops workers with SIGTERM
-    launch_server(config)
+    try:
+        code = launch_server(config)  # 1 when one of its children died: the launcher reports it
+    except StartupError as exc:
+        logging.getLogger("radixserve.dp").error("a worker could not start: %s", exc)
+        code = 1
+    sys.exit(code)
 
 
 def _supervise(workers: list[BaseProcess], urls: list[str], router: subprocess.Popen[bytes]) -> int:
