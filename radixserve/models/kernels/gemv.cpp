@@ -95,14 +95,16 @@ struct Problem {
   int64_t M, N, K;
 };
 
-// R output columns starting at n0, all M rows, in tiles of MT (the last tile may be smaller).
+// R output columns starting at n0, all M rows, in the fewest tiles of at most MT rows, of
+// near-equal heights (M = 8 as 4 + 4, not 6 + 2: a short tile wastes the weight it re-reads).
 template <class WT, class XT, int R, int MT>
 void row_block(const Problem<WT, XT>& p, int64_t n0) {
   float out[R * MT];
   const WT* w = p.w + n0 * p.ldw;
-  for (int64_t m0 = 0; m0 < p.M; m0 += MT) {
+  const int64_t tiles = (p.M + MT - 1) / MT, base = p.M / tiles, extra = p.M % tiles;
+  for (int64_t i = 0, m0 = 0; i < tiles; ++i) {
     const float* x = p.x + m0 * p.ldx;
-    const int64_t mt = std::min<int64_t>(MT, p.M - m0);
+    const int64_t mt = base + (i < extra ? 1 : 0);
     dot_tile_upto<WT, R, MT>(mt, w, p.ldw, x, p.ldx, p.K, out);
     for (int64_t m = 0; m < mt; ++m) {
       XT* y = p.y + (m0 + m) * p.ldy + n0;
@@ -112,6 +114,7 @@ void row_block(const Problem<WT, XT>& p, int64_t n0) {
         y[r] = from_float<XT>(out[m * R + r] * s + b);
       }
     }
+    m0 += mt;
   }
 }
 

@@ -31,7 +31,7 @@ def torch_linear(
     """``(x @ weight.T) * scale + bias`` with torch ops. ``fp32_compute``: a bf16 product runs in
     float32 and is rounded once (for CPUs that emulate bf16 GEMMs slowly)."""
     if scale is not None:
-        weight = weight.float() * scale[:, None]
+        weight = weight * scale[:, None]  # int8 * fp32 promotes: one pass, fp32 out
     if fp32_compute and x.dtype == torch.bfloat16 and x.numel():
         b = None if bias is None else bias.float()
         return F.linear(x.float(), weight.float(), b).to(x.dtype)
