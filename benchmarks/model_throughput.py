@@ -34,6 +34,7 @@ import torch
 from radixserve.config import EngineConfig
 from radixserve.models.forward_batch import ForwardBatch
 from radixserve.models.kernels import _ext
+from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_runner import ModelRunner
 
 
@@ -75,7 +76,9 @@ class OurSide:
             disable_cpu_linear_kernel=torch_linear,
         )
         self.name = f"rs {config}"
-        self.runner = ModelRunner(cfg)
+        kv = KVManager.build(cfg)  # the pools are the KVManager's; the runner is handed them
+        assert kv.kv_cache is not None
+        self.runner = ModelRunner(cfg, kv.kv_cache, kv.req_to_token_pool)
         self.ctx = ctx
         self.req_to_token = self.runner.req_to_token_pool.req_to_token
 
