@@ -19,7 +19,7 @@ import httpx
 import pytest
 from serving_harness import Server, model_name, start_server, stop_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 NUM_CONVERSATIONS = 16
 NUM_TURNS = 3

@@ -10,7 +10,7 @@ import pytest
 
 from radixserve.bench.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_router_policies_side_by_side(tmp_path: Path) -> None:
