@@ -37,6 +37,17 @@ def pids_of(server: Server) -> dict[str, int]:
     return dict(httpx.get(server.url + "/get_server_info", timeout=30).json()["pids"])
 
 
+def wait_running(server: Server, num: int, timeout: float = 20.0) -> None:
+    """Until the scheduler runs ``num`` requests (and has generated for them)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = httpx.get(server.url + "/get_server_info", timeout=30).json()["scheduler"]
+        if info["num_running_reqs"] >= num and info["num_generated_tokens"] > 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{num} requests were not running after {timeout} s: {info}")
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -55,7 +66,8 @@ def test_a_dead_child_ends_the_server(rel_model_dir: Path, tmp_path: Path, child
 
         def non_stream() -> None:
             with httpx.Client(base_url=srv.url, timeout=60) as c:
-                resp = c.post("/v1/completions", json={"prompt": "x", **LONG})
+                # 16 choices keep the batch wide, so the stream cannot finish before the kill
+                resp = c.post("/v1/completions", json={"prompt": "x", "n": 16, **LONG})
                 plain.append((resp.status_code, resp.json()))
 
         threads = [
@@ -64,7 +76,7 @@ def test_a_dead_child_ends_the_server(rel_model_dir: Path, tmp_path: Path, child
         ]
         for t in threads:
             t.start()
-        time.sleep(1.5)  # both are generating now
+        wait_running(srv, 2)  # both are generating now (a fixed sleep let a fast host finish)
         os.kill(pids[child], signal.SIGKILL)
         killed = time.monotonic()
         srv.proc.wait(timeout=15)
