@@ -2,7 +2,8 @@
 
 Routes: ``/generate`` (SGLang native), ``/v1/completions``, ``/v1/chat/completions``,
 ``/v1/models``, ``/health``, ``/get_model_info``, ``/get_server_info``, ``/get_load``,
-``/flush_cache``, ``/abort_request``, ``/metrics``, and the docs (``/docs``, ``/redoc``,
+``/flush_cache``, ``/abort_request``, ``/metrics``, the cache page (``/dashboard``,
+``/cache_tree``: ``api/dashboard.py``), and the docs (``/docs``, ``/redoc``,
 ``/openapi.json``) unless ``disable_docs``. With an API key, every path but ``/health`` needs
 ``Authorization: Bearer <key>`` (401 otherwise; :class:`RequestGuard` checks it before reading
 the body).
@@ -21,6 +22,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from radixserve.api.dashboard import dashboard_router
 from radixserve.api.errors import APIError, install_error_handlers
 from radixserve.api.guard import RequestGuard
 from radixserve.api.metrics import ServingMetrics
@@ -182,6 +184,7 @@ def create_app(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.include_router(router)
+    app.include_router(dashboard_router(tm))
     install_openapi(app)
     app.state.metrics = metrics
     return app

@@ -3,7 +3,8 @@
 In order, each answered in OpenAI's error shape:
 
 1. the API key (401), on every path but ``/health``: the docs and ``/openapi.json`` too, and
-   before a byte of the body is read, so an unauthenticated client costs nothing;
+   before a byte of the body is read, so an unauthenticated client costs nothing. The cache
+   page's GET routes (``QUERY_KEY_PATHS``) also take it as ``?api_key=``, for a browser;
 2. the body's size (413): ``Content-Length`` over the limit is refused unread, a chunked body
    as soon as it passes the limit;
 3. lone UTF-16 surrogates (``"\\ud800"`` is valid JSON but not valid Unicode: no tokenizer
@@ -18,12 +19,15 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve.api.errors import error_body
 
 OPEN_PATHS = frozenset({"/health"})
+# GET routes a browser opens (the cache page): the key may come as ``?api_key=`` there too
+QUERY_KEY_PATHS = ("/dashboard", "/cache_tree")
 # a JSON escape of a surrogate: only then can the parsed body hold a lone one
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -40,7 +44,9 @@ class RequestGuard:
             return
         headers = dict(scope["headers"])
         if self.api_key is not None and scope["path"] not in OPEN_PATHS:
-            if not self._key_ok(headers.get(b"authorization", b"")):
+            if not self._key_ok(headers.get(b"authorization", b"")) and not self._query_key_ok(
+                scope
+            ):
                 await _reply(
                     send,
                     401,
@@ -75,6 +81,16 @@ class RequestGuard:
         assert self.api_key is not None
         scheme, _, token = header.partition(b" ")
         return scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), self.api_key)
+
+    def _query_key_ok(self, scope: Scope) -> bool:
+        path: str = scope["path"]
+        if scope.get("method") != "GET" or not path.startswith(QUERY_KEY_PATHS):
+            return False
+        assert self.api_key is not None
+        for value in parse_qs(scope.get("query_string", b"").decode("latin-1")).get("api_key", []):
+            if secrets.compare_digest(value.encode(), self.api_key):
+                return True
+        return False
 
     async def _read_body(self, receive: Receive) -> bytes | None:
         """The whole body, or None once it passes the limit (the rest is left unread)."""

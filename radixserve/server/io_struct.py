@@ -15,7 +15,8 @@ from radixserve.runtime.stop_strings import PROMPT_CONTEXT_TOKENS
 if TYPE_CHECKING:  # a type only: the HTTP process reads these messages without the model code
     from radixserve.runtime.scheduler import Scheduler
 
-#   HTTP --(GenerateRequest | AbortRequest | FlushCacheReq | GetServerInfoReq)--> scheduler
+#   HTTP --(GenerateRequest | AbortRequest | FlushCacheReq | GetServerInfoReq | GetCacheTreeReq)-->
+#       scheduler
 #   scheduler --list[DetokenizeParams | ReqOutput | ReqError | RpcReply | SchedulerFatal]--> detok
 #   detok --list[TextOutput | ReqError | RpcReply | SchedulerFatal]--> HTTP
 #
@@ -75,6 +76,14 @@ class GetServerInfoReq:
 
     call_id: int
     check_integrity: bool = True
+
+
+@dataclass(slots=True)
+class GetCacheTreeReq:
+    """Ask for a bounded picture of the radix tree (``radix/tree_summary.py``) and the stats."""
+
+    call_id: int
+    max_nodes: int
 
 
 @dataclass(slots=True)

@@ -20,12 +20,14 @@ from typing import Any
 import zmq
 
 from radixserve.config import EngineConfig
+from radixserve.radix.tree_summary import summarize_tree
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.runtime.scheduler import Scheduler
 from radixserve.server.io_struct import (
     AbortRequest,
     DetokenizeParams,
     FlushCacheReq,
+    GetCacheTreeReq,
     GetServerInfoReq,
     ReqError,
     RpcReply,
@@ -98,6 +100,8 @@ class SchedulerLoop:
             # the integrity check runs between requests: wait (a little) for the scheduler to idle
             wait = INTEGRITY_WAIT_S if msg.check_integrity else 0.0
             self.pending_info.append((msg, time.monotonic() + wait))
+        elif isinstance(msg, GetCacheTreeReq):
+            self.outbox.append(self._cache_tree(msg))
         else:
             logger.warning("ignoring an unknown message %r", type(msg).__name__)
 
@@ -136,6 +140,13 @@ class SchedulerLoop:
                 logger.error("KV integrity check failed: %s", exc)
                 info["integrity_ok"], info["integrity_error"] = False, str(exc) or repr(exc)
         return RpcReply(msg.call_id, info)
+
+    def _cache_tree(self, msg: GetCacheTreeReq) -> RpcReply:
+        try:
+            tree = summarize_tree(self.scheduler.kv.tree, msg.max_nodes)
+        except ValueError as exc:
+            return RpcReply(msg.call_id, error=str(exc))
+        return RpcReply(msg.call_id, {"tree": tree, "stats": self.scheduler.get_stats()})
 
     def _maybe_log_stats(self) -> None:
         now = time.monotonic()

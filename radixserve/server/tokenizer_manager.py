@@ -29,6 +29,7 @@ from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.io_struct import (
     AbortRequest,
     FlushCacheReq,
+    GetCacheTreeReq,
     GetServerInfoReq,
     ReqError,
     RpcReply,
@@ -244,7 +245,11 @@ class TokenizerManager:
         reply = await self._rpc(GetServerInfoReq(next(self._call_ids), check_integrity))
         return dict(reply)
 
-    async def _rpc(self, msg: FlushCacheReq | GetServerInfoReq) -> Any:
+    async def get_cache_tree(self, max_nodes: int) -> dict[str, Any]:
+        """The radix tree summarised to ``max_nodes`` nodes, and the scheduler's stats."""
+        return dict(await self._rpc(GetCacheTreeReq(next(self._call_ids), max_nodes)))
+
+    async def _rpc(self, msg: FlushCacheReq | GetServerInfoReq | GetCacheTreeReq) -> Any:
         self._check_alive()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._rpcs[msg.call_id] = future

@@ -38,6 +38,10 @@ def keyed_server(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         ("GET", "/get_model_info"),
         ("POST", "/flush_cache"),
         ("POST", "/abort_request"),
+        ("GET", "/dashboard"),
+        ("GET", "/dashboard/static/dashboard.js"),
+        ("GET", "/cache_tree"),
+        ("GET", "/cache_tree?api_key=wrong"),
     ],
 )
 def test_routes_need_the_key(keyed_server: Server, method: str, route: str) -> None:
@@ -57,6 +61,10 @@ def test_health_needs_no_key_and_the_key_works(keyed_server: Server) -> None:
     client = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key=API_KEY, max_retries=0)
     resp = client.completions.create(model="tiny-llama", prompt="hi", max_tokens=2)
     assert resp.usage.completion_tokens <= 2
+    # the cache page's GET routes also take the key from the URL (a browser sets no header)
+    for route in ("/dashboard", "/dashboard/static/echarts.min.js", "/cache_tree"):
+        assert httpx.get(f"{keyed_server.url}{route}?api_key={API_KEY}").status_code == 200
+    assert httpx.get(f"{keyed_server.url}/get_load?api_key={API_KEY}").status_code == 401
     bad = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
