@@ -111,6 +111,20 @@ class TokenToKVPoolAllocator:
         self._is_free = np.ones(self.num_pages, dtype=bool)
         self._is_free[0] = False
 
+    def claim(self, slots: torch.Tensor) -> None:
+        """Take the pages that ``slots`` lie in off the free list (a restored owner holds them).
+        Claiming a page that is not free is a bug (AssertionError)."""
+        if slots.numel() == 0:
+            return
+        pages = torch.unique(slots.to(torch.int64).cpu() // self.page_size).numpy()
+        assert pages.min() > 0, "the reserved padding page was claimed"
+        assert self._is_free[pages].all(), "a claimed KV page is not free"
+        self._is_free[pages] = False
+        free = torch.cat([self._free_pages, *self._released])
+        self._free_pages = free[torch.from_numpy(self._is_free[free.numpy()])]
+        self._released = []
+        self._num_released = 0
+
     def check_integrity(self, held_slots: torch.Tensor | None = None) -> None:
         """No page both free and held, none lost, the padding page never free.
 

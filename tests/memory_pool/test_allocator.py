@@ -117,3 +117,15 @@ def test_pool_sizing_from_a_byte_budget() -> None:
     assert slots == 96
     with pytest.raises(ValueError):
         num_slots_for_budget(per_token, 24, 2, 64, torch.bfloat16)
+
+
+def test_claim_takes_pages_off_the_free_list() -> None:
+    alloc = TokenToKVPoolAllocator(32, page_size=4)
+    held = torch.tensor([8, 9, 10, 11, 20])  # pages 2 and 5
+    alloc.claim(held)
+    assert alloc.available_size() == alloc.capacity - 8
+    alloc.check_integrity(torch.tensor([8, 9, 10, 11, 20, 21, 22, 23]))
+    taken = alloc.alloc(alloc.available_size())
+    assert taken is not None and not set(taken.tolist()) & (set(range(8, 12)) | set(range(20, 24)))
+    with pytest.raises(AssertionError, match="not free"):
+        alloc.claim(torch.tensor([8]))
