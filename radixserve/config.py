@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 SCHEDULE_POLICIES = ("fcfs", "lof", "random", "lpm", "dfs-weight")
 QUANTIZATIONS = ("int8",)
-CPU_ISAS = ("avx2", "avx512", "avx512_bf16")  # the kernel variants, lowest first
+CPU_ISAS = ("avx2", "avx512", "avx512_bf16", "neon")  # the kernel variants (x86 lowest first)
 
 
 @dataclass(frozen=True, slots=True)

@@ -172,8 +172,12 @@ def test_variant_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _ext.best_variant("avx2") == "avx2"  # RADIXSERVE_CPU_ISA=avx2 forces the lower one
     with pytest.raises(ValueError, match="unknown CPU kernel variant"):
         _ext.best_variant("sse9")
+    assert not _ext.can_execute("neon")  # an x86 CPU never runs the aarch64 build
     monkeypatch.setattr(_ext, "_flags_cache", [frozenset({"sse2"})])
     assert _ext.best_variant() is None
+    monkeypatch.setattr(_ext.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(_ext, "_flags_cache", [frozenset({"fp", "asimd", "crc32"})])
+    assert _ext.best_variant() == "neon" and not _ext.can_execute("avx2")
     assert CpuKernels.build() is TORCH_ONLY  # nothing to build on such a CPU
 
 

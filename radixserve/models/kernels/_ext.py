@@ -6,7 +6,8 @@ variant's ``-m`` flags (like llama.cpp's CPU variants or ATen's CPU capability d
 
 - ``avx2``: AVX2 + FMA + F16C (Haswell, Zen 1-3): 8 fp32 lanes;
 - ``avx512``: AVX-512 F/BW/VL/DQ (Skylake-X, Ice Lake, Zen 4): 16 lanes;
-- ``avx512_bf16``: the same plus ``-mavx512bf16`` (Cooper Lake, Sapphire Rapids, Zen 4).
+- ``avx512_bf16``: the same plus ``-mavx512bf16`` (Cooper Lake, Sapphire Rapids, Zen 4);
+- ``neon``: aarch64 Advanced SIMD (every 64-bit Arm CPU: Graviton, Ampere, Apple): 4 lanes.
 
 :func:`best_variant` picks the highest one the CPU's flags allow (at most a requested one, so an
 AVX-512 machine can run the AVX2 path too). Each build is JIT-compiled with
@@ -19,7 +20,8 @@ never share (or fight over, rebuilding in turn) one build directory.
 Anything that goes wrong (not x86-64, a CPU without the variant's flags, no compiler or ninja, a
 compile error, a read-only cache) makes :func:`load_variant` return ``None`` and log once at
 DEBUG level; the callers then keep their torch paths (``F.linear``, the torch-native attention
-backend, ``F.rms_norm``). No aarch64 variant is built: ``simd.h`` has no NEON branch yet.
+backend, ``F.rms_norm``). On aarch64 the ``neon`` variant (W = 4) is built; it is compile-checked
+on x86 with a cross compiler (``tests/models/test_kernel_isas.py``), not run here.
 """
 
 from __future__ import annotations
@@ -54,12 +56,15 @@ class Variant:
     name: str
     cflags: tuple[str, ...]
     cpu_flags: frozenset[str]  # as /proc/cpuinfo names them
+    machines: tuple[str, ...] = ("x86_64", "amd64")  # platform.machine(), lower-cased
 
 
 VARIANTS = (  # lowest first
     Variant("avx2", ("-mavx2", "-mfma", "-mf16c"), frozenset({"avx2", "fma", "f16c"})),
     Variant("avx512", _AVX512, _AVX512_FLAGS),
     Variant("avx512_bf16", (*_AVX512, "-mavx512bf16"), _AVX512_FLAGS | {"avx512_bf16"}),
+    # NEON (asimd) is part of every aarch64 CPU: no flag to add
+    Variant("neon", (), frozenset({"asimd"}), ("aarch64", "arm64")),
 )
 VARIANT_NAMES = tuple(v.name for v in VARIANTS)
 _BY_NAME = {v.name: v for v in VARIANTS}
@@ -76,7 +81,7 @@ def cpu_flags() -> frozenset[str]:
         try:
             with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
                 for line in f:
-                    if line.startswith("flags"):
+                    if line.startswith(("flags", "Features")):  # x86 / aarch64
                         flags = frozenset(line.partition(":")[2].split())
                         break
         except OSError:
@@ -94,9 +99,10 @@ def can_execute(name: str) -> bool:
     """Whether this CPU can run variant ``name`` (``ValueError`` for an unknown name)."""
     if name not in _BY_NAME:
         raise ValueError(f"unknown CPU kernel variant {name!r}; choose from {VARIANT_NAMES}")
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    variant = _BY_NAME[name]
+    if platform.machine().lower() not in variant.machines:
         return False
-    return _BY_NAME[name].cpu_flags <= cpu_flags()
+    return variant.cpu_flags <= cpu_flags()
 
 
 def best_variant(at_most: str | None = None) -> str | None:

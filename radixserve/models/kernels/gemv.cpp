@@ -139,9 +139,9 @@ void run(const Problem<WT, XT>& p, int64_t min_task_bytes) {
 // Tile choice: one row at a time against all of x is the most memory-friendly (a single
 // sequential stream per thread) while x stays in L1; otherwise R x 6 tiles cut the cache traffic
 // of re-reading x per weight row and widen each weight vector once for 6 rows of x (R = 4 with
-// AVX-512's 32 registers, 2 with AVX2's 16: R * 6 accumulators + R weight vectors).
+// the 32 registers of AVX-512 or NEON, 2 with AVX2's 16: R * 6 accumulators + R weight vectors).
 constexpr int64_t kXL1Bytes = 32 * 1024;
-constexpr int kBigR = W == 16 ? 4 : 2;
+constexpr int kBigR = kVectorRegisters >= 32 ? 4 : 2;
 
 template <class WT, class XT>
 void dispatch(const Problem<WT, XT>& p, int64_t min_task_bytes) {

@@ -2,11 +2,15 @@
 // they need, with loads that widen the storage types in registers:
 //   float (fp32), bf16 (uint16_t bit pattern: the high half of an fp32), int8_t (quantized).
 // The kernels are written once against this header and compiled per ISA (_ext.py builds one
-// extension per variant with its -m flags): AVX-512 (W = 16) or AVX2 + FMA (W = 8). An aarch64
-// NEON branch would slot in here; none is written (no cross compiler to check it with).
+// extension per variant with its -m flags): AVX-512 (W = 16), AVX2 + FMA (W = 8) or aarch64
+// NEON (W = 4; compile-checked with a cross compiler by tests/models/test_kernel_isas.py).
 #pragma once
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 #include <cstdint>
 #include <cstring>
@@ -42,7 +46,7 @@ inline bf16 from_float<bf16>(float f) { return float_to_bf16(f); }
 
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 
-#if defined(__AVX512F__)
+#if defined(__x86_64__) && defined(__AVX512F__)
 
 #if defined(__AVX512BF16__)
 #define RS_ISA_NAME "avx512_bf16"
@@ -50,6 +54,7 @@ inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 #define RS_ISA_NAME "avx512"
 #endif
 constexpr int W = 16;
+constexpr int kVectorRegisters = 32;
 using VF = __m512;
 using VI = __m512i;
 inline VF zero() { return _mm512_setzero_ps(); }
@@ -89,10 +94,11 @@ inline VF select_ge(VF x, VF lo, VF a, VF b) {  // x >= lo ? a : b
 inline float hsum(VF v) { return _mm512_reduce_add_ps(v); }
 inline float hmax(VF v) { return _mm512_reduce_max_ps(v); }
 
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
 
 #define RS_ISA_NAME "avx2"
 constexpr int W = 8;
+constexpr int kVectorRegisters = 16;
 using VF = __m256;
 using VI = __m256i;
 inline VF zero() { return _mm256_setzero_ps(); }
@@ -141,8 +147,49 @@ inline float hmax(VF v) {
   return _mm_cvtss_f32(s);
 }
 
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+
+#define RS_ISA_NAME "neon"
+constexpr int W = 4;
+constexpr int kVectorRegisters = 32;
+using VF = float32x4_t;
+using VI = int32x4_t;
+inline VF zero() { return vdupq_n_f32(0.0f); }
+inline VF set1(float v) { return vdupq_n_f32(v); }
+inline VF load(const float* p) { return vld1q_f32(p); }
+inline VF load(const bf16* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+inline VF load(const int8_t* p) {  // 4 bytes, read as one word (no read past them)
+  int32_t word;
+  std::memcpy(&word, p, sizeof word);
+  const int16x8_t wide = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(word)));
+  return vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide)));
+}
+inline void store(float* p, VF v) { vst1q_f32(p, v); }
+inline VI as_int(VF v) { return vreinterpretq_s32_f32(v); }
+inline VF as_float(VI v) { return vreinterpretq_f32_s32(v); }
+inline VI add_i(VI a, VI b) { return vaddq_s32(a, b); }
+inline VI and_i(VI a, VI b) { return vandq_s32(a, b); }
+inline VI set1_i(int v) { return vdupq_n_s32(v); }
+inline VI srli(VI a, int n) {  // logical: a negative count shifts an unsigned lane right
+  return vreinterpretq_s32_u32(vshlq_u32(vreinterpretq_u32_s32(a), vdupq_n_s32(-n)));
+}
+inline VI slli(VI a, int n) { return vshlq_s32(a, vdupq_n_s32(n)); }
+inline void store_halves(bf16* p, VI v) {  // the low 16 bits of each lane
+  vst1_u16(p, vmovn_u32(vreinterpretq_u32_s32(v)));
+}
+inline VF fma(VF a, VF b, VF c) { return vfmaq_f32(c, a, b); }
+inline VF add(VF a, VF b) { return vaddq_f32(a, b); }
+inline VF sub(VF a, VF b) { return vsubq_f32(a, b); }
+inline VF mul(VF a, VF b) { return vmulq_f32(a, b); }
+inline VF max(VF a, VF b) { return vmaxq_f32(a, b); }
+inline VF round(VF a) { return vrndnq_f32(a); }
+inline VI to_int(VF a) { return vcvtnq_s32_f32(a); }
+inline VF select_ge(VF x, VF lo, VF a, VF b) { return vbslq_f32(vcgeq_f32(x, lo), a, b); }
+inline float hsum(VF v) { return vaddvq_f32(v); }
+inline float hmax(VF v) { return vmaxvq_f32(v); }
+
 #else
-#error "radixserve CPU kernels need AVX2+FMA or AVX-512 (built per variant by _ext.py)"
+#error "radixserve CPU kernels need AVX2+FMA, AVX-512 or aarch64 NEON (built by _ext.py)"
 #endif
 
 // bf16 stores round to nearest even (NaN -> the canonical quiet NaN), like c10::BFloat16.
