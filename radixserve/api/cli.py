@@ -115,9 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from radixserve.api.data_parallel import add_arguments as add_data_parallel_arguments
     from radixserve.bench.cli import add_bench_parser
+    from radixserve.sim.cli import add_sim_parser
 
     add_data_parallel_arguments(serve)
     add_bench_parser(sub)
+    add_sim_parser(sub)
     return parser
 
 
@@ -210,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         from radixserve.bench.cli import run as run_bench
 
         return run_bench(args)
+    if args.command == "sim":
+        from radixserve.sim.cli import run as run_sim
+
+        return run_sim(args)
     if args.command != "serve":
         return 1
     from radixserve.server.ipc import LOG_FORMAT

@@ -10,19 +10,9 @@ import argparse
 import sys
 from typing import Any
 
+from radixserve.bench.workload import MULTITURN_SHAPES, SHARED_PREFIX_SHAPES
+
 POLICY_SWEEP = ("fcfs", "lpm", "dfs-weight")
-# the default shapes; flags override any field
-MULTITURN_SHAPES: dict[str, dict[str, Any]] = {
-    # chat-like (PERF-NOTES: HF recompute 40.4 s, HF with KV carried 24.4 s)
-    "a": dict(conversations=8, turns=4, user_len=(64, 64), answer_len=(32, 32), parallel=8),
-    # SGLang's multi_turn_chat defaults (short answers: prefill dominates), fewer conversations
-    "b": dict(conversations=4, turns=4, user_len=(256, 512), answer_len=(4, 8), parallel=4),
-    "quick": dict(conversations=4, turns=3, user_len=(16, 32), answer_len=(4, 8), parallel=4),
-}
-SHARED_PREFIX_SHAPES: dict[str, dict[str, Any]] = {
-    "default": dict(groups=4, prompts_per_group=8, system_len=512, question_len=64, output_len=16),
-    "quick": dict(groups=2, prompts_per_group=4, system_len=64, question_len=16, output_len=4),
-}
 
 
 def _range(text: str) -> tuple[int, int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,3 +114,17 @@ def make_shared_prefix(spec: SharedPrefixSpec, low: int, high: int) -> list[Sess
 
 def num_requests(sessions: list[Session]) -> int:
     return sum(len(s.turns) for s in sessions)
+
+
+# the default shapes; flags override any field
+MULTITURN_SHAPES: dict[str, dict[str, Any]] = {
+    # chat-like (PERF-NOTES: HF recompute 40.4 s, HF with KV carried 24.4 s)
+    "a": dict(conversations=8, turns=4, user_len=(64, 64), answer_len=(32, 32), parallel=8),
+    # SGLang's multi_turn_chat defaults (short answers: prefill dominates), fewer conversations
+    "b": dict(conversations=4, turns=4, user_len=(256, 512), answer_len=(4, 8), parallel=4),
+    "quick": dict(conversations=4, turns=3, user_len=(16, 32), answer_len=(4, 8), parallel=4),
+}
+SHARED_PREFIX_SHAPES: dict[str, dict[str, Any]] = {
+    "default": dict(groups=4, prompts_per_group=8, system_len=512, question_len=64, output_len=16),
+    "quick": dict(groups=2, prompts_per_group=4, system_len=64, question_len=16, output_len=4),
+}

@@ -96,11 +96,12 @@ class ForwardBatch:
         # positions = prefix_i + (0 .. extend_len_i - 1), built on the host from small lists
         ext_t = torch.tensor(ext, dtype=torch.int64)
         starts_t = torch.cumsum(ext_t, 0) - ext_t
+        # output_size: without it repeat_interleave sizes its output in a pass of its own
         offsets = torch.arange(num_tokens, dtype=torch.int64) - torch.repeat_interleave(
-            starts_t, ext_t
+            starts_t, ext_t, output_size=num_tokens
         )
         positions = offsets + torch.repeat_interleave(
-            torch.tensor(prefix, dtype=torch.int64), ext_t
+            torch.tensor(prefix, dtype=torch.int64), ext_t, output_size=num_tokens
         )
         return cls(
             forward_mode=ForwardMode.EXTEND,

@@ -270,9 +270,10 @@ class KVManager:
             rows, cols = row_ids, torch.tensor(starts, dtype=torch.int64)
         else:
             lens = torch.tensor(new_lens, dtype=torch.int64)
-            rows = torch.repeat_interleave(row_ids, lens)
+            n = len(slots)  # output_size: saves repeat_interleave a sizing pass
+            rows = torch.repeat_interleave(row_ids, lens, output_size=n)
             offsets = torch.tensor(starts, dtype=torch.int64) - (torch.cumsum(lens, 0) - lens)
-            cols = torch.repeat_interleave(offsets, lens) + torch.arange(len(slots))
+            cols = torch.repeat_interleave(offsets, lens, output_size=n) + torch.arange(n)
         table = self.req_to_token_pool.req_to_token
         table[rows.to(table.device), cols.to(table.device)] = slots.to(table.dtype)
         for req, end in zip(reqs, ends, strict=True):

@@ -14,6 +14,8 @@ dropped and its KV is released once N+1 is done, never twice.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -33,7 +35,12 @@ logger = logging.getLogger(__name__)
 
 class Scheduler:
     """``Scheduler(config, tokenizer)`` loads the model; tests may pass their own ``kv`` (a
-    :class:`KVManager`) and ``worker`` (anything that runs a batch, e.g. a fake model)."""
+    :class:`KVManager`) and ``worker`` (anything that runs a batch, e.g. a fake model).
+
+    ``clock``: the one time source of the scheduling code (a request's ``arrival_time``, the
+    stats' uptime); ``time.monotonic`` by default, a virtual clock in the simulator
+    (``radixserve.sim``). Policies order by arrival and age by passes, never by reading time.
+    """
 
     def __init__(
         self,
@@ -42,8 +49,10 @@ class Scheduler:
         *,
         kv: KVManager | None = None,
         worker: Worker | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
+        self.clock = clock
         self.constants = config.constants
         self.tokenizer = tokenizer
         if worker is None:
@@ -78,7 +87,7 @@ class Scheduler:
         self.pending_aborts: set[str] = set()
         self.pending_outputs: list[ReqOutput] = []
         self.new_token_ratio = self.constants.init_new_token_ratio
-        self.stats = SchedulerStats()
+        self.stats = SchedulerStats(clock=clock)
 
     # ---- requests in -----------------------------------------------------------------------
     def add_request(self, request: GenerateRequest) -> None:
@@ -99,6 +108,7 @@ class Scheduler:
             origin_input_ids=list(request.input_ids),
             sampling_params=params,
             priority=request.priority,
+            arrival_time=self.clock(),
             extra_key=request.extra_key,
             eos_token_ids=self.eos_token_ids,
             return_logprob=request.return_logprob,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,11 @@ class SchedulerStats:
     num_aborted_reqs: int = 0
     num_retractions: int = 0
     num_preemptions: int = 0
-    started_at: float = field(default_factory=time.monotonic)
+    clock: Callable[[], float] = time.monotonic  # the scheduler's clock
+    started_at: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started_at = self.clock()
 
     def on_prefill(self, batch: ScheduleBatch, num_cached_tokens: int) -> None:
         """``num_cached_tokens``: the cache hits of the newly admitted requests (a chunked
@@ -65,5 +70,5 @@ class SchedulerStats:
             "num_retractions": self.num_retractions,
             "num_preemptions": self.num_preemptions,
             "new_token_ratio": scheduler.new_token_ratio,
-            "uptime_s": time.monotonic() - self.started_at,
+            "uptime_s": self.clock() - self.started_at,
         }
