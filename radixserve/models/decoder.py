@@ -200,6 +200,7 @@ class DecoderForCausalLM(nn.Module):
     @property
     def attention_spec(self) -> AttentionSpec:
         c, attn = self.config, self.layers[0].self_attn
+        assert isinstance(attn, Attention)
         return AttentionSpec(
             attn.num_heads, attn.num_kv_heads, c.head_dim, c.head_dim**-0.5, c.sliding_windows
         )

@@ -67,7 +67,7 @@ def rank_config(config: EngineConfig, rank: int) -> EngineConfig:
 def make_groups(config: EngineConfig, rank: int, store: Any) -> RankGroups:
     """Join the backends of the group (blocks until every rank has joined)."""
     size, timeout = config.tp_size, datetime.timedelta(seconds=config.tp_timeout_s)
-    control_opts = dist.ProcessGroupGloo._Options()
+    control_opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     control_opts._timeout = _CONTROL_WAIT
     control_opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
     control = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, size, control_opts)
@@ -79,7 +79,7 @@ def make_groups(config: EngineConfig, rank: int, store: Any) -> RankGroups:
         nccl_opts._timeout = timeout
         backend: Any = dist.ProcessGroupNCCL(model_store, rank, size, nccl_opts)
     else:
-        opts = dist.ProcessGroupGloo._Options()
+        opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         opts._timeout = timeout
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
         backend = dist.ProcessGroupGloo(model_store, rank, size, opts)
