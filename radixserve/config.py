@@ -51,6 +51,10 @@ class EngineConfig:
     enable_priority_scheduling: bool = False
     schedule_low_priority_values_first: bool = False  # SGLang default: larger value = more urgent
     random_seed: int = 0
+    # tensor parallelism: ranks that each hold a slice of the model (docs/tensor_parallel.md);
+    # rank 0 schedules, the others run the model only. Collectives time out after tp_timeout_s
+    tp_size: int = 1
+    tp_timeout_s: float = 120.0
     num_threads: int | None = field(default_factory=lambda: _env_int("RADIXSERVE_NUM_THREADS"))
     # the highest CPU kernel variant to use (models/kernels/_ext.py); None: the best this CPU
     # runs. "avx2" on an AVX-512 machine runs (and tests) the portable AVX2 path.
@@ -75,6 +79,10 @@ class EngineConfig:
             )
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        if self.tp_timeout_s <= 0:
+            raise ValueError(f"tp_timeout_s must be > 0, got {self.tp_timeout_s}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:

@@ -101,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--device", default=_DEFAULTS.device, help="cpu, cuda or cuda:N")
     add(
+        "--tp-size",
+        type=int,
+        default=_DEFAULTS.tp_size,
+        help="tensor parallelism: split the model over this many processes (gloo on CPU, NCCL "
+        "on CUDA: one GPU each); see docs/tensor_parallel.md",
+    )
+    add(
         "--served-model-name",
         default=None,
         help="the model name /v1/models lists and the OpenAI routes accept "
@@ -189,6 +196,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         disable_radix_cache=args.disable_radix_cache,
         disable_overlap_schedule=args.disable_overlap_schedule,
         enable_priority_scheduling=args.enable_priority_scheduling,
+        tp_size=args.tp_size,
     )
     return ServerConfig(
         engine=engine,

@@ -108,7 +108,9 @@ def _start_children(
             target=target,
             args=(*args, writer, os.getpid(), config.log_level),
             name=f"radixserve-{name}",
-            daemon=True,
+            # a daemonic process may not start children: the tensor-parallel ranks are the
+            # scheduler's (it stops them; _stop_children stops it however this process ends)
+            daemon=not (name == "scheduler" and config.engine.tp_size > 1),
         )
         proc.start()
         writer.close()

@@ -5,6 +5,10 @@ RMSNorm, tied embeddings, head_dim, RoPE scaling and sliding windows. Per layer 
 three merged projections (qkv, gate_up, and the two outputs), two fused add+RMSNorms, one RoPE
 over q and k together, and the attention backend call.
 
+Under tensor parallelism (a :class:`TPGroup` of more than one rank, see ``parallel.py``) each
+rank builds the same model with its share of the heads, the MLP columns and the vocabulary, and
+:meth:`DecoderForCausalLM.load_weights` keeps only its slice of each checkpoint tensor.
+
 Weights use transformers' names; :meth:`DecoderForCausalLM.load_weights` maps q/k/v into the
 merged ``qkv_proj`` and gate/up into ``gate_up_proj``.
 """
@@ -12,6 +16,7 @@ merged ``qkv_proj`` and gate/up into ``gate_up_proj``.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,6 +34,7 @@ from radixserve.models.layers import (
     empty_param,
 )
 from radixserve.models.model_config import ModelConfig
+from radixserve.models.parallel import SINGLE, TPGroup, check_tp_shapes
 
 if TYPE_CHECKING:
     from radixserve.models.forward_batch import ForwardBatch
@@ -53,19 +59,21 @@ class Attention(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         kernels: CpuKernels = TORCH_ONLY,
+        tp: TPGroup = SINGLE,
     ) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-        )
-        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.tp = tp
+        # this rank's heads: a share of the query heads and of the KV heads (or the one it reads)
+        self.num_heads, self.head_dim = cfg.num_heads // tp.size, cfg.head_dim
+        self.kv_head_start, self.num_kv_heads = tp.kv_heads(cfg.num_kv_heads)
+        self.q_size, self.kv_size = self.num_heads * cfg.head_dim, self.num_kv_heads * cfg.head_dim
         hidden, eps = cfg.hidden_size, cfg.rms_norm_eps
-        qkv_size = cfg.q_size + 2 * cfg.kv_size
+        qkv_size = self.q_size + 2 * self.kv_size
         self.qkv_proj = Linear(hidden, qkv_size, cfg.qkv_bias, dtype, device, kernels)
-        self.o_proj = Linear(cfg.q_size, hidden, cfg.o_bias, dtype, device, kernels)
+        # row-parallel: the bias is added once, by rank 0, before the all-reduce
+        o_bias = cfg.o_bias and tp.rank == 0
+        self.o_proj = Linear(self.q_size, hidden, o_bias, dtype, device, kernels)
         self.eps = eps
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
@@ -73,7 +81,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, eps, dtype, device)
             # [heads + kv_heads, head_dim]: q_norm's weight per q head, then k_norm's per k head
             fused = torch.empty(
-                cfg.num_heads + cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=device
+                self.num_heads + self.num_kv_heads, cfg.head_dim, dtype=dtype, device=device
             )
             self.register_buffer("qk_norm_weight", fused, persistent=False)
 
@@ -106,7 +114,7 @@ class Attention(nn.Module):
             o = backend.forward_decode(q, k, v, self.layer_id, batch)
         else:
             o = backend.forward_extend(q, k, v, self.layer_id, batch)
-        return self.o_proj(o)  # o [num_tokens, heads * head_dim]
+        return self.tp.all_reduce(self.o_proj(o))  # o [num_tokens, heads * head_dim]
 
 
 class DecoderLayer(nn.Module):
@@ -117,14 +125,15 @@ class DecoderLayer(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         kernels: CpuKernels = TORCH_ONLY,
+        tp: TPGroup = SINGLE,
     ) -> None:
         super().__init__()
         hidden, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = RMSNorm(hidden, eps, dtype, device, kernels)
-        self.self_attn = Attention(cfg, layer_id, dtype, device, kernels)
+        self.self_attn = Attention(cfg, layer_id, dtype, device, kernels, tp)
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype, device, kernels)
-        inter, bias = cfg.intermediate_size, cfg.mlp_bias
-        self.mlp = SwiGLUMLP(hidden, inter, bias, dtype, device, kernels)
+        inter, bias = cfg.intermediate_size // tp.size, cfg.mlp_bias
+        self.mlp = SwiGLUMLP(hidden, inter, bias, dtype, device, kernels, tp)
 
     def forward(
         self,
@@ -148,7 +157,8 @@ class DecoderForCausalLM(nn.Module):
     """The model. ``forward`` returns final hidden states; ``compute_logits`` applies the lm_head
     to the rows the caller selects (so logits are computed only where they are needed).
 
-    ``kernels`` (default: the torch reference) is the CPU kernel choice every layer uses.
+    ``kernels`` (default: the torch reference) is the CPU kernel choice every layer uses;
+    ``tp`` the tensor-parallel rank this copy of the model is (default: the whole model).
     """
 
     head_int8: torch.Tensor | None  # buffers after quantize_int8: the lm_head in int8 [vocab,
@@ -161,19 +171,26 @@ class DecoderForCausalLM(nn.Module):
         device: torch.device,
         max_positions: int | None = None,
         kernels: CpuKernels = TORCH_ONLY,
+        tp: TPGroup = SINGLE,
     ) -> None:
         super().__init__()
+        check_tp_shapes(cfg, tp.size)
         self.config = cfg
         self.kernels = kernels
-        self.embed_tokens = empty_param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.tp = tp
+        # this rank's rows of the embedding and the lm_head: [vocab_start, + vocab_rows), padded
+        self.vocab_start, self.vocab_rows, rows = tp.vocab_shard(cfg.vocab_size)
+        self.embed_tokens = empty_param(rows, cfg.hidden_size, dtype=dtype, device=device)
+        if rows > self.vocab_rows:  # the padding rows past the vocabulary stay zero
+            self.embed_tokens.data[self.vocab_rows :].zero_()
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, dtype, device, kernels) for i in range(cfg.num_layers)
+            DecoderLayer(cfg, i, dtype, device, kernels, tp) for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, kernels)
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
-            else empty_param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+            else torch.nn.Parameter(torch.zeros_like(self.embed_tokens), requires_grad=False)
         )
         self.register_buffer("head_int8", None)
         self.register_buffer("head_scale", None)
@@ -182,15 +199,16 @@ class DecoderForCausalLM(nn.Module):
 
     @property
     def attention_spec(self) -> AttentionSpec:
-        c = self.config
+        c, attn = self.config, self.layers[0].self_attn
+        assert isinstance(attn, Attention)
         return AttentionSpec(
-            c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim**-0.5, c.sliding_windows
+            attn.num_heads, attn.num_kv_heads, c.head_dim, c.head_dim**-0.5, c.sliding_windows
         )
 
     def forward(self, batch: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
         """Hidden states after the final norm, ``[num_tokens, hidden]``. The caller has called
         ``backend.init_forward_metadata(batch)``."""
-        h = F.embedding(batch.input_ids, self.embed_tokens)  # [num_tokens, hidden]
+        h = self._embed(batch.input_ids)  # [num_tokens, hidden]
         cos, sin = self.rotary.cos_sin(batch.positions)
         residual: torch.Tensor | None = None
         for layer in self.layers:
@@ -198,12 +216,26 @@ class DecoderForCausalLM(nn.Module):
         out, _ = self.norm(h, residual)
         return out
 
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:  # [num_tokens] -> [num_tokens, hidden]
+        if not self.tp.is_parallel:
+            return F.embedding(ids, self.embed_tokens)
+        # vocab-parallel: each rank looks up the ids in its rows, zeros elsewhere, then a sum
+        local = ids - self.vocab_start
+        outside = (local < 0) | (local >= self.vocab_rows)
+        h = F.embedding(local.masked_fill(outside, 0), self.embed_tokens)
+        return self.tp.all_reduce(h.masked_fill_(outside[:, None], 0))
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden`` ``[n, hidden]`` -> logits ``[n, vocab]`` in the model dtype."""
+        """``hidden`` ``[n, hidden]`` -> logits ``[n, vocab]`` in the model dtype (under tensor
+        parallelism every rank computes its vocabulary columns and gathers all of them)."""
         if self.head_int8 is not None:
-            return self.kernels.linear(hidden, self.head_int8, None, self.head_scale)
-        weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        return self.kernels.linear(hidden, weight)
+            logits = self.kernels.linear(hidden, self.head_int8, None, self.head_scale)
+        else:
+            weight = self.embed_tokens if self.lm_head is None else self.lm_head
+            logits = self.kernels.linear(hidden, weight)
+        if not self.tp.is_parallel:
+            return logits
+        return self.tp.all_gather(logits)[:, : self.config.vocab_size]
 
     def quantize_int8(self) -> None:
         """Weight-only int8 after loading: every projection and the lm_head (a tied embedding
@@ -217,15 +249,19 @@ class DecoderForCausalLM(nn.Module):
 
     # ---- weights -------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy transformers-named tensors into the parameters (converting dtype). Raises
-        ``ValueError`` for a shape mismatch or a parameter that no tensor filled."""
+        """Copy transformers-named tensors into the parameters (converting dtype), each rank
+        its slice of them. Raises ``ValueError`` for a shape mismatch or a parameter that no
+        tensor filled."""
         params = dict(self.named_parameters())
-        cfg = self.config
+        attn = self.layers[0].self_attn
+        assert isinstance(attn, Attention)
+        q, kv, inter = attn.q_size, attn.kv_size, self.config.intermediate_size // self.tp.size
         # row sizes of the parts of each merged weight, by a fragment of its name
         layout = {
-            ".self_attn.qkv_proj.": (cfg.q_size, cfg.kv_size, cfg.kv_size),
-            ".mlp.gate_up_proj.": (cfg.intermediate_size, cfg.intermediate_size),
+            ".self_attn.qkv_proj.": (q, kv, kv),
+            ".mlp.gate_up_proj.": (inter, inter),
         }
+        slicer = _TPSlicer(self.config, self.tp, attn.kv_head_start)
 
         def parts(name: str) -> tuple[int, ...]:
             return next((sizes for frag, sizes in layout.items() if frag in name), ())
@@ -236,6 +272,9 @@ class DecoderForCausalLM(nn.Module):
             if name not in params:
                 continue  # rotary inv_freq buffers, a tied lm_head written anyway, ...
             dst = params[name].data
+            tensor = slicer.slice(name, shard, tensor)
+            if name in ("embed_tokens", "lm_head"):
+                dst = dst.narrow(0, 0, self.vocab_rows)  # the padding rows stay zero
             if shard is not None:
                 sizes = parts(name)
                 dst = dst.narrow(0, sum(sizes[:shard]), sizes[shard])
@@ -253,6 +292,38 @@ class DecoderForCausalLM(nn.Module):
         for layer in self.layers:
             assert isinstance(layer, DecoderLayer)
             layer.self_attn.finalize()
+
+
+@dataclass(frozen=True, slots=True)
+class _TPSlicer:
+    """Which slice of a whole checkpoint tensor one tensor-parallel rank keeps."""
+
+    cfg: ModelConfig
+    tp: TPGroup
+    kv_head_start: int
+
+    def slice(self, name: str, shard: int | None, tensor: torch.Tensor) -> torch.Tensor:
+        """A view of ``tensor`` (our parameter ``name``, part ``shard`` of a merged weight)."""
+        tp, cfg = self.tp, self.cfg
+        if not tp.is_parallel:
+            return tensor
+        if name in ("embed_tokens", "lm_head"):
+            start, rows, _ = tp.vocab_shard(cfg.vocab_size)
+            return tensor.narrow(0, start, rows)
+        if ".qkv_proj." in name:
+            q_start, q_count = tp.split(cfg.q_size)
+            if shard == 0:
+                return tensor.narrow(0, q_start, q_count)
+            _, kv_heads = tp.kv_heads(cfg.num_kv_heads)
+            d = cfg.head_dim
+            return tensor.narrow(0, self.kv_head_start * d, kv_heads * d)
+        if ".gate_up_proj." in name:
+            return tensor.narrow(0, *tp.split(cfg.intermediate_size))
+        if name.endswith(".o_proj.weight"):  # row-parallel: the input columns
+            return tensor.narrow(1, *tp.split(cfg.q_size))
+        if name.endswith(".down_proj.weight"):
+            return tensor.narrow(1, *tp.split(cfg.intermediate_size))
+        return tensor  # norms (and row-parallel biases, which only rank 0 holds): whole
 
 
 def _our_name(hf_name: str) -> tuple[str, int | None]:

@@ -15,6 +15,7 @@ from torch import nn
 
 from radixserve.models.kernels import TORCH_ONLY, CpuKernels, quantize_int8
 from radixserve.models.model_config import RopeConfig
+from radixserve.models.parallel import SINGLE, TPGroup
 
 
 def empty_param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -190,7 +191,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class SwiGLUMLP(nn.Module):
-    """``down(silu(gate(x)) * up(x))`` with gate and up merged into one ``[2 * inter, hidden]`` weight."""
+    """``down(silu(gate(x)) * up(x))`` with gate and up merged into one ``[2 * inter, hidden]`` weight.
+
+    Under tensor parallelism ``inter`` is this rank's share of the columns: gate/up are
+    column-parallel, down is row-parallel (its bias added by rank 0 alone), then one all-reduce.
+    """
 
     def __init__(
         self,
@@ -200,12 +205,15 @@ class SwiGLUMLP(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         kernels: CpuKernels = TORCH_ONLY,
+        tp: TPGroup = SINGLE,
     ) -> None:
         super().__init__()
         self.inter = inter
+        self.tp = tp
         self.gate_up_proj = Linear(hidden, 2 * inter, bias, dtype, device, kernels)
-        self.down_proj = Linear(inter, hidden, bias, dtype, device, kernels)
+        self.down_proj = Linear(inter, hidden, bias and tp.rank == 0, dtype, device, kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
         gate_up = self.gate_up_proj(x)  # [num_tokens, 2 * inter]
-        return self.down_proj(F.silu(gate_up[:, : self.inter]) * gate_up[:, self.inter :])
+        out = self.down_proj(F.silu(gate_up[:, : self.inter]) * gate_up[:, self.inter :])
+        return self.tp.all_reduce(out)

@@ -18,6 +18,7 @@ from radixserve.models.decoder import DecoderForCausalLM
 from radixserve.models.kernels import TORCH_ONLY, CpuKernels
 from radixserve.models.kernels._ext import best_variant, cpu_has_native_bf16
 from radixserve.models.model_config import ModelConfig
+from radixserve.models.parallel import SINGLE, TPGroup
 from radixserve.models.registry import get_model_class
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -94,12 +95,14 @@ def load_model(
     progress: bool = True,
     kernels: CpuKernels = TORCH_ONLY,
     quantization: str | None = None,
+    tp: TPGroup = SINGLE,
 ) -> tuple[DecoderForCausalLM, ModelConfig]:
     """Build the model for ``model_dir`` and fill its weights.
 
     ``max_positions`` bounds the RoPE table (default: ``max_position_embeddings``); ``kernels``
     is the CPU kernel choice of every layer; ``quantization="int8"`` quantizes the weights
-    after loading (weight-only, per output channel). Raises ``ValueError`` for a missing
+    after loading (weight-only, per output channel); ``tp``: the tensor-parallel rank to build
+    (each keeps only its slice of the weights). Raises ``ValueError`` for a missing
     directory/config/weights, an unsupported architecture, dtype or quantization, or weights
     that do not match the config.
     """
@@ -113,7 +116,9 @@ def load_model(
     cls = get_model_class(config.architecture)
     files = safetensors_files(model_dir)
     with torch.device(device):
-        model = cls(config, torch_dtype, device, max_positions=max_positions, kernels=kernels)
+        model = cls(
+            config, torch_dtype, device, max_positions=max_positions, kernels=kernels, tp=tp
+        )
     with torch.no_grad():
         model.load_weights(iter_weights(files, progress))
         if quantization == "int8":

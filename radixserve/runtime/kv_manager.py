@@ -30,6 +30,7 @@ from radixserve.memory_pool import (
 )
 from radixserve.models.kernels import CpuKernels
 from radixserve.models.model_config import ModelConfig
+from radixserve.models.parallel import check_tp_shapes, local_num_kv_heads
 from radixserve.policy import Admission
 from radixserve.radix import NoPrefixCache, PrefixCache, RadixCache
 from radixserve.runtime.model_runner import cpu_kernels_for, model_dtype
@@ -38,7 +39,8 @@ from radixserve.types import Req
 
 @dataclass(frozen=True, slots=True)
 class KVLayout:
-    """What sizes the pools: the model's KV shape, the dtype, the device, the context length."""
+    """What sizes the pools: the model's KV shape (one tensor-parallel rank's KV heads), the
+    dtype, the device, the context length."""
 
     num_layers: int
     num_kv_heads: int
@@ -54,10 +56,11 @@ class KVLayout:
         if config.model_path is None:
             raise ValueError("the engine needs config.model_path (a local checkpoint directory)")
         mc = ModelConfig.from_dir(config.model_path)
+        check_tp_shapes(mc, config.tp_size)
         kernels = cpu_kernels if cpu_kernels is not None else cpu_kernels_for(config)
         return cls(
             mc.num_layers,
-            mc.num_kv_heads,
+            local_num_kv_heads(mc.num_kv_heads, config.tp_size),
             mc.head_dim,
             model_dtype(config, kernels),
             torch.device(config.device),

@@ -4,6 +4,10 @@ It is handed the :class:`KVCache` and the :class:`ReqToTokenPool` that the ``KVM
 (:meth:`KVManager.build`) and owns; it never allocates slots or rows, and reads
 ``req_to_token`` as the KVManager filled it before :meth:`ModelRunner.forward` (see
 :mod:`radixserve.models.forward_batch`).
+
+Under tensor parallelism the runner of rank 0 is handed the :class:`TensorParallelRanks` and
+sends each batch to the other ranks right before running it; their runners (``tp_worker.py``)
+are handed their :class:`TPGroup` and run what they receive.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from radixserve.models.attention.registry import create_attention_backend
 from radixserve.models.forward_batch import ForwardBatch
 from radixserve.models.kernels import TORCH_ONLY, CpuKernels
 from radixserve.models.loader import load_model, resolve_dtype
+from radixserve.models.parallel import SINGLE, TPGroup
+from radixserve.runtime.tp_batch import BatchSender
+from radixserve.runtime.tp_ranks import TensorParallelRanks
 
 PROMPT_LOGPROB_CHUNK = 256  # rows per lm_head call for prompt logprobs (~150 MB of fp32 logits)
 
@@ -63,8 +70,13 @@ class ModelRunner:
         kv_cache: KVCache,
         req_to_token_pool: ReqToTokenPool,
         cpu_kernels: CpuKernels | None = None,
+        *,
+        tp_ranks: TensorParallelRanks | None = None,
+        tp: TPGroup = SINGLE,
     ) -> None:
-        """``cpu_kernels``: what the KV pools were sized for (default: ``cpu_kernels_for``)."""
+        """``cpu_kernels``: what the KV pools were sized for (default: ``cpu_kernels_for``).
+        ``tp_ranks`` (rank 0 of a tensor-parallel model) or ``tp`` (another rank): which slice
+        of the model to load; default: all of it."""
         if config.model_path is None:
             raise ValueError("ModelRunner needs config.model_path (a local checkpoint directory)")
         if config.num_threads:
@@ -74,6 +86,9 @@ class ModelRunner:
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = model_dtype(config, cpu_kernels)
+        self.tp_ranks = tp_ranks
+        if tp_ranks is not None:
+            tp = tp_ranks.group
         self.model, self.model_config = load_model(
             config.model_path,
             self.dtype,
@@ -81,6 +96,7 @@ class ModelRunner:
             max_positions=config.max_context_len,
             kernels=cpu_kernels,
             quantization=config.quantization,
+            tp=tp,
         )
         if kv_cache.dtype != self.dtype or kv_cache.num_layers != self.model_config.num_layers:
             raise ValueError("the KV cache was not built for this model (dtype or layers differ)")
@@ -94,6 +110,20 @@ class ModelRunner:
             self.req_to_token_pool,
             cpu_kernels=cpu_kernels,
         )
+        self._sender: BatchSender | None = None
+        if tp_ranks is not None:
+            tp_ranks.wait_loaded()
+            self._sender = BatchSender(tp_ranks.control, req_to_token_pool, tp.timeout)
+
+    def check_alive(self) -> None:
+        """``RuntimeError`` if a tensor-parallel rank has exited (nothing to check without)."""
+        if self.tp_ranks is not None:
+            self.tp_ranks.check_alive()
+
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks, if any."""
+        if self.tp_ranks is not None:
+            self.tp_ranks.shutdown()
 
     @property
     def vocab_size(self) -> int:
@@ -105,6 +135,10 @@ class ModelRunner:
         on the last token of each request (plus the prompt rows whose logprobs were asked for)."""
         if max(batch.seq_lens_list) > self.max_context_len:
             raise ValueError(f"a sequence exceeds the context length {self.max_context_len}")
+        if self._sender is not None:  # the other ranks run the same batch
+            assert self.tp_ranks is not None
+            self.tp_ranks.check_alive()
+            self._sender.send(batch)
         self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch, self.attn_backend)  # [num_tokens, hidden]
         if batch.is_decode:

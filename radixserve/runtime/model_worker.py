@@ -63,6 +63,10 @@ class Worker(Protocol):
 
     def submit(self, batch: ScheduleBatch) -> Future[BatchResult]: ...
 
+    def check_alive(self) -> None:
+        """``RuntimeError`` if the model cannot run any more (a tensor-parallel rank died)."""
+        ...
+
     def shutdown(self) -> None: ...
 
 
@@ -99,9 +103,13 @@ class ModelWorker:
     def run(self, batch: ScheduleBatch) -> BatchResult:
         return self._run(batch, self._sampling_info(batch))
 
+    def check_alive(self) -> None:
+        self.runner.check_alive()
+
     def shutdown(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        self.runner.shutdown()
 
     # ---- internals -------------------------------------------------------------------------
     def _sampling_info(self, batch: ScheduleBatch) -> SamplingBatchInfo | None:

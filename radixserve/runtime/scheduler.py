@@ -28,6 +28,7 @@ from radixserve.runtime.model_worker import BatchResult, ModelWorker, Worker
 from radixserve.runtime.output_processor import check_finished, make_output
 from radixserve.runtime.schedule_batch import ScheduleBatch
 from radixserve.runtime.scheduler_stats import SchedulerStats
+from radixserve.runtime.tp_ranks import TensorParallelRanks
 from radixserve.types import FinishKind, FinishReason, Req
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,16 @@ class Scheduler:
             cpu_kernels = cpu_kernels_for(config)  # the dtype of pools and model depends on it
             kv = kv or KVManager.build(config, KVLayout.from_config(config, cpu_kernels))
             assert kv.kv_cache is not None, "a model worker needs the KV buffers"
-            runner = ModelRunner(config, kv.kv_cache, kv.req_to_token_pool, cpu_kernels)
+            # tensor parallel: the other ranks start now and load their slices beside ours
+            ranks = TensorParallelRanks.start(config) if config.tp_size > 1 else None
+            try:
+                runner = ModelRunner(
+                    config, kv.kv_cache, kv.req_to_token_pool, cpu_kernels, tp_ranks=ranks
+                )
+            except BaseException:
+                if ranks is not None:
+                    ranks.shutdown()
+                raise
             overlap = not config.disable_overlap_schedule
             worker = ModelWorker(runner, config.max_running_requests, overlap=overlap)
         if kv is None:
@@ -374,6 +384,10 @@ class Scheduler:
 
     def get_stats(self) -> dict[str, Any]:
         return self.stats.snapshot(self)
+
+    def check_alive(self) -> None:
+        """``RuntimeError`` if the model cannot run any more (a tensor-parallel rank died)."""
+        self.worker.check_alive()
 
     def shutdown(self) -> None:
         self.worker.shutdown()

@@ -73,7 +73,10 @@ class SchedulerLoop:
 
     def run_once(self, idle_timeout_ms: int) -> None:
         timeout = 0 if self.scheduler.has_work else idle_timeout_ms
-        for msg in recv_all(self.recv, timeout):
+        msgs = recv_all(self.recv, timeout)
+        if not msgs and not self.scheduler.has_work:
+            self.scheduler.check_alive()  # idle: a dead tensor-parallel rank still ends us now
+        for msg in msgs:
             self.handle(msg)
         if self.scheduler.has_work:
             self.outbox.extend(self.scheduler.step())

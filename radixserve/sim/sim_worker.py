@@ -53,6 +53,9 @@ class SimWorker:
     def submit(self, batch: ScheduleBatch) -> Future[BatchResult]:
         raise NotImplementedError("the simulator runs the scheduler without overlap")
 
+    def check_alive(self) -> None:
+        pass  # nothing runs that could die
+
     def shutdown(self) -> None:
         pass
 

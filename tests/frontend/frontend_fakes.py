@@ -71,6 +71,9 @@ class FakeBackend:
     def flush_cache(self) -> bool:
         return True
 
+    def check_alive(self) -> None:
+        pass
+
     def shutdown(self) -> None:
         pass
 

@@ -71,6 +71,9 @@ class FakeWorker:
         processed the batch before (whose sampled tokens a real decode reads on the device)."""
         return _Deferred(lambda: self.run(batch))
 
+    def check_alive(self) -> None:
+        pass
+
     def shutdown(self) -> None:
         pass
 

@@ -1,0 +1,107 @@
+"""The process of a tensor-parallel rank other than 0: its slice of the model, nothing else.
+
+No scheduler, radix tree or allocator here: rank 0 decides everything and broadcasts each
+step's batch (``tp_batch.py``); this rank writes the ``req_to_token`` rows it is sent into its
+own table, runs the same forward over its own KV pool (its KV heads, the same number of slots
+as rank 0's) and takes part in the collectives. The logits it gathers are dropped: rank 0
+samples.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+from multiprocessing.connection import Connection
+from types import FrameType
+
+import torch.distributed as dist
+
+from radixserve.config import EngineConfig
+from radixserve.memory_pool import KVCache, ReqToTokenPool
+from radixserve.runtime.kv_manager import KVLayout, num_kv_slots
+from radixserve.runtime.model_runner import ModelRunner, cpu_kernels_for
+from radixserve.runtime.tp_batch import BatchReceiver
+from radixserve.runtime.tp_ranks import (
+    JOINING,
+    LOADED,
+    STARTUP_TIMEOUT_S,
+    make_groups,
+    rank_config,
+)
+
+logger = logging.getLogger(__name__)
+_LOG_FORMAT = "%(asctime)s %(levelname)s [%(processName)s] %(name)s: %(message)s"
+
+
+def run_tp_worker(
+    config: EngineConfig, rank: int, store_port: int, ready: Connection, parent_pid: int
+) -> None:
+    """Process entry point: join the groups, load this rank's slice, then run every batch rank
+    0 sends until it says stop (exit 0) or is gone (exit 1)."""
+    logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT)
+    # Ctrl-C reaches rank 0, which stops this rank; SIGTERM (from rank 0) exits cleanly
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    # tqdm (the weight-loading bar) would make a multiprocessing lock whose semaphore _exit()
+    # cannot release
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
+    config = rank_config(config, rank)
+    ready.send(JOINING)
+    store = dist.TCPStore(
+        "127.0.0.1",
+        store_port,
+        config.tp_size,
+        is_master=False,
+        timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
+    )
+    groups = make_groups(config, rank, store)
+    try:
+        kernels = cpu_kernels_for(config)
+        layout = KVLayout.from_config(config, kernels)
+        kv_cache = KVCache(
+            layout.num_layers,
+            num_kv_slots(config, layout),
+            layout.num_kv_heads,
+            layout.head_dim,
+            layout.dtype,
+            layout.device,
+        )
+        rows = ReqToTokenPool(config.max_running_requests, layout.max_context_len, layout.device)
+        runner = ModelRunner(config, kv_cache, rows, kernels, tp=groups.group)
+    except Exception:
+        ready.send(traceback.format_exc())
+        _exit(1)
+    ready.send(LOADED)
+    ready.close()
+    receiver = BatchReceiver(groups.control, rows, runner.device)
+    code = 0
+    try:
+        while (batch := receiver.recv()) is not None:
+            runner.forward(batch)
+    except SystemExit:
+        pass
+    except BaseException as exc:
+        gone = os.getppid() != parent_pid
+        why = "rank 0 is gone" if gone else f"{type(exc).__name__}: {exc}"
+        logger.error("tensor-parallel rank %d stops: %s", rank, why)
+        code = 1
+    _exit(code)
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _exit(code: int) -> None:
+    """Leave now: the interpreter's teardown with torch and gloo loaded takes seconds."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
