@@ -101,6 +101,8 @@ class OpenAIServing:
                     requests.append(self.tm.validator.check(request))
                 except ValueError as exc:
                     param = _param_of(str(exc), max_tokens_param, prompt_param)
+                    if param is None and grammar:  # a grammar the engine cannot compile
+                        param = grammar_param(body)
                     raise APIError(str(exc), param=param) from None
         return requests
 
