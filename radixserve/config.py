@@ -111,7 +111,10 @@ class ServerConfig:
     """What ``radixserve serve`` chooses beyond the engine: where to listen, who may call.
 
     ``served_model_name`` is the name ``/v1/models`` lists and the OpenAI routes accept (the
-    model path is accepted too); ``None``: the model directory's name. ``is_default_model``
+    model path and the directory's name are accepted too); ``None``: the model path as given,
+    as SGLang does (clients such as SGLang's ``bench_serving`` load the tokenizer from it).
+    ``tool_call_parser``: the tool-call format of the chat route's ``tool_choice=auto``
+    (``qwen25``, ``llama3``); ``None``: the one the chat template teaches. ``is_default_model``
     marks the embedded random-weight smoke-test model, so the log and ``/v1/models`` say so.
     """
 
@@ -120,6 +123,7 @@ class ServerConfig:
     port: int = 30000
     api_key: str | None = None
     served_model_name: str | None = None
+    tool_call_parser: str | None = None
     is_default_model: bool = False
     log_level: str = "info"
     startup_timeout_s: float = 600.0  # loading the model in the scheduler process
@@ -152,7 +156,7 @@ class ServerConfig:
         if self.is_default_model:
             return DEFAULT_MODEL_NAME
         assert self.engine.model_path is not None
-        return os.path.basename(os.path.normpath(self.engine.model_path))
+        return self.engine.model_path
 
 
 def default_model_dir() -> str:

@@ -1,7 +1,8 @@
 """The FastAPI application: routes over a :class:`TokenizerManager`.
 
 Routes: ``/generate`` (SGLang native), ``/v1/completions``, ``/v1/chat/completions``,
-``/v1/models``, ``/health``, ``/get_model_info``, ``/get_server_info``, ``/get_load``,
+``/v1/models``, ``/health``, ``/health_generate`` (one token end to end),
+``/get_model_info`` = ``/model_info``, ``/get_server_info`` = ``/server_info``, ``/get_load``,
 ``/flush_cache``, ``/abort_request``, ``/metrics``, the cache page (``/dashboard``,
 ``/cache_tree``: ``api/dashboard.py``), and the docs (``/docs``, ``/redoc``,
 ``/openapi.json``) unless ``disable_docs``. With an API key, every path but ``/health`` needs
@@ -11,10 +12,9 @@ the body).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import dataclasses
 import logging
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,26 +22,28 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from radixserve.api import server_info
 from radixserve.api.dashboard import dashboard_router
 from radixserve.api.errors import APIError, install_error_handlers
 from radixserve.api.guard import RequestGuard
 from radixserve.api.metrics import ServingMetrics
 from radixserve.api.openapi import ROUTE_RESPONSES, install_openapi
-from radixserve.api.protocol import (
-    AbortReqInput,
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerateReqInput,
-)
+from radixserve.api.protocol import AbortReqInput, GenerateReqInput
+from radixserve.api.protocol_openai import ChatCompletionRequest, CompletionRequest
 from radixserve.api.responses import ModelCard, ModelList, dump
 from radixserve.api.serving_chat import ChatServing
 from radixserve.api.serving_completions import CompletionServing
 from radixserve.api.serving_native import NativeServing
+from radixserve.api.streaming import collect_all, open_requests
 from radixserve.config import ServerConfig
 from radixserve.runtime.default_model import DESCRIPTION as DEFAULT_MODEL_DESCRIPTION
+from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.tokenizer_manager import TokenizerManager
+from radixserve.types import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+HEALTH_GENERATE_TIMEOUT_S = 20.0
 
 
 class JSONBodyMiddleware:
@@ -81,6 +83,7 @@ def create_app(
         RequestGuard, api_key=config.api_key, max_request_bytes=config.max_request_bytes
     )
     install_error_handlers(app)
+    meter = server_info.ThroughputMeter()
     native = NativeServing(tm)
     completions = CompletionServing(tm, config)
     chat = ChatServing(tm, config)
@@ -116,36 +119,33 @@ def create_app(
         return dump(ModelList(data=[card]))
 
     @router.get("/get_model_info")
+    @router.get("/model_info")
     async def get_model_info() -> dict[str, Any]:
-        return {
-            "model_path": config.engine.model_path,
-            "tokenizer_path": config.engine.model_path,
-            "served_model_name": config.model_name,
-            "is_generation": True,
-            "is_smoke_test_model": config.is_default_model,
-            "max_context_len": tm.info.max_context_len,
-            "vocab_size": tm.info.vocab_size,
-            "eos_token_ids": list(tm.info.eos_token_ids),
-        }
+        return server_info.get_model_info(tm, config)
 
     @router.get("/get_server_info")
+    @router.get("/server_info")
     async def get_server_info() -> dict[str, Any]:
-        info = await tm.get_server_info(check_integrity=True)
-        metrics.update_scheduler_stats(info["stats"])
-        engine = dataclasses.asdict(config.engine)
-        server = {k: v for k, v in dataclasses.asdict(config).items() if k != "engine"}
-        server["api_key"] = None if config.api_key is None else "***"
-        return {
-            **engine,
-            **server,
-            "served_model_name": config.model_name,
-            "max_total_tokens": tm.info.max_total_tokens,
-            "scheduler": info["stats"],
-            "integrity_ok": info.get("integrity_ok"),
-            "integrity_error": info.get("integrity_error"),
-            "num_pending_http_requests": len(tm.states),
-            "pids": {"http": os.getpid(), **tm.child_pids()},
-        }
+        info = await server_info.get_server_info(tm, config, meter)
+        metrics.update_scheduler_stats(info["scheduler"])
+        return info
+
+    @router.get("/health_generate", responses=ROUTE_RESPONSES["empty"])
+    async def health_generate() -> Response:
+        """SGLang's deep health check: one token generated end to end (503 otherwise)."""
+        if not tm.is_alive:
+            raise APIError(f"unhealthy: {tm.dead_reason}".splitlines()[0], 503, "server_error")
+        request = GenerateRequest(
+            rid=f"health-{tm.new_rid()}",
+            input_ids=await tm.prompts.tokenize("Hello"),
+            sampling_params=SamplingParams(max_new_tokens=1, temperature=0.0),
+        )
+        try:
+            group = await open_requests(tm, [tm.validator.check(request)], None)
+            await asyncio.wait_for(collect_all(group, [request]), HEALTH_GENERATE_TIMEOUT_S)
+        except Exception as exc:
+            raise APIError(f"unhealthy: {exc!r}".splitlines()[0], 503, "server_error") from None
+        return Response(status_code=200)
 
     @router.get("/get_load")
     async def get_load() -> dict[str, Any]:

@@ -111,7 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--served-model-name",
         default=None,
         help="the model name /v1/models lists and the OpenAI routes accept "
-        "(default: the model directory's name)",
+        "(default: the model path as given, as SGLang does)",
+    )
+    add(
+        "--tool-call-parser",
+        choices=("qwen25", "llama3"),
+        default=None,
+        help="the tool-call format parsed for tool_choice=auto (default: the one the chat "
+        "template teaches)",
     )
     _add_limit_flags(serve)
     add(
@@ -204,6 +211,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         port=args.port,
         api_key=args.api_key,
         served_model_name=args.served_model_name,
+        tool_call_parser=args.tool_call_parser,
         is_default_model=is_default,
         log_level=args.log_level,
         max_request_bytes=args.max_request_bytes,

@@ -17,6 +17,7 @@ Status codes:
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -91,13 +92,26 @@ def error_response(exc: BaseException) -> JSONResponse:
     )
 
 
+# a union's branch that the value does not even have the type of: noise beside the real error
+_WRONG_BRANCH = {"model_type", "list_type", "dict_type", "model_attributes_type"}
+
+
+def _loc(error: dict[str, Any]) -> str | None:
+    """A field's dotted path, without ``body`` and pydantic's union branch tags."""
+    parts = [
+        str(p) for p in error.get("loc", ()) if p != "body" and not re.search(r"[\[(]", str(p))
+    ]
+    return ".".join(parts) or None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
+    errors = list(exc.errors())
     if not errors:
         return "invalid request", None
+    real = [e for e in errors if e.get("type") not in _WRONG_BRANCH]
+    errors = real or errors
     first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(loc) or None
+    param = _loc(first)
     msg = str(first.get("msg", "invalid value"))
     if first.get("type") == "json_invalid":
         return f"malformed JSON body: {msg}", None
@@ -105,6 +119,14 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         if param is None:  # the body itself
             return "the request body is missing: send a JSON object", None
         return f"missing required field: {param}", param
+    if first.get("type") == "extra_forbidden":
+        unknown = [str(_loc(e)) for e in errors if e.get("type") == "extra_forbidden"]
+        return f"unknown field{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}", param
+    if first.get("type") == "value_error":  # a model's own check: its message says it all
+        msg = msg.removeprefix("Value error, ")
+        field = getattr(first.get("ctx", {}).get("error"), "param", None)
+        if isinstance(field, str):  # the field it names (UnsupportedField)
+            param = f"{param}.{field}" if param else field
     extra = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
     return (f"{param}: {msg}" if param else msg) + extra, param
 

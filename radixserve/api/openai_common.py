@@ -15,7 +15,7 @@ from typing import Any
 
 from radixserve.api.errors import APIError
 from radixserve.api.limits import check_stop_strings, check_sub_requests
-from radixserve.api.protocol import OpenAISamplingFields
+from radixserve.api.protocol_openai import OpenAISamplingFields
 from radixserve.api.responses import (
     ChatLogprobs,
     ChatTokenLogprob,
@@ -37,7 +37,12 @@ class OpenAIServing:
         self.tm = tm
         self.model_name = config.model_name
         path = config.engine.model_path or ""
-        self.accepted_names = {self.model_name, path, os.path.normpath(path)}
+        self.accepted_names = {
+            self.model_name,
+            path,
+            os.path.normpath(path),
+            os.path.basename(os.path.normpath(path)),
+        }
 
     def check_model(self, model: str | None) -> None:
         """``None`` (the field left out) means the served model, as in vLLM."""
@@ -52,8 +57,6 @@ class OpenAIServing:
     def check_common(self, body: OpenAISamplingFields, num_prompts: int, prompt_param: str) -> None:
         """What both routes refuse before any tokenizing: unsupported fields, and requests
         past the server's bounds (prompts x n, stop strings)."""
-        if body.logit_bias:
-            raise APIError("logit_bias is not supported", param="logit_bias")
         limits = self.tm.config
         check_sub_requests(num_prompts, body.n, limits.max_batch_sub_requests, prompt_param)
         check_stop_strings(body.stop, limits.max_stop_strings)
@@ -68,11 +71,18 @@ class OpenAIServing:
         default_max_tokens: Callable[[int], int],
         top_logprobs: int | None,
         prompt_param: str = "prompt",
+        grammar: dict[str, str] | None = None,
     ) -> list[GenerateRequest]:
         """``n`` requests per prompt, choice index ``i * n + j``; ``top_logprobs`` None: no
-        logprobs. Raises APIError (400) for a bad value."""
+        logprobs; ``grammar``: the output's constraint (None: the body's own, e.g.
+        ``response_format``). Raises APIError (400) for a bad value."""
         if max_tokens is not None and max_tokens < 0:
             raise APIError(f"{max_tokens_param} must be >= 0", param=max_tokens_param)
+        if grammar is None:
+            try:
+                grammar = body.grammar()
+            except ValueError as exc:
+                raise APIError(str(exc), param=grammar_param(body)) from None
         requests = []
         for i, ids in enumerate(prompts):
             max_new = max_tokens if max_tokens is not None else default_max_tokens(len(ids))
@@ -80,7 +90,7 @@ class OpenAIServing:
                 request = GenerateRequest(
                     rid=f"{base_id}-{i * body.n + j}",
                     input_ids=ids,
-                    sampling_params=body.to_sampling_params(max_new),
+                    sampling_params=body.to_sampling_params(max_new, grammar),
                     priority=body.priority,
                     return_logprob=top_logprobs is not None,
                     top_logprobs_num=top_logprobs or 0,
@@ -91,6 +101,8 @@ class OpenAIServing:
                     requests.append(self.tm.validator.check(request))
                 except ValueError as exc:
                     param = _param_of(str(exc), max_tokens_param, prompt_param)
+                    if param is None and grammar:  # a grammar the engine cannot compile
+                        param = grammar_param(body)
                     raise APIError(str(exc), param=param) from None
         return requests
 
@@ -170,6 +182,14 @@ def _param_of(message: str, max_tokens_param: str, prompt_param: str) -> str | N
     ):
         if key in message:
             return param
+    return None
+
+
+def grammar_param(body: OpenAISamplingFields) -> str | None:
+    """The field a body's grammar comes from (the ``param`` of its 400)."""
+    for name in ("response_format", "json_schema", "regex", "ebnf"):
+        if getattr(body, name) is not None:
+            return name
     return None
 
 

@@ -1,18 +1,19 @@
-"""Request bodies: SGLang's native ``/generate`` and OpenAI's completions and chat completions.
+"""Request bodies of SGLang's native ``/generate`` (OpenAI's: :mod:`radixserve.api.protocol_openai`).
 
-Unknown top-level fields are ignored (as OpenAI-compatible servers do); native
-``sampling_params`` are strict (an unknown key is a 400, never silently dropped). Bad types and
-missing fields (and NaN or infinite floats) surface as FastAPI validation errors, which :mod:`radixserve.api.errors` turns
-into 400s in OpenAI's error shape. Range checks of sampling values live in
+Strict: an unknown field is a 400 naming it, never silently dropped; SGLang's fields that
+radixserve does not implement are accepted at their default and refused when set. Bad types
+and missing fields (and NaN or infinite floats) surface as FastAPI validation errors, which
+:mod:`radixserve.api.errors` turns into 400s in OpenAI's error shape. Range checks of sampling values live in
 ``SamplingParams.validate`` (one place for the native and the OpenAI routes).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
+from radixserve.api.structured import grammar_fields, json_schema_string
 from radixserve.types import SamplingParams
 
 # ---- native (SGLang) -----------------------------------------------------------------------
@@ -20,7 +21,11 @@ from radixserve.types import SamplingParams
 
 class NativeSamplingParams(BaseModel):
     """SGLang's ``sampling_params``; ``max_new_tokens`` None: the server default (128),
-    clipped to the context left."""
+    clipped to the context left.
+
+    Strict as SGLang is: an unknown key is a 400 naming it. Every key SGLang's clients send
+    is known; those radixserve does not implement (:data:`NATIVE_UNSUPPORTED`) are accepted
+    at their default (null, false, ...) and refused with a 400 naming them when set."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -37,12 +42,32 @@ class NativeSamplingParams(BaseModel):
     ignore_eos: bool = False
     seed: int | None = Field(None, validation_alias=AliasChoices("seed", "sampling_seed"))
     skip_special_tokens: bool = True
-    n: Literal[1] = 1
-    min_new_tokens: Literal[0] = 0
-    no_stop_trim: Literal[False] = False
-    spaces_between_special_tokens: bool = True  # accepted, not used
+    spaces_between_special_tokens: bool = True  # accepted, not used: fast tokenizers ignore it
+    regex: str | None = None
+    json_schema: str | dict[str, Any] | None = None
+    ebnf: str | None = None
+    # known to SGLang, not implemented here: a 400 when set (see NATIVE_UNSUPPORTED)
+    n: int = 1
+    min_new_tokens: int = 0
+    no_stop_trim: bool = False
+    structural_tag: str | dict[str, Any] | None = None
+    stop_regex: str | list[str] | None = None
+    custom_params: dict[str, Any] | None = None
+    logit_bias: dict[str, float] | None = None
+    stream_interval: int | None = None
+    lora_path: str | None = None
+    return_hidden_states: bool = False
+    dtype: str | None = None
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> NativeSamplingParams:
+        refuse_set_fields(self, NATIVE_UNSUPPORTED)
+        return self
 
     def to_sampling_params(self, max_new_tokens: int) -> SamplingParams:
+        grammar = grammar_fields(
+            self.regex, json_schema_string(self.json_schema, "json_schema"), self.ebnf
+        )
         return SamplingParams(
             max_new_tokens=max_new_tokens,
             temperature=self.temperature,
@@ -52,28 +77,118 @@ class NativeSamplingParams(BaseModel):
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
             repetition_penalty=self.repetition_penalty,
-            stop=_stop_list(self.stop),
+            stop=stop_list(self.stop),
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
             seed=self.seed,
             skip_special_tokens=self.skip_special_tokens,
+            **grammar,  # type: ignore[arg-type]
+        )
+
+
+NATIVE_UNSUPPORTED: dict[str, Any] = {
+    "n": 1,
+    "min_new_tokens": 0,
+    "no_stop_trim": False,
+    "structural_tag": None,
+    "stop_regex": None,
+    "custom_params": None,
+    "logit_bias": None,
+    "stream_interval": None,
+    "lora_path": None,
+    "return_hidden_states": False,
+    "dtype": None,
+}
+
+
+class UnsupportedField(ValueError):
+    """A field radixserve knows but does not implement, set: ``param`` names it (the 400's
+    ``param``)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def refuse_set_fields(model: BaseModel, defaults: dict[str, Any], where: str = "") -> None:
+    """:class:`UnsupportedField` naming every field of ``defaults`` that ``model`` sets to anything but
+    its default (an empty list or dict counts as unset)."""
+    set_fields = [
+        name
+        for name, default in defaults.items()
+        if (value := getattr(model, name)) != default and value not in ([], {}, None)
+    ]
+    if set_fields:
+        names = ", ".join(set_fields)
+        verb, it = ("is", "it") if len(set_fields) == 1 else ("are", "them")
+        prefix = f"{where}: " if where else ""
+        raise UnsupportedField(
+            f"{prefix}{names} {verb} not supported by radixserve (leave {it} unset)", set_fields[0]
         )
 
 
 class GenerateReqInput(BaseModel):
     """``/generate``: ``text`` or ``input_ids``, one prompt or a batch; per-item fields may be
-    lists of the batch's length."""
+    lists of the batch's length. Strict: an unknown field is a 400; SGLang's fields that
+    radixserve does not implement are accepted at their default (:data:`GENERATE_UNSUPPORTED`)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: NativeSamplingParams | list[NativeSamplingParams] | None = None
     stream: bool = False
-    return_logprob: bool | list[bool] = False
-    logprob_start_len: int | list[int] = -1
-    top_logprobs_num: int | list[int] = 0
+    return_logprob: bool | list[bool] | None = False
+    logprob_start_len: int | list[int] | None = -1
+    top_logprobs_num: int | list[int] | None = 0
     return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
     priority: int | list[int] | None = None
+    log_metrics: bool = True  # accepted: every request is counted
+    # SGLang's, not implemented here: a 400 when set
+    image_data: Any = None
+    audio_data: Any = None
+    video_data: Any = None
+    input_embeds: Any = None
+    modalities: list[str] | None = None
+    lora_path: str | list[str | None] | None = None
+    session_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    custom_logit_processor: str | list[str | None] | None = None
+    return_hidden_states: bool | list[bool] = False
+    token_ids_logprob: list[int] | list[list[int]] | None = None
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int | None] | None = None
+    bootstrap_room: int | list[int] | None = None
+    data_parallel_rank: int | None = None
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> GenerateReqInput:
+        if isinstance(self.lora_path, list) and not any(self.lora_path):
+            self.lora_path = None  # SGLang's clients send [None] * batch
+        if isinstance(self.custom_logit_processor, list) and not any(self.custom_logit_processor):
+            self.custom_logit_processor = None
+        if isinstance(self.return_hidden_states, list) and not any(self.return_hidden_states):
+            self.return_hidden_states = False
+        refuse_set_fields(self, GENERATE_UNSUPPORTED, "/generate")
+        return self
+
+
+GENERATE_UNSUPPORTED: dict[str, Any] = {
+    "image_data": None,
+    "audio_data": None,
+    "video_data": None,
+    "input_embeds": None,
+    "modalities": None,
+    "lora_path": None,
+    "session_params": None,
+    "custom_logit_processor": None,
+    "return_hidden_states": False,
+    "token_ids_logprob": None,
+    "bootstrap_host": None,
+    "bootstrap_port": None,
+    "bootstrap_room": None,
+    "data_parallel_rank": None,
+}
 
 
 class AbortReqInput(BaseModel):
@@ -81,101 +196,7 @@ class AbortReqInput(BaseModel):
     abort_all: bool = False
 
 
-# ---- OpenAI --------------------------------------------------------------------------------
-
-
-class StreamOptions(BaseModel):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
-
-
-class OpenAISamplingFields(BaseModel):
-    """What completions and chat completions share, with vLLM/SGLang-style extensions
-    (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``, ...)."""
-
-    model_config = ConfigDict(allow_inf_nan=False)  # NaN and inf are 400s, never sampled with
-
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int = Field(1, ge=1, le=128)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
-    user: str | None = None
-    logit_bias: dict[str, float] | None = None
-    top_k: int = -1
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool = True
-    priority: int = 0
-
-    def to_sampling_params(self, max_new_tokens: int) -> SamplingParams:
-        return SamplingParams(
-            max_new_tokens=max_new_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            presence_penalty=self.presence_penalty or 0.0,
-            repetition_penalty=self.repetition_penalty,
-            stop=_stop_list(self.stop),
-            stop_token_ids=list(self.stop_token_ids or []),
-            ignore_eos=self.ignore_eos,
-            seed=self.seed,
-            skip_special_tokens=self.skip_special_tokens,
-        )
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
-
-
-class CompletionRequest(OpenAISamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)
-    best_of: int | None = None
-    suffix: str | None = None
-
-
-class TextContentPart(BaseModel):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextContentPart] | None = None
-    name: str | None = None
-
-    def to_template_dict(self) -> dict[str, Any]:
-        """The message as chat templates read it: content always a string."""
-        if isinstance(self.content, list):
-            content = "".join(part.text for part in self.content)
-        else:
-            content = self.content or ""
-        out: dict[str, Any] = {"role": self.role, "content": content}
-        if self.name is not None:
-            out["name"] = self.name
-        return out
-
-
-class ChatCompletionRequest(OpenAISamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-
-
-def _stop_list(stop: str | list[str] | None) -> list[str]:
+def stop_list(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
     return [stop] if isinstance(stop, str) else list(stop)

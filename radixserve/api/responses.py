@@ -69,7 +69,8 @@ class ChatLogprobs(BaseModel):
 
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None  # OpenAI's shape (ParsedCall.to_openai)
 
 
 class ChatChoice(BaseModel):
@@ -91,6 +92,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # with each call's ``index``
 
 
 class ChatStreamChoice(BaseModel):

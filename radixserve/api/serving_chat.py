@@ -1,7 +1,10 @@
 """``/v1/chat/completions``: the tokenizer's chat template, stream and non-stream.
 
-Streaming, per choice: a first chunk with ``delta.role``, content chunks, then one finish chunk
-with an empty delta and the ``finish_reason``; with ``stream_options.include_usage`` a last
+Tools (``api/chat_tools.py``): an output's tool calls come back as ``message.tool_calls`` with
+``finish_reason`` ``tool_calls``. Streaming, per choice: a first chunk with ``delta.role``,
+content chunks (text that may start a tool call is held back), one chunk per tool call (with
+its ``index``, name and whole arguments), then one finish chunk with an empty delta and the
+``finish_reason``; with ``stream_options.include_usage`` a last
 chunk with empty ``choices`` and the usage; then ``data: [DONE]``.
 """
 
@@ -12,9 +15,10 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from radixserve.api.chat_tools import ToolPlan, plan_tools
 from radixserve.api.errors import APIError, error_body, to_api_error
-from radixserve.api.openai_common import OpenAIServing, choice_logprob_slices
-from radixserve.api.protocol import ChatCompletionRequest
+from radixserve.api.openai_common import OpenAIServing, choice_logprob_slices, grammar_param
+from radixserve.api.protocol_openai import ChatCompletionRequest
 from radixserve.api.responses import (
     ChatChoice,
     ChatCompletionChunk,
@@ -34,12 +38,21 @@ from radixserve.api.streaming import (
     open_requests,
     sse,
 )
+from radixserve.api.tool_calls import detect_parser
+from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.result import RequestResult
-from radixserve.server.tokenizer_manager import ClientDisconnected
+from radixserve.server.tokenizer_manager import ClientDisconnected, TokenizerManager
 
 
 class ChatServing(OpenAIServing):
+    def __init__(self, tm: TokenizerManager, config: ServerConfig) -> None:
+        super().__init__(tm, config)
+        template = getattr(tm.prompts.tokenizer, "chat_template", None)
+        self.tool_call_parser = config.tool_call_parser or detect_parser(
+            template if isinstance(template, str) else None
+        )
+
     async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(body.model)
         self.check_common(body, 1, "n")
@@ -49,8 +62,15 @@ class ChatServing(OpenAIServing):
         if max_tokens is None:
             max_tokens, param = body.max_tokens, "max_tokens"
         try:
+            plan = plan_tools(body, self.tool_call_parser)
+        except ValueError as exc:
+            where = "tool_choice" if body.tools else grammar_param(body)
+            raise APIError(str(exc), param=where) from None
+        try:
             prompt = await self.tm.prompts.apply_chat_template(
-                [m.to_template_dict() for m in body.messages]
+                [m.to_template_dict() for m in body.messages],
+                tools=plan.tools,
+                **(body.chat_template_kwargs or {}),
             )
         except ValueError as exc:
             raise APIError(str(exc), param="messages") from None
@@ -72,20 +92,29 @@ class ChatServing(OpenAIServing):
             lambda prompt_len: max(ctx - prompt_len, 0),
             top,
             prompt_param="messages",
+            grammar=plan.grammar,
         )
         group = await open_requests(self.tm, requests, raw.is_disconnected)
         if body.stream:
-            return SSEResponse(self._stream(base_id, body, group, requests), on_close=group.aclose)
-        results = await collect_all(group, requests)
-        choices = [
-            ChatChoice(
-                index=i,
-                message=ChatMessageOut(content=r.text),
-                logprobs=self._logprobs(body, r, 0),
-                finish_reason=self.finish_reason(r.finish_reason),
+            return SSEResponse(
+                self._stream(base_id, body, plan, group, requests), on_close=group.aclose
             )
-            for i, r in enumerate(results)
-        ]
+        results = await collect_all(group, requests)
+        choices = []
+        for i, r in enumerate(results):
+            content, calls = plan.parse(r.text)
+            message = ChatMessageOut(
+                content=content, tool_calls=[c.to_openai() for c in calls] or None
+            )
+            finish = self.finish_reason(r.finish_reason)
+            choices.append(
+                ChatChoice(
+                    index=i,
+                    message=message,
+                    logprobs=self._logprobs(body, r, 0),
+                    finish_reason="tool_calls" if calls else finish,
+                )
+            )
         response = ChatCompletionResponse(
             id=base_id, model=self.model_name, choices=choices, usage=self.usage(results, body.n)
         )
@@ -102,11 +131,13 @@ class ChatServing(OpenAIServing):
         self,
         base_id: str,
         body: ChatCompletionRequest,
+        plan: ToolPlan,
         group: OpenRequests,
         requests: list[GenerateRequest],
     ) -> AsyncIterator[str]:
         created = self.created()
         results = [RequestResult(r) for r in requests]
+        streams = [plan.stream() for _ in requests]
 
         def chunk(choice: ChatStreamChoice | None, usage: UsageInfo | None = None) -> str:
             data = ChatCompletionChunk(
@@ -131,14 +162,21 @@ class ChatServing(OpenAIServing):
                 start = len(result.output_ids)
                 result.add(out)
                 logprobs = self._logprobs(body, result, start)
-                if out.text or logprobs is not None:
-                    delta = DeltaMessage(content=out.text)
+                text = streams[i].feed(out.text)
+                if text or logprobs is not None:
+                    delta = DeltaMessage(content=text or None)
                     yield chunk(ChatStreamChoice(index=i, delta=delta, logprobs=logprobs))
                 finish = self.finish_reason(out.output.finish_reason)
-                if finish is not None:
-                    yield chunk(
-                        ChatStreamChoice(index=i, delta=DeltaMessage(), finish_reason=finish)
-                    )
+                if finish is None:
+                    continue
+                text, calls = streams[i].finish()
+                if text:
+                    yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(content=text)))
+                for k, call in enumerate(calls):  # each call whole, in OpenAI's delta shape
+                    delta = DeltaMessage(tool_calls=[call.to_openai(k)])
+                    yield chunk(ChatStreamChoice(index=i, delta=delta))
+                finish = "tool_calls" if calls else finish
+                yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(), finish_reason=finish))
             if body.include_usage:
                 yield chunk(None, self.usage(results, body.n))
         except ClientDisconnected:

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from radixserve.api.errors import APIError, error_body, to_api_error
 from radixserve.api.limits import num_prompts_of
 from radixserve.api.openai_common import OpenAIServing, choice_logprob_slices
-from radixserve.api.protocol import CompletionRequest
+from radixserve.api.protocol_openai import CompletionRequest
 from radixserve.api.responses import (
     CompletionChoice,
     CompletionResponse,

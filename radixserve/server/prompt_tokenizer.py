@@ -38,13 +38,22 @@ class PromptTokenizer:
             return await asyncio.to_thread(self._encode, text, add_special_tokens)
         return self._encode(text, add_special_tokens)
 
-    async def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The prompt ids of ``messages`` through the tokenizer's chat template, with the
-        assistant generation prompt appended. ``ValueError`` if the model has no template."""
+    async def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> list[int]:
+        """The prompt ids of ``messages`` (and ``tools``, OpenAI's tool definitions) through
+        the tokenizer's chat template, with the assistant generation prompt appended;
+        ``template_kwargs`` go to the template (``chat_template_kwargs``). ``ValueError`` if
+        the model has no template."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model has no chat template; use /v1/completions")
+        template_kwargs.pop("add_generation_prompt", None)  # always on: the reply follows
+        template_kwargs.pop("tokenize", None)
         text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
+            messages, tools=tools, add_generation_prompt=True, tokenize=False, **template_kwargs
         )
         # the template writes any BOS itself: no special tokens on top
         return await self.tokenize(str(text), add_special_tokens=False)

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 from serving_harness import Server, start_server, stop_server, write_api_model
+from tool_template import write_tools_model
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +45,36 @@ def openai_client(server: Server):  # type: ignore[no-untyped-def]
     import openai
 
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def tools_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: object) -> Path:
+    """The servers' tiny model with a Qwen2.5-style template that renders tools."""
+    return write_tools_model(tmp_path_factory.mktemp("tools-model") / "tiny-tools", tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def compat_server(
+    tools_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """A server on :func:`tools_model_dir` (SGLang compatibility, tools, structured output)."""
+    log = tmp_path_factory.mktemp("compat-log") / "server.log"
+    srv = start_server(["--model", str(tools_model_dir), "--max-total-tokens", "32768"], log)
+    try:
+        yield srv
+    finally:
+        assert stop_server(srv) == 0, srv.log()[-4000:]
+        assert "Traceback" not in srv.log(), srv.log()[-6000:]
+
+
+@pytest.fixture
+def http(compat_server: Server) -> Iterator[httpx.Client]:
+    with compat_server.client() as c:
+        yield c
+
+
+@pytest.fixture
+def oai(compat_server: Server):  # type: ignore[no-untyped-def]
+    import openai
+
+    return openai.OpenAI(base_url=f"{compat_server.url}/v1", api_key="unused", max_retries=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,9 +20,13 @@ def sse_events(response: httpx.Response) -> list[Any]:
     return [json.loads(p) for p in payloads[:-1]]
 
 
-def test_models_lists_the_served_model(server: Server, openai_client: Any) -> None:
+def test_models_lists_the_served_model(
+    server: Server, openai_client: Any, api_model_dir: Path
+) -> None:
+    """The model id is the path as given, as SGLang reports it (clients load the tokenizer
+    from it)."""
     models = openai_client.models.list().data
-    assert len(models) == 1 and models[0].id == model_name(server) == "tiny-llama"
+    assert len(models) == 1 and models[0].id == model_name(server) == str(api_model_dir)
 
 
 def test_completion_non_stream_usage(openai_client: Any, server: Server) -> None:

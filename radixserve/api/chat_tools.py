@@ -1,0 +1,130 @@
+"""A chat request's tools as one plan: what the template renders, what grammar constrains the
+output, and how the output turns back into ``tool_calls`` (whole, or as a stream).
+
+``tool_choice`` (default ``auto`` when ``tools`` are given):
+
+- ``none``: the tools are not rendered (as SGLang); plain text;
+- ``auto``: rendered; the model's own tool-call format is parsed (:class:`ToolCallParser`);
+- ``required`` / a named function: rendered, and the output is constrained by a JSON schema
+  over the tools' parameters (:func:`tool_choice_schema`), then parsed back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from radixserve.api.protocol_openai import ChatCompletionRequest, NamedToolChoice
+from radixserve.api.structured import grammar_fields, response_format_schema
+from radixserve.api.tool_calls import (
+    ParsedCall,
+    ToolCallParser,
+    parse_constrained,
+    tool_choice_schema,
+)
+
+
+@dataclass(slots=True)
+class ToolPlan:
+    tools: list[dict[str, Any]] | None  # what the chat template renders (None: no tools)
+    grammar: dict[str, str]  # the SamplingParams grammar fields
+    parser: ToolCallParser | None = None  # auto: the model family's format
+    constrained: bool = False  # required / named: the output is the schema's array
+
+    @property
+    def parses_calls(self) -> bool:
+        return self.constrained or self.parser is not None
+
+    def parse(self, text: str) -> tuple[str | None, list[ParsedCall]]:
+        """``(content, calls)`` of a whole output; content None when only calls came."""
+        if self.constrained:
+            calls = parse_constrained(text)
+            return (text, []) if calls is None else (None, calls)
+        if self.parser is None:
+            return text, []
+        content, calls = self.parser.parse(text)
+        return (content or None) if calls else content, calls
+
+    def stream(self) -> ToolStream:
+        return ToolStream(self)
+
+
+@dataclass(slots=True)
+class ToolStream:
+    """One choice's stream: :meth:`feed` returns the content to send now and holds back what
+    may be a tool call; :meth:`finish` parses what was held."""
+
+    plan: ToolPlan
+    pending: str = ""  # text not yet sent: a possible start of a call
+    held: str = ""  # text from the start of the calls on
+    started: bool = False
+
+    def feed(self, text: str) -> str:
+        if not self.plan.parses_calls:
+            return text
+        if self.plan.constrained or self.started:
+            self.held += text
+            return ""
+        parser = self.plan.parser
+        assert parser is not None
+        self.pending += text
+        at = parser.start(self.pending)
+        if at is not None:
+            out, self.held, self.pending, self.started = (
+                self.pending[:at],
+                self.pending[at:],
+                "",
+                True,
+            )
+            return out
+        keep = parser.held_len(self.pending)
+        out = self.pending[: len(self.pending) - keep]
+        self.pending = self.pending[len(self.pending) - keep :]
+        return out
+
+    def finish(self) -> tuple[str, list[ParsedCall]]:
+        """``(content still to send, calls)`` at the end of the choice."""
+        if self.plan.constrained:
+            calls = parse_constrained(self.held)
+            return (self.held, []) if calls is None else ("", calls)
+        if not self.started:
+            return self.pending, []
+        assert self.plan.parser is not None
+        content, calls = self.plan.parser.parse(self.held)
+        if not calls:
+            return self.pending + self.held, []
+        return content, calls
+
+
+def plan_tools(body: ChatCompletionRequest, parser_kind: str) -> ToolPlan:
+    """The plan of ``body``'s tools. ``ValueError`` names what is wrong."""
+    choice = body.tool_choice
+    if not body.tools:
+        if choice not in (None, "none"):
+            raise ValueError("tool_choice needs tools")
+        return ToolPlan(None, body.grammar())
+    names = [t.function.name for t in body.tools]
+    if len(set(names)) != len(names):
+        raise ValueError("tools: the function names must be distinct")
+    choice = choice or "auto"
+    if choice == "none":
+        return ToolPlan(None, body.grammar())
+    rendered = [t.model_dump(exclude_none=True) for t in body.tools]
+    if choice == "auto":
+        return ToolPlan(rendered, body.grammar(), parser=ToolCallParser(parser_kind))
+    constrained_by_body = response_format_schema(body.response_format) is not None
+    if constrained_by_body or any(x is not None for x in (body.regex, body.json_schema, body.ebnf)):
+        raise ValueError(
+            "tool_choice required or a named function constrains the output itself: "
+            "leave response_format, regex, json_schema and ebnf unset"
+        )
+    named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    if named is not None and named not in names:
+        raise ValueError(f"tool_choice names the function `{named}`, which is not in tools")
+    schema = tool_choice_schema(
+        [(t.function.name, t.function.parameters) for t in body.tools],
+        named,
+        body.parallel_tool_calls,
+    )
+    return ToolPlan(rendered, grammar_fields(json_schema=json.dumps(schema)), constrained=True)

@@ -1,0 +1,223 @@
+"""SGLang compatibility of the HTTP routes against a real server whose tokenizer renders
+tools (a Qwen2.5-style template): what SGLang's clients send, its newer routes, the model id,
+and the OpenAI routes' strictness, tools and structured output through the official client.
+
+The tests marked ``needs_grammar`` need the grammar engine (branch ``grammar``); they skip
+until ``SamplingParams`` has its ``regex`` field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from radixserve.types import SamplingParams
+
+needs_grammar = pytest.mark.skipif(
+    "regex" not in SamplingParams.__dataclass_fields__,
+    reason="needs the grammar engine (branch grammar): enable after it is merged",
+)
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}},
+                "required": ["tz"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def assert_openai_400(resp: httpx.Response, *words: str) -> dict[str, Any]:
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    for word in words:
+        assert word in error["message"], error
+    return dict(error)
+
+
+# ---- native: what SGLang's clients send ----------------------------------------------------
+
+# sglang.lang's RuntimeEndpoint.generate (v0.5): global_config's two flags, then
+# SglSamplingParams.to_srt_kwargs() with every unset field null
+FRONTEND_SAMPLING_PARAMS = {
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "max_new_tokens": 4,
+    "min_new_tokens": 0,
+    "n": 1,
+    "stop": [],
+    "stop_token_ids": None,
+    "stop_regex": None,
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "ignore_eos": False,
+    "regex": None,
+    "json_schema": None,
+}
+
+
+def test_generate_accepts_every_field_sglang_sends_at_its_default(http: httpx.Client) -> None:
+    body = {
+        "text": "def main():",
+        "sampling_params": {
+            **FRONTEND_SAMPLING_PARAMS,
+            "ebnf": None,
+            "structural_tag": None,
+            "no_stop_trim": False,
+            "custom_params": None,
+            "logit_bias": None,
+            "stream_interval": None,
+            "lora_path": None,
+            "return_hidden_states": False,
+            "sampling_seed": 7,
+        },
+        # bench_serving's top level
+        "lora_path": None,
+        "return_logprob": False,
+        "logprob_start_len": -1,
+        "stream": False,
+        "image_data": None,
+        "custom_logit_processor": None,
+        "return_hidden_states": False,
+    }
+    resp = http.post("/generate", json=body)
+    assert resp.status_code == 200, resp.text
+    out = resp.json()
+    assert out["meta_info"]["completion_tokens"] == 4 and isinstance(out["text"], str)
+    # null means unset: the same greedy text as without those fields
+    plain = http.post(
+        "/generate",
+        json={"text": "def main():", "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
+    )
+    assert plain.json()["text"] == out["text"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"sampling_params": {"n": 2}}, "sampling_params.n", ["n is not supported"]),
+        ({"sampling_params": {"stop_regex": "x+"}}, "sampling_params.stop_regex", ["stop_regex"]),
+        (
+            {"sampling_params": {"logit_bias": {"1": 5.0}}},
+            "sampling_params.logit_bias",
+            ["logit_bias"],
+        ),
+        ({"sampling_params": {"lora_path": "a"}}, "sampling_params.lora_path", ["lora_path"]),
+        ({"sampling_params": {"min_new_tokens": 3}}, "sampling_params.min_new_tokens", ["min_new"]),
+        ({"sampling_params": {"bogus": 1}}, "sampling_params.bogus", ["unknown field"]),
+        ({"lora_path": "adapter"}, "lora_path", ["lora_path is not supported"]),
+        ({"image_data": "x.png"}, "image_data", ["image_data"]),
+        ({"bogus": True}, "bogus", ["unknown field: bogus"]),
+        ({"sampling_params": {"json_schema": "{not json"}}, "sampling_params", ["json_schema"]),
+    ],
+)
+def test_generate_refuses_set_unsupported_and_unknown_fields(
+    http: httpx.Client, body: dict[str, Any], param: str, words: list[str]
+) -> None:
+    error = assert_openai_400(http.post("/generate", json={"text": "hi", **body}), *words)
+    assert error["param"] == param or param == "sampling_params"
+
+
+def test_batch_sampling_params_name_the_item(http: httpx.Client) -> None:
+    body = {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 1}, {"stop_regex": "x"}]}
+    error = assert_openai_400(http.post("/generate", json=body), "stop_regex")
+    assert error["param"] == "sampling_params.1.stop_regex"
+
+
+# ---- routes --------------------------------------------------------------------------------
+
+
+def test_server_info_routes_have_sglang_internal_states_and_version(http: httpx.Client) -> None:
+    http.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 8}})
+    old, new = http.get("/get_server_info").json(), http.get("/server_info").json()
+    assert set(old) == set(new)
+    for info in (old, new):
+        assert isinstance(info["version"], str) and info["version"]
+        (rank,) = info["internal_states"]
+        assert rank["load"] == 0 and rank["last_gen_throughput"] >= 0
+        assert rank["model_path"] == info["model_path"] and rank["page_size"] >= 1
+        assert info["integrity_ok"] is True
+    assert http.get("/model_info").json() == http.get("/get_model_info").json()
+    assert http.get("/health_generate").status_code == 200
+    assert http.get("/get_load").json()["load"] == 0
+
+
+def test_model_id_is_the_path_as_given(oai: openai.OpenAI, tools_model_dir: Path) -> None:
+    (card,) = oai.models.list().data
+    assert card.id == str(tools_model_dir)
+    resp = oai.completions.create(model=card.id, prompt="x", max_tokens=2)
+    assert resp.model == str(tools_model_dir)
+    # the directory's name still works (older clients and tests)
+    assert oai.completions.create(model="tiny-tools", prompt="x", max_tokens=1).choices
+
+
+# ---- OpenAI routes: strict ------------------------------------------------------------------
+
+
+def test_openai_unknown_field_is_a_400_in_openai_shape(oai: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.chat.completions.create(
+            model="tiny-tools", messages=messages, max_tokens=2, extra_body={"frobnicate": 1}
+        )
+    assert info.value.status_code == 400
+    error = info.value.body
+    assert isinstance(error, dict) and "frobnicate" in error["message"]
+    assert error["param"] == "frobnicate" and error["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError, match="unknown field"):
+        oai.completions.create(model="tiny-tools", prompt="x", extra_body={"best_of_n": 2})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+        ({"reasoning_effort": "high"}, "reasoning_effort"),
+        ({"extra_body": {"min_tokens": 3}}, "min_tokens"),
+        ({"store": True}, "store"),
+    ],
+)
+def test_openai_known_but_unimplemented_field_is_named(
+    oai: openai.OpenAI, kwargs: dict[str, Any], name: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.chat.completions.create(
+            model="tiny-tools", messages=[{"role": "user", "content": "hi"}], **kwargs
+        )
+    assert name in str(info.value.body) and info.value.body["param"] == name  # type: ignore[index]
+
+
+def test_tool_choice_errors_name_the_problem(http: httpx.Client) -> None:
+    base = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    named = {"type": "function", "function": {"name": "nope"}}
+    assert_openai_400(
+        http.post("/v1/chat/completions", json={**base, "tools": TOOLS, "tool_choice": named}),
+        "nope",
+    )
+    assert_openai_400(
+        http.post("/v1/chat/completions", json={**base, "tool_choice": "required"}), "needs tools"
+    )
