@@ -18,7 +18,9 @@ from concurrent.futures import Future
 from typing import Any
 
 from radixserve.config import EngineConfig
-from radixserve.policy import AdmissionConfig, PrefillAdder, PrefillPlan, SchedulePolicy
+from radixserve.policy import Admission, AdmissionConfig, PrefillAdder, PrefillPlan, SchedulePolicy
+from radixserve.runtime.grammar import GrammarFactory
+from radixserve.runtime.grammar.jump_forward import jump_forward
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.kv_manager import KVLayout, KVManager
 from radixserve.runtime.model_runner import ModelRunner, cpu_kernels_for
@@ -79,6 +81,8 @@ class Scheduler:
         self.pending_outputs: list[ReqOutput] = []
         self.new_token_ratio = self.constants.init_new_token_ratio
         self.stats = SchedulerStats()
+        self.grammars = GrammarFactory(tokenizer, worker.vocab_size, self.eos_token_ids)
+        self.enable_jump_forward = not config.disable_jump_forward
 
     # ---- requests in -----------------------------------------------------------------------
     def add_request(self, request: GenerateRequest) -> None:
@@ -94,6 +98,7 @@ class Scheduler:
         need = prompt_len + min(params.max_new_tokens, self.max_context_len - prompt_len)
         if need > self.kv.capacity - self.page_size:
             raise ValueError(f"the request needs {need} KV slots; the pool has {self.kv.capacity}")
+        grammar = self.grammars.for_key(params.grammar_key)
         req = Req(
             rid=request.rid,
             origin_input_ids=list(request.input_ids),
@@ -104,6 +109,7 @@ class Scheduler:
             return_logprob=request.return_logprob,
             top_logprobs_num=request.top_logprobs_num,
             logprob_start_len=request.logprob_start_len,
+            grammar=grammar,
         )
         self.reqs[req.rid] = req
         self.waiting.append(req)
@@ -155,6 +161,9 @@ class Scheduler:
     # ---- choosing the next batch -------------------------------------------------------------
     def get_next_batch(self) -> ScheduleBatch | None:
         self._apply_aborts()
+        if self.in_flight is not None and any(r.grammar for r in self.in_flight[0].reqs):
+            # a grammar's next mask needs the token in flight: grammar batches do not overlap
+            self.sync()
         if self.waiting and self.in_flight is not None and not self.in_flight[0].is_decode:
             # a prefill in flight caches its prompts when processed: admit after that, so the
             # waiting requests can match them (overlap resumes with the next decode)
@@ -213,17 +222,29 @@ class Scheduler:
         self._drop_done_from_running()
         if not self.running:
             return None
-        slots = self.kv.alloc_decode(self.running.reqs)
+        if any(r.seq_len - r.kv_len > 1 for r in self.running.reqs):
+            self.sync()  # jumped forward: every token must be known for the running extend
+            self._drop_done_from_running()
+        lens = self.running.new_token_lens()
+        slots = self.kv.alloc_decode(self.running.reqs, lens)
         if slots is None:  # out of memory even after evicting the tree
             self.sync()
             self._drop_done_from_running()
             self._retract_for_decode()
-            slots = self.kv.alloc_decode(self.running.reqs) if self.running else None
+            lens = self.running.new_token_lens()
+            slots = self.kv.alloc_decode(self.running.reqs, lens) if self.running else None
             if slots is None:
                 if self.running:
                     self._abort_running("out of KV memory: the pool cannot hold even one request")
                 return None
-        batch = self.running.decode(slots, self.device)
+        if lens is not None:  # forced tokens: one extend step over the running batch
+            admissions = [
+                Admission(r, None, n) for r, n in zip(self.running.reqs, lens, strict=True)
+            ]
+            batch = ScheduleBatch.extend(admissions, slots, self.device, keeps_running=True)
+            self.stats.num_jump_batches += 1
+        else:
+            batch = self.running.decode(slots, self.device)
         c = self.constants
         decay = (c.init_new_token_ratio - c.min_new_token_ratio) / c.new_token_ratio_decay_steps
         self.new_token_ratio = max(self.new_token_ratio - decay, c.min_new_token_ratio)
@@ -259,14 +280,22 @@ class Scheduler:
             if req.max_new_tokens > 0:
                 result.append_token(req, i)
                 num_new = 1
+                if req.grammar is not None:
+                    req.grammar.accept(req.output_ids[-1])
             req.finish_reason = check_finished(req, self.max_context_len, self.tokenizer)
+            if req.finish_reason is None and self.enable_jump_forward and req.grammar:
+                jumped = jump_forward(req, self.max_context_len)
+                if jumped:
+                    num_new += jumped
+                    self.stats.num_jumped_tokens += jumped
+                    req.finish_reason = check_finished(req, self.max_context_len, self.tokenizer)
             out = make_output(req, req.output_ids[-num_new:] if num_new else [], num_new)
             if is_first and req.logprob_start_len >= 0:
                 out.input_logprobs = list(req.input_logprobs)
             self.pending_outputs.append(out)
             if req.is_finished:
                 self._finish(req, release=req not in in_next)
-            elif not batch.is_decode:
+            elif not batch.is_decode and not batch.keeps_running:
                 # cache the prompt now, so requests sharing it hit while this one decodes
                 self.kv.cache_unfinished(req)
                 new_running.append(req)
@@ -342,6 +371,8 @@ class Scheduler:
         """Release the request's KV (caching what it computed) and queue it again, output kept."""
         self.running.filter(drop={req})
         self.kv.release(req)
+        if req.grammar is not None:
+            req.grammar.sync_to(req.output_ids)
         self.waiting.insert(0, req)
 
     # ---- helpers ---------------------------------------------------------------------------

@@ -22,6 +22,8 @@ class SchedulerStats:
     num_aborted_reqs: int = 0
     num_retractions: int = 0
     num_preemptions: int = 0
+    num_jump_batches: int = 0  # extend steps of tokens a grammar forced (jump-forward)
+    num_jumped_tokens: int = 0
     started_at: float = field(default_factory=time.monotonic)
 
     def on_prefill(self, batch: ScheduleBatch, num_cached_tokens: int) -> None:
@@ -64,6 +66,8 @@ class SchedulerStats:
             "num_aborted_reqs": self.num_aborted_reqs,
             "num_retractions": self.num_retractions,
             "num_preemptions": self.num_preemptions,
+            "num_jump_batches": self.num_jump_batches,
+            "num_jumped_tokens": self.num_jumped_tokens,
             "new_token_ratio": scheduler.new_token_ratio,
             "uptime_s": time.monotonic() - self.started_at,
         }
