@@ -13,8 +13,8 @@ AVX-512 machine can run the AVX2 path too). Each build is JIT-compiled with
 ``torch.utils.cpp_extension.load`` (ninja + the system C++ compiler, ~30-60 s on 2 vCPUs) into
 torch's extensions cache (``TORCH_EXTENSIONS_DIR`` as torch itself reads it); later processes
 only re-check it with ninja (~0.2 s). The module name carries the variant and a hash of the
-sources, flags and torch version, so checkouts, variants and torch builds never share (or fight
-over) one build directory.
+sources, flags, torch version and source directory, so checkouts, variants and torch builds
+never share (or fight over, rebuilding in turn) one build directory.
 
 Anything that goes wrong (not x86-64, a CPU without the variant's flags, no compiler or ninja, a
 compile error, a read-only cache) makes :func:`load_variant` return ``None`` and log once at
@@ -112,7 +112,9 @@ def _module_name(variant: Variant) -> str:
     h = hashlib.sha256()
     for src in (*SOURCES, *HEADERS):
         h.update(src.read_bytes())
-    for part in (*variant.cflags, *LDFLAGS, torch.__version__):
+    # the source directory too: it is in the build's ninja file (``-I``), so two checkouts of
+    # the same sources sharing one build would make ninja rebuild at every alternation
+    for part in (*variant.cflags, *LDFLAGS, torch.__version__, str(_DIR.resolve())):
         h.update(b"\0" + part.encode())
     return f"radixserve_cpu_{variant.name}_{h.hexdigest()[:16]}"
 

@@ -1,0 +1,101 @@
+"""Property test of structured output: every output of a random regex or JSON schema matches
+it (``re.fullmatch``, ``jsonschema.validate``), sampled at temperature 1 on the random-weight
+tiny model, under overlap on and off, the cache on and off, page size 1 and 16, chunked
+prefill, priority preemption and a KV pool small enough to force retractions; the KV
+accounting holds after every run."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from radixserve import Engine
+from radixserve.config import SchedulerConstants
+from tests.runtime.grammar_strategies import json_schemas, regexes
+
+jsonschema = pytest.importorskip("jsonschema")
+pytest.importorskip("llguidance")
+
+# admission reserves little for the future tokens of running requests: decode runs out and retracts
+OVER_ADMIT = SchedulerConstants(init_new_token_ratio=0.05, min_new_token_ratio=0.05)
+CONFIGS: dict[str, dict[str, Any]] = {
+    "overlap": dict(page_size=1),
+    "no-overlap": dict(disable_overlap_schedule=True, page_size=16),
+    "no-cache-page16": dict(disable_radix_cache=True, page_size=16),
+    "small-pool-chunked": dict(
+        max_total_tokens=300, chunked_prefill_size=8, page_size=1, constants=OVER_ADMIT
+    ),
+    "priority-no-jump": dict(
+        enable_priority_scheduling=True, disable_jump_forward=True, max_total_tokens=400
+    ),
+}
+PROMPTS = ["def f(x):", "import os\nimport sys\n", "x = [", "class A:\n    pass\n# ok"]
+
+
+@pytest.fixture(scope="module")
+def engines(engine_model_dir):
+    made = {
+        name: Engine(str(engine_model_dir), dtype="float32", random_seed=7, **cfg)
+        for name, cfg in CONFIGS.items()
+    }
+    yield made
+    for eng in made.values():
+        eng.shutdown()
+
+
+def _run(engine: Engine, params: dict[str, Any], n: int, priorities: list[int]) -> list[dict]:
+    prompts = [PROMPTS[i % len(PROMPTS)] * (1 + i % 3) for i in range(n)]
+    outs = engine.generate(prompts, [dict(params) for _ in range(n)], priority=priorities)
+    engine.check_integrity()
+    assert isinstance(outs, list)
+    return outs
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pattern=regexes(),
+    config=st.sampled_from(sorted(CONFIGS)),
+    prio=st.lists(st.integers(0, 20), min_size=8, max_size=8),
+)
+def test_every_output_matches_its_regex(engines, pattern, config, prio) -> None:
+    params = {"regex": pattern, "temperature": 1.0, "max_new_tokens": 96}
+    for out in _run(engines[config], params, 8, prio):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", (pattern, out["text"])
+        assert re.fullmatch(pattern, out["text"]), (pattern, out["text"])
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    schema=json_schemas(),
+    config=st.sampled_from(sorted(CONFIGS)),
+    prio=st.lists(st.integers(0, 20), min_size=8, max_size=8),
+)
+def test_every_output_validates_against_its_schema(engines, schema, config, prio) -> None:
+    params = {"json_schema": json.dumps(schema), "temperature": 1.0, "max_new_tokens": 160}
+    for out in _run(engines[config], params, 8, prio):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", (schema, out["text"])
+        jsonschema.validate(json.loads(out["text"]), schema)
+
+
+def test_a_tiny_pool_retracts_grammar_requests_and_rebuilds_them(engine_model_dir) -> None:
+    """Eight requests of 40 to 80 tokens each in a pool of 200 slots: decode runs out of
+    memory and retracts; a retracted request resumes its grammar where it was."""
+    pattern = "([a-z][0-9]){20,40}"
+    params = {"regex": pattern, "temperature": 1.0, "max_new_tokens": 100}
+    with Engine(
+        str(engine_model_dir),
+        dtype="float32",
+        max_total_tokens=200,
+        disable_radix_cache=True,
+        constants=OVER_ADMIT,
+    ) as eng:
+        outs = _run(eng, params, 8, [0] * 8)
+        for out in outs:
+            assert out["meta_info"]["finish_reason"]["type"] == "stop", out["text"]
+            assert re.fullmatch(pattern, out["text"]), out["text"]
+        assert eng.get_stats()["num_retractions"] > 0
