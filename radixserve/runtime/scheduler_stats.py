@@ -66,6 +66,8 @@ class SchedulerStats:
             "num_aborted_reqs": self.num_aborted_reqs,
             "num_retractions": self.num_retractions,
             "num_preemptions": self.num_preemptions,
+            "num_prefill_batches": self.num_prefill_batches,
+            "num_decode_batches": self.num_decode_batches,
             "num_jump_batches": self.num_jump_batches,
             "num_jumped_tokens": self.num_jumped_tokens,
             "new_token_ratio": scheduler.new_token_ratio,
