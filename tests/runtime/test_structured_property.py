@@ -56,30 +56,52 @@ def _run(engine: Engine, params: dict[str, Any], n: int, priorities: list[int]) 
     return outs
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    pattern=regexes(),
-    config=st.sampled_from(sorted(CONFIGS)),
-    prio=st.lists(st.integers(0, 20), min_size=8, max_size=8),
-)
-def test_every_output_matches_its_regex(engines, pattern, config, prio) -> None:
+def _check_regex(engine: Engine, pattern: str, prio: list[int]) -> None:
     params = {"regex": pattern, "temperature": 1.0, "max_new_tokens": 96}
-    for out in _run(engines[config], params, 8, prio):
+    for out in _run(engine, params, 8, prio):
         assert out["meta_info"]["finish_reason"]["type"] == "stop", (pattern, out["text"])
         assert re.fullmatch(pattern, out["text"]), (pattern, out["text"])
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    schema=json_schemas(),
+def _check_schema(engine: Engine, schema: dict[str, Any], prio: list[int]) -> None:
+    params = {"json_schema": json.dumps(schema), "temperature": 1.0, "max_new_tokens": 160}
+    for out in _run(engine, params, 8, prio):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", (schema, out["text"])
+        jsonschema.validate(json.loads(out["text"]), schema)
+
+
+CASE = dict(
     config=st.sampled_from(sorted(CONFIGS)),
     prio=st.lists(st.integers(0, 20), min_size=8, max_size=8),
 )
+FAST = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+HEAVY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(pattern=regexes(), **CASE)
+def test_every_output_matches_its_regex(engines, pattern, config, prio) -> None:
+    _check_regex(engines[config], pattern, prio)
+
+
+@FAST
+@given(schema=json_schemas(), **CASE)
 def test_every_output_validates_against_its_schema(engines, schema, config, prio) -> None:
-    params = {"json_schema": json.dumps(schema), "temperature": 1.0, "max_new_tokens": 160}
-    for out in _run(engines[config], params, 8, prio):
-        assert out["meta_info"]["finish_reason"]["type"] == "stop", (schema, out["text"])
-        jsonschema.validate(json.loads(out["text"]), schema)
+    _check_schema(engines[config], schema, prio)
+
+
+@pytest.mark.slow
+@HEAVY
+@given(pattern=regexes(), **CASE)
+def test_every_output_matches_its_regex_many(engines, pattern, config, prio) -> None:
+    _check_regex(engines[config], pattern, prio)
+
+
+@pytest.mark.slow
+@HEAVY
+@given(schema=json_schemas(), **CASE)
+def test_every_output_validates_against_its_schema_many(engines, schema, config, prio) -> None:
+    _check_schema(engines[config], schema, prio)
 
 
 def test_a_tiny_pool_retracts_grammar_requests_and_rebuilds_them(engine_model_dir) -> None:
