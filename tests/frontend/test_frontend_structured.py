@@ -27,7 +27,10 @@ pytest.importorskip("llguidance")
 
 SCHEMA = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 8}, "rank": {"type": "integer"}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "rank": {"type": "integer", "minimum": 1, "maximum": 99},
+    },
     "required": ["city", "rank"],
     "additionalProperties": False,
 }

@@ -24,7 +24,10 @@ SCHEMA = {
         "favourite_colour": {"enum": ["red", "green", "blue"]},
         "address": {
             "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 5}, "zip": {"type": "integer"}},
+            "properties": {
+                "city": {"type": "string", "maxLength": 5},
+                "zip": {"type": "integer", "minimum": 0, "maximum": 99999},
+            },
             "required": ["city", "zip"],
             "additionalProperties": False,
         },

@@ -121,3 +121,27 @@ def test_a_tiny_pool_retracts_grammar_requests_and_rebuilds_them(engine_model_di
             assert out["meta_info"]["finish_reason"]["type"] == "stop", out["text"]
             assert re.fullmatch(pattern, out["text"]), out["text"]
         assert eng.get_stats()["num_retractions"] > 0
+
+
+def test_preempted_grammar_requests_resume_their_grammar(engine_model_dir) -> None:
+    """Two urgent requests preempt two running constrained ones, which later resume and still
+    match their regex."""
+    pattern = "([a-z][0-9]){15,25}"
+    slow = {"regex": pattern, "temperature": 1.0, "max_new_tokens": 100}
+    with Engine(
+        str(engine_model_dir),
+        dtype="float32",
+        max_total_tokens=2048,
+        max_running_requests=2,
+        enable_priority_scheduling=True,
+    ) as eng:
+        streams = [eng.generate(p, slow, stream=True, priority=0) for p in PROMPTS[:2]]
+        firsts = [next(s) for s in streams]  # both are running
+        urgent = eng.generate(PROMPTS[2:], [slow, slow], priority=[20, 20])
+        texts = [
+            f["text"] + "".join(c["text"] for c in s) for f, s in zip(firsts, streams, strict=True)
+        ]
+        for text in texts + [o["text"] for o in urgent]:
+            assert re.fullmatch(pattern, text), text
+        assert eng.get_stats()["num_preemptions"] > 0
+        eng.check_integrity()
