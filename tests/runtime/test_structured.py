@@ -135,13 +135,15 @@ def test_no_tokenizer_is_a_value_error(engine_model_dir) -> None:
         eng.check_integrity()
 
 
-def test_apply_bitmask_equals_a_plain_loop() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # numpy and torch paths
+def test_apply_bitmask_equals_a_plain_loop(dtype) -> None:
     gen = torch.Generator().manual_seed(0)
     vocab = 77  # not a multiple of 32: the last word's high bits are past the vocabulary
     bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 3), generator=gen, dtype=torch.int64)
     bitmask = bitmask.to(torch.int32)
-    logits = torch.randn(3, vocab, generator=gen)
+    logits = torch.randn(3, vocab, generator=gen).to(dtype)
     got = apply_bitmask(logits, bitmask)
+    assert got.dtype == dtype
     for row in range(3):
         for t in range(vocab):
             allowed = (int(bitmask[row, t // 32]) >> (t % 32)) & 1
