@@ -7,11 +7,13 @@ tokens as the constrained one (``ignore_eos``). Then the mask's cost against a d
 that batch size: filling the batch's bitmask (the matchers walking a valid instance, token by
 token) plus applying it to ``[batch, vocab]`` logits, as a fraction of one decode step.
 
-``--tokenizer`` swaps in a tokenizer of the model's full vocabulary (e.g. a 151,936-token BPE),
-so that the mask is computed over as many real tokens as Qwen2's; the default is the bench
-model's own small tokenizer (its ids above ~2k exist in the model only). Example::
+``--tokenizer DIR`` swaps in a tokenizer of the model's full vocabulary, so that the mask is
+computed over as many real tokens as Qwen2's: when ``DIR`` does not exist, a 151,936-token
+byte-level BPE is trained into it from the Python sources on disk (several minutes, once). The
+default is the bench model's own small tokenizer (its ids above ~2k exist in the model only).
+Example::
 
-    python benchmarks/structured.py --batch-size 8
+    python benchmarks/structured.py --tokenizer bench_out/bpe152k --batch-size 8
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sysconfig
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,6 +64,31 @@ INSTANCE = {
     "subscription_tier": "pro",
     "verified": False,
 }
+
+
+def train_big_tokenizer(target: Path, vocab_size: int = 151936) -> None:
+    """A byte-level BPE of ``vocab_size`` tokens trained on the stdlib and site-packages."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    def texts() -> Iterator[str]:
+        for key in ("stdlib", "purelib"):
+            for path in sorted(Path(sysconfig.get_paths()[key]).rglob("*")):
+                if path.suffix in (".py", ".pyi", ".txt", ".rst", ".md") and path.is_file():
+                    yield path.read_text(encoding="utf-8", errors="replace")
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts(), trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=special[0]).save_pretrained(target)
 
 
 def run_side(model: str, tokenizer: Any, prompts: list[str], params: dict[str, Any], **cfg: Any):
@@ -118,8 +148,11 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     model = args.model or str(ensure_bench_model("qwen25-05b"))
+    if args.tokenizer and not Path(args.tokenizer).exists():
+        print(f"training a 151,936-token BPE into {args.tokenizer} ...")
+        train_big_tokenizer(Path(args.tokenizer))
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or model)
-    vocab = int(json.loads(open(f"{model}/config.json").read())["vocab_size"])
+    vocab = int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
     prompts = [f"Record {i} of the user table, as JSON:\n" for i in range(args.batch_size)]
     schema = {"json_schema": json.dumps(SCHEMA), "temperature": 0.0}
     schema["max_new_tokens"] = args.max_new_tokens
