@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from radixserve import Engine
-from radixserve.runtime.grammar import ReqGrammar, apply_bitmask, create_grammar_backend
+from radixserve.runtime.grammar import (
+    GrammarFactory,
+    ReqGrammar,
+    apply_bitmask,
+    create_grammar_backend,
+)
 
 pytest.importorskip("llguidance")
 
@@ -126,13 +131,12 @@ def test_an_unconstrained_request_beside_a_constrained_one_is_unchanged(engine) 
     assert re.fullmatch("[a-z]{5}", mixed[1]["text"])
 
 
-def test_no_tokenizer_is_a_value_error(engine_model_dir) -> None:
-    with Engine(str(engine_model_dir), dtype="float32", max_total_tokens=1024) as eng:
-        eng.scheduler.tokenizer = None
-        eng.scheduler.grammars = type(eng.scheduler.grammars)(None, 10, [])
-        with pytest.raises(ValueError, match="needs a tokenizer"):
-            eng.generate(input_ids=[5, 6, 7], sampling_params={"regex": "a"})
-        eng.check_integrity()
+def test_no_tokenizer_is_a_value_error() -> None:
+    """A scheduler built without a tokenizer refuses a constrained request (and only that)."""
+    grammars = GrammarFactory(None, 10, [])
+    assert grammars.for_key(None) is None
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        grammars.for_key(("regex", "a"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # numpy and torch paths
@@ -171,3 +175,14 @@ def test_a_rebuilt_grammar_equals_one_that_never_left(tiny_tokenizer) -> None:
     moved.sync_to(ids[:10])  # e.g. a retraction that kept fewer tokens than the matcher saw
     assert state(moved) == state(straight)
     assert moved.num_accepted == 10
+
+
+def test_without_llguidance_a_constrained_request_says_how_to_install(monkeypatch) -> None:
+    import sys
+
+    from radixserve.runtime.grammar import check_grammar
+
+    monkeypatch.setitem(sys.modules, "llguidance", None)  # import llguidance -> ImportError
+    monkeypatch.delitem(sys.modules, "radixserve.runtime.grammar.llguidance_backend")
+    with pytest.raises(ValueError, match=re.escape("pip install radixserve[structured]")):
+        check_grammar(("regex", "a"))
