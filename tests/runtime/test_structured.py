@@ -183,6 +183,6 @@ def test_without_llguidance_a_constrained_request_says_how_to_install(monkeypatc
     from radixserve.runtime.grammar import check_grammar
 
     monkeypatch.setitem(sys.modules, "llguidance", None)  # import llguidance -> ImportError
-    monkeypatch.delitem(sys.modules, "radixserve.runtime.grammar.llguidance_backend")
+    monkeypatch.delitem(sys.modules, "radixserve.runtime.grammar.llguidance_backend", raising=False)
     with pytest.raises(ValueError, match=re.escape("pip install radixserve[structured]")):
         check_grammar(("regex", "a"))
