@@ -89,6 +89,7 @@ def test_jump_forward_changes_no_token(engine_model_dir, overlap, temperature, s
         ({"ebnf": "start: missing_rule"}, "missing_rule"),
         ({"regex": "a", "json_schema": "{}"}, "at most one of regex, json_schema and ebnf"),
         ({"regex": 5}, "regex must be a string"),
+        ({"regex": r"[^\s\S]"}, "the grammar matches no text"),  # valid, but empty
     ],
 )
 def test_a_bad_grammar_is_a_value_error_and_the_engine_keeps_serving(

@@ -92,6 +92,9 @@ class LLGuidanceBackend:
 
     def matcher(self, compiled: Any) -> LLGuidanceMatcher:
         m = llguidance.LLMatcher(self.tokenizer, compiled, log_level=0)
+        # a grammar that matches no text shows up as an error once its first mask is computed
+        m.compute_bitmask()
         if m.is_error():
-            raise ValueError(f"invalid grammar for this tokenizer: {m.get_error()}")
+            reason = (m.get_error().splitlines() or ["rejected"])[0]
+            raise ValueError(f"the grammar matches no text this tokenizer can write ({reason})")
         return LLGuidanceMatcher(m)
