@@ -48,6 +48,8 @@ class EngineConfig:
     schedule_policy: str = "fcfs"
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
+    # structured output: emit a grammar's forced text in one extend step (docs/structured_output.md)
+    disable_jump_forward: bool = False
     enable_priority_scheduling: bool = False
     schedule_low_priority_values_first: bool = False  # SGLang default: larger value = more urgent
     random_seed: int = 0

@@ -29,6 +29,8 @@ _FLOAT_PARAMS = (
     "repetition_penalty",
 )
 
+_GRAMMAR_PARAMS = ("regex", "json_schema", "ebnf")
+
 
 def new_rid() -> str:
     return f"req-{next(_rid_counter)}-{time.monotonic_ns() % 1_000_000_000:09d}"
@@ -54,6 +56,11 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     skip_special_tokens: bool = True
+    # structured output: at most one; ``json_schema`` is a JSON string here (the API serializes
+    # an object), ``ebnf`` a Lark/EBNF grammar (see docs/structured_output.md)
+    regex: str | None = None
+    json_schema: str | None = None
+    ebnf: str | None = None
 
     def validate(self) -> SamplingParams:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
@@ -85,7 +92,22 @@ class SamplingParams:
             raise ValueError("stop must be a non-empty string or a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be non-negative integers")
+        constraints = [n for n in _GRAMMAR_PARAMS if getattr(self, n) is not None]
+        if len(constraints) > 1:
+            raise ValueError(f"give at most one of regex, json_schema and ebnf, got {constraints}")
+        for name in constraints:
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a string")
         return self
+
+    @property
+    def grammar_key(self) -> tuple[str, str] | None:
+        """``(kind, source)`` of the request's grammar (the compile cache's key), or ``None``."""
+        for name in _GRAMMAR_PARAMS:
+            value = getattr(self, name)
+            if value is not None:
+                return name, value
+        return None
 
     @property
     def is_greedy(self) -> bool:
@@ -155,6 +177,8 @@ class Req:
     num_retractions: int = 0
     skipped_passes: int = 0  # passes it was passed over by a cache-aware policy (aging)
     stop_matcher: Any = field(default=None, repr=False)  # its stop strings' automaton (judge)
+    # its grammar's matcher state (runtime.grammar.ReqGrammar), when the request is constrained
+    grammar: Any = field(default=None, repr=False)
 
     # outputs for logprobs
     output_logprobs: list[float] = field(default_factory=list)

@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--page-size", type=int, default=_DEFAULTS.page_size, help="KV slots per page")
     add("--max-context-len", type=int, default=None, help="context length (default: the model's)")
     add("--disable-radix-cache", action="store_true", help="no prefix caching (a baseline)")
+    add("--disable-jump-forward", action="store_true", help="decode a grammar's forced text")
     add(
         "--disable-overlap-schedule",
         action="store_true",
@@ -202,6 +203,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         schedule_policy=args.schedule_policy,
         disable_radix_cache=args.disable_radix_cache,
         disable_overlap_schedule=args.disable_overlap_schedule,
+        disable_jump_forward=args.disable_jump_forward,
         enable_priority_scheduling=args.enable_priority_scheduling,
         tp_size=args.tp_size,
     )

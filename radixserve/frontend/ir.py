@@ -7,11 +7,15 @@ An expression is a plain value: building one calls no backend. The state's execu
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 ROLES = ("system", "user", "assistant")
+# the regexes of gen_int / gen_string (SGLang's, without their trailing whitespace)
+REGEX_INT = r"[-+]?[0-9]+"
+REGEX_STR = r'"[^"\\\n]*"'
 
 
 class Expr:
@@ -57,6 +61,8 @@ class GenParams:
     presence_penalty: float | None = None
     ignore_eos: bool | None = None
     seed: int | None = None
+    regex: str | None = None  # structured output (SGLang's names), sent as they are
+    json_schema: str | None = None
 
     def merged_over(self, defaults: GenParams) -> GenParams:
         """These parameters, with the unset ones taken from ``defaults``."""
@@ -141,10 +147,17 @@ def gen(
     stop_token_ids: list[int] | None = None,
     seed: int | None = None,
     choices: list[str] | None = None,
+    regex: str | None = None,
+    json_schema: str | dict[str, Any] | None = None,
 ) -> Expr:
-    """Generate into ``name``. With ``choices`` it is :func:`select` (SGLang's form)."""
+    """Generate into ``name``. With ``choices`` it is :func:`select` (SGLang's form). ``regex``
+    or ``json_schema`` (a JSON string or a dict) constrain the text (the backend checks them)."""
     if choices is not None:
         return select(name, choices)
+    if regex is not None and json_schema is not None:
+        raise ValueError("give at most one of regex and json_schema")
+    if isinstance(json_schema, dict):
+        json_schema = json.dumps(json_schema)
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 0):
         raise ValueError(f"max_tokens must be a non-negative integer, got {max_tokens!r}")
     params = GenParams(
@@ -159,8 +172,20 @@ def gen(
         presence_penalty=presence_penalty,
         ignore_eos=ignore_eos,
         seed=seed,
+        regex=regex,
+        json_schema=json_schema,
     )
     return Gen(name, params)
+
+
+def gen_int(name: str | None = None, max_tokens: int | None = None, **kwargs: Any) -> Expr:
+    """Generate an integer's digits (``REGEX_INT``) into ``name``, as text."""
+    return gen(name, max_tokens, regex=REGEX_INT, **kwargs)
+
+
+def gen_string(name: str | None = None, max_tokens: int | None = None, **kwargs: Any) -> Expr:
+    """Generate a double-quoted string on one line (``REGEX_STR``) into ``name``."""
+    return gen(name, max_tokens, regex=REGEX_STR, **kwargs)
 
 
 def select(

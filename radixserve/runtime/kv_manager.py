@@ -176,9 +176,13 @@ class KVManager:
                     req.req_pool_idx = None
         return slots
 
-    def alloc_decode(self, reqs: Sequence[Req]) -> torch.Tensor | None:
-        """One slot for each request's next token, or ``None`` (nothing allocated)."""
-        return self._alloc_tokens(reqs, [1] * len(reqs))
+    def alloc_decode(
+        self, reqs: Sequence[Req], new_lens: list[int] | None = None
+    ) -> torch.Tensor | None:
+        """One slot for each request's next token (or ``new_lens[i]`` slots: the tokens a
+        grammar forced, see ``runtime/grammar/jump_forward.py``), or ``None`` (nothing
+        allocated)."""
+        return self._alloc_tokens(reqs, new_lens or [1] * len(reqs))
 
     def cancel(self, admissions: Iterable[Admission]) -> None:
         """Drop the tentative locks of a plan that is not run (see ``policy.prefill_plan``)."""

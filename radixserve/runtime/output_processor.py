@@ -13,8 +13,9 @@ from radixserve.types import FinishKind, FinishReason, Req
 def check_finished(req: Req, max_context_len: int, tokenizer: Any | None) -> FinishReason | None:
     """Why ``req`` stops after its last output token, or ``None``: the one judge of a request's
     end. Order: stop token, stop string (the text the client sees; needs a tokenizer, see
-    ``stop_strings.py``), length. A stop string completed by the last allowed token is a stop
-    string (its text is cut), not a length."""
+    ``stop_strings.py``), a terminated grammar (``stop``, matched ``None``), length. A stop
+    string completed by the last allowed token is a stop string (its text is cut), not a
+    length."""
     params = req.sampling_params
     if req.output_ids:
         last = req.output_ids[-1]
@@ -34,6 +35,8 @@ def check_finished(req: Req, max_context_len: int, tokenizer: Any | None) -> Fin
         )
         if stop is not None:
             return FinishReason(FinishKind.STOP_STR, stop)
+    if req.grammar is not None and req.output_ids and req.grammar.is_terminated():
+        return FinishReason(FinishKind.STOP_TOKEN)  # the grammar is complete: nothing may follow
     if req.output_len >= params.max_new_tokens or req.seq_len >= max_context_len:
         return FinishReason(FinishKind.LENGTH)
     return None

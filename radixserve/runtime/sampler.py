@@ -10,8 +10,8 @@ the sampler's own generator. Top-p looks for its cutoff among the ``TOP_P_WIDTH`
 tokens (a partial top-k, ~50x cheaper than sorting the vocabulary) and sorts only the rows
 whose nucleus is wider than that.
 
-Logprobs are ``log_softmax`` of the *raw* model logits (before penalties, temperature and
-truncation), the same distribution as the prompt-token logprobs of
+Logprobs are ``log_softmax`` of the *raw* model logits (before a grammar's mask, penalties,
+temperature and truncation), the same distribution as the prompt-token logprobs of
 :class:`~radixserve.runtime.model_runner.LogitsOutput`.
 """
 
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.runtime.grammar.bitmask import apply_bitmask
 from radixserve.runtime.sampling_batch_info import SamplingBatchInfo
 
 _MASK = float("-inf")
@@ -50,7 +51,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, info: SamplingBatchInfo) -> SamplerOutput:
         """``logits`` ``[bs, vocab]`` (not modified) -> the next token of every row."""
         logits = logits.float()
-        penalised = apply_penalties(logits, info)
+        penalised = apply_penalties(_masked(logits, info), info)
         if info.all_greedy:
             ids = penalised.argmax(dim=-1)
         else:
@@ -73,7 +74,7 @@ class Sampler:
         """The distribution each row samples from, ``[bs, vocab]`` float32: one-hot at the argmax
         of the penalised logits on greedy rows, else softmax(penalised logits / T) restricted by
         top-k, top-p and min-p and renormalised."""
-        weights = self._weights(apply_penalties(logits.float(), info), info)
+        weights = self._weights(apply_penalties(_masked(logits.float(), info), info), info)
         return weights / weights.sum(dim=-1, keepdim=True)
 
     def _weights(self, x: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
@@ -100,6 +101,11 @@ class Sampler:
                 gen = torch.Generator(self.device).manual_seed(_step_seed(seed, info.steps[i]))
                 u[i] = torch.rand(1, device=self.device, generator=gen)
         return u
+
+
+def _masked(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """``logits`` with ``-inf`` on the tokens the rows' grammars forbid (a copy), or itself."""
+    return logits if info.vocab_mask is None else apply_bitmask(logits, info.vocab_mask)
 
 
 def apply_penalties(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 Semantics (what :class:`~radixserve.runtime.sampler.Sampler` applies, in this order):
 
+0. the grammar's token bitmask (structured output): disallowed tokens get ``-inf``;
 1. penalties on the raw logits:
    - ``repetition_penalty`` (transformers/CTRL semantics) over every token that appears in the
      prompt *or* the output so far: a positive logit is divided by it, a negative one multiplied;
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.runtime.grammar.bitmask import fill_batch_bitmask
 from radixserve.types import Req, SamplingParams
 
 
@@ -53,6 +55,8 @@ class SamplingBatchInfo:
     # logprobs
     return_logprob: bool  # any row wants the chosen token's logprob
     top_logprobs_nums: list[int]  # per row, how many alternatives to return
+    # structured output: [bs, ceil(vocab / 32)] int32 on the CPU, None when no row has a grammar
+    vocab_mask: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -62,8 +66,9 @@ class SamplingBatchInfo:
     def from_reqs(
         cls, reqs: Sequence[Req], vocab_size: int, device: torch.device | str = "cpu"
     ) -> SamplingBatchInfo:
-        """From scheduler requests (their params, prompt, output so far and logprob wishes)."""
-        return cls.from_params(
+        """From scheduler requests (their params, prompt, output so far, logprob wishes and
+        grammars: the mask is filled now, on the caller's thread)."""
+        info = cls.from_params(
             [r.sampling_params for r in reqs],
             [r.output_ids for r in reqs],
             vocab_size,
@@ -72,6 +77,8 @@ class SamplingBatchInfo:
             return_logprob=[r.return_logprob for r in reqs],
             top_logprobs_nums=[r.top_logprobs_num if r.return_logprob else 0 for r in reqs],
         )
+        info.vocab_mask = fill_batch_bitmask(reqs, vocab_size)
+        return info
 
     @classmethod
     def from_params(

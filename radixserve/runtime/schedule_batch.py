@@ -26,6 +26,8 @@ class ScheduleBatch:
         self.samples: list[bool] = []
         # per request: the next prompt token, when a mid-prompt chunk must report its logprob
         self.boundary_targets: list[int | None] = []
+        # an extend over running requests (tokens a grammar forced): they stay in the running batch
+        self.keeps_running = False
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -39,7 +41,11 @@ class ScheduleBatch:
 
     @classmethod
     def extend(
-        cls, admissions: list[Admission], slots: torch.Tensor, device: torch.device
+        cls,
+        admissions: list[Admission],
+        slots: torch.Tensor,
+        device: torch.device,
+        keeps_running: bool = False,
     ) -> ScheduleBatch:
         """Each request computes ``fill_ids[kv_len - extend_len : kv_len]``: the ``slots`` that
         ``KVManager.alloc_extend`` gave the plan (the rows already point at them)."""
@@ -52,6 +58,7 @@ class ScheduleBatch:
             pieces.append(req.fill_ids[start : start + n])
             starts.append(_input_logprob_start(req, start, n))
         batch = cls(reqs, ForwardMode.EXTEND)
+        batch.keeps_running = keeps_running
         batch.samples = [r.kv_len == r.seq_len for r in reqs]
         batch.boundary_targets = [
             _boundary_target(r, s) for r, s in zip(reqs, batch.samples, strict=True)
@@ -81,6 +88,36 @@ class ScheduleBatch:
             device,
         )
         return batch
+
+    def new_token_lens(self) -> list[int] | None:
+        """Tokens each request computes next: ``None`` when one each (a decode), else
+        ``seq_len - kv_len`` (a grammar's forced tokens; every token must be known)."""
+        lens = [r.seq_len - r.kv_len for r in self.reqs]
+        return lens if any(n > 1 for n in lens) else None
+
+    def next_step(
+        self, slots: torch.Tensor, lens: list[int] | None, device: torch.device
+    ) -> ScheduleBatch:
+        """The running batch's next forward over ``slots``: a decode, or with ``lens`` (see
+        :meth:`new_token_lens`) one extend of a grammar's forced tokens that keeps them running."""
+        if lens is None:
+            return self.decode(slots, device)
+        admissions = [Admission(r, None, n) for r, n in zip(self.reqs, lens, strict=True)]
+        return ScheduleBatch.extend(admissions, slots, device, keeps_running=True)
+
+    def drop_done(self, max_context_len: int) -> None:
+        """Requests that finished, or whose last token is already scheduled (length, context),
+        leave the running batch; their in-flight result finishes them."""
+        self.filter(
+            drop={
+                r
+                for r in self.reqs
+                if r.is_finished
+                # output tokens once every scheduled step is done
+                or r.kv_len - r.prompt_len + 1 >= r.max_new_tokens
+                or r.kv_len + 1 > max_context_len
+            }
+        )
 
     def filter(self, drop: set[Req]) -> None:
         self.reqs = [r for r in self.reqs if r not in drop]

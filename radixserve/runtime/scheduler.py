@@ -21,14 +21,15 @@ from typing import Any
 
 from radixserve.config import EngineConfig
 from radixserve.policy import AdmissionConfig, PrefillAdder, PrefillPlan, SchedulePolicy
+from radixserve.runtime.grammar import GrammarFactory
+from radixserve.runtime.grammar.jump_forward import jump_forward
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
-from radixserve.runtime.kv_manager import KVLayout, KVManager
-from radixserve.runtime.model_runner import ModelRunner, cpu_kernels_for
-from radixserve.runtime.model_worker import BatchResult, ModelWorker, Worker
+from radixserve.runtime.kv_manager import KVManager
+from radixserve.runtime.model_worker import BatchResult, Worker
 from radixserve.runtime.output_processor import check_finished, make_output
 from radixserve.runtime.schedule_batch import ScheduleBatch
 from radixserve.runtime.scheduler_stats import SchedulerStats
-from radixserve.runtime.tp_ranks import TensorParallelRanks
+from radixserve.runtime.worker_builder import build_model_worker
 from radixserve.types import FinishKind, FinishReason, Req
 
 logger = logging.getLogger(__name__)
@@ -57,21 +58,7 @@ class Scheduler:
         self.constants = config.constants
         self.tokenizer = tokenizer
         if worker is None:
-            cpu_kernels = cpu_kernels_for(config)  # the dtype of pools and model depends on it
-            kv = kv or KVManager.build(config, KVLayout.from_config(config, cpu_kernels))
-            assert kv.kv_cache is not None, "a model worker needs the KV buffers"
-            # tensor parallel: the other ranks start now and load their slices beside ours
-            ranks = TensorParallelRanks.start(config) if config.tp_size > 1 else None
-            try:
-                runner = ModelRunner(
-                    config, kv.kv_cache, kv.req_to_token_pool, cpu_kernels, tp_ranks=ranks
-                )
-            except BaseException:
-                if ranks is not None:
-                    ranks.shutdown()
-                raise
-            overlap = not config.disable_overlap_schedule
-            worker = ModelWorker(runner, config.max_running_requests, overlap=overlap)
+            kv, worker = build_model_worker(config, kv)
         if kv is None:
             raise ValueError("a Scheduler given a worker needs its kv too")
         self.kv = kv
@@ -98,6 +85,8 @@ class Scheduler:
         self.pending_outputs: list[ReqOutput] = []
         self.new_token_ratio = self.constants.init_new_token_ratio
         self.stats = SchedulerStats(clock=clock)
+        self.grammars = GrammarFactory(tokenizer, worker.vocab_size, self.eos_token_ids)
+        self.enable_jump_forward = not config.disable_jump_forward
 
     # ---- requests in -----------------------------------------------------------------------
     def add_request(self, request: GenerateRequest) -> None:
@@ -113,6 +102,7 @@ class Scheduler:
         need = prompt_len + min(params.max_new_tokens, self.max_context_len - prompt_len)
         if need > self.kv.capacity - self.page_size:
             raise ValueError(f"the request needs {need} KV slots; the pool has {self.kv.capacity}")
+        grammar = self.grammars.for_key(params.grammar_key)
         req = Req(
             rid=request.rid,
             origin_input_ids=list(request.input_ids),
@@ -124,6 +114,7 @@ class Scheduler:
             return_logprob=request.return_logprob,
             top_logprobs_num=request.top_logprobs_num,
             logprob_start_len=request.logprob_start_len,
+            grammar=grammar,
         )
         self.reqs[req.rid] = req
         self.waiting.append(req)
@@ -175,6 +166,9 @@ class Scheduler:
     # ---- choosing the next batch -------------------------------------------------------------
     def get_next_batch(self) -> ScheduleBatch | None:
         self._apply_aborts()
+        if self.in_flight is not None and any(r.grammar for r in self.in_flight[0].reqs):
+            # a grammar's next mask needs the token in flight: grammar batches do not overlap
+            self.sync()
         if self.waiting and self.in_flight is not None and not self.in_flight[0].is_decode:
             # a prefill in flight caches its prompts when processed: admit after that, so the
             # waiting requests can match them (overlap resumes with the next decode)
@@ -230,37 +224,31 @@ class Scheduler:
         return batch
 
     def _get_decode_batch(self) -> ScheduleBatch | None:
-        self._drop_done_from_running()
+        self.running.drop_done(self.max_context_len)
         if not self.running:
             return None
-        slots = self.kv.alloc_decode(self.running.reqs)
+        if any(r.seq_len - r.kv_len > 1 for r in self.running.reqs):
+            self.sync()  # jumped forward: every token must be known for the running extend
+            self.running.drop_done(self.max_context_len)
+        lens = self.running.new_token_lens()
+        slots = self.kv.alloc_decode(self.running.reqs, lens)
         if slots is None:  # out of memory even after evicting the tree
             self.sync()
-            self._drop_done_from_running()
+            self.running.drop_done(self.max_context_len)
             self._retract_for_decode()
-            slots = self.kv.alloc_decode(self.running.reqs) if self.running else None
+            lens = self.running.new_token_lens()
+            slots = self.kv.alloc_decode(self.running.reqs, lens) if self.running else None
             if slots is None:
                 if self.running:
                     self._abort_running("out of KV memory: the pool cannot hold even one request")
                 return None
-        batch = self.running.decode(slots, self.device)
+        batch = self.running.next_step(slots, lens, self.device)
+        if lens is not None:  # forced tokens: one extend step over the running batch
+            self.stats.num_jump_batches += 1
         c = self.constants
         decay = (c.init_new_token_ratio - c.min_new_token_ratio) / c.new_token_ratio_decay_steps
         self.new_token_ratio = max(self.new_token_ratio - decay, c.min_new_token_ratio)
         return batch
-
-    def _drop_done_from_running(self) -> None:
-        """Requests whose last token is already scheduled (length, context) or that finished
-        stay out of the next decode batch; their in-flight result finishes them."""
-        self.running.filter(
-            drop={
-                r
-                for r in self.running.reqs
-                if r.is_finished
-                or self._projected_output_len(r) >= r.max_new_tokens
-                or r.kv_len + 1 > self.max_context_len
-            }
-        )
 
     # ---- results --------------------------------------------------------------------------
     def process_result(self, batch: ScheduleBatch, result: BatchResult) -> None:
@@ -279,14 +267,22 @@ class Scheduler:
             if req.max_new_tokens > 0:
                 result.append_token(req, i)
                 num_new = 1
+                if req.grammar is not None:
+                    req.grammar.accept(req.output_ids[-1])
             req.finish_reason = check_finished(req, self.max_context_len, self.tokenizer)
+            if req.finish_reason is None and self.enable_jump_forward and req.grammar:
+                jumped = jump_forward(req, self.max_context_len)
+                if jumped:
+                    num_new += jumped
+                    self.stats.num_jumped_tokens += jumped
+                    req.finish_reason = check_finished(req, self.max_context_len, self.tokenizer)
             out = make_output(req, req.output_ids[-num_new:] if num_new else [], num_new)
             if is_first and req.logprob_start_len >= 0:
                 out.input_logprobs = list(req.input_logprobs)
             self.pending_outputs.append(out)
             if req.is_finished:
                 self._finish(req, release=req not in in_next)
-            elif not batch.is_decode:
+            elif not batch.is_decode and not batch.keeps_running:
                 # cache the prompt now, so requests sharing it hit while this one decodes
                 self.kv.cache_unfinished(req)
                 new_running.append(req)
@@ -362,14 +358,11 @@ class Scheduler:
         """Release the request's KV (caching what it computed) and queue it again, output kept."""
         self.running.filter(drop={req})
         self.kv.release(req)
+        if req.grammar is not None:
+            req.grammar.sync_to(req.output_ids)
         self.waiting.insert(0, req)
 
     # ---- helpers ---------------------------------------------------------------------------
-    @staticmethod
-    def _projected_output_len(req: Req) -> int:
-        """Output tokens the request will have once every scheduled step is done."""
-        return req.kv_len - req.prompt_len + 1
-
     def _take_outputs(self) -> list[ReqOutput]:
         outputs, self.pending_outputs = self.pending_outputs, []
         return outputs

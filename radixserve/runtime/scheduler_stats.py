@@ -23,6 +23,8 @@ class SchedulerStats:
     num_aborted_reqs: int = 0
     num_retractions: int = 0
     num_preemptions: int = 0
+    num_jump_batches: int = 0  # extend steps of tokens a grammar forced (jump-forward)
+    num_jumped_tokens: int = 0
     clock: Callable[[], float] = time.monotonic  # the scheduler's clock
     started_at: float = field(init=False)
 
@@ -69,6 +71,10 @@ class SchedulerStats:
             "num_aborted_reqs": self.num_aborted_reqs,
             "num_retractions": self.num_retractions,
             "num_preemptions": self.num_preemptions,
+            "num_prefill_batches": self.num_prefill_batches,
+            "num_decode_batches": self.num_decode_batches,
+            "num_jump_batches": self.num_jump_batches,
+            "num_jumped_tokens": self.num_jumped_tokens,
             "new_token_ratio": scheduler.new_token_ratio,
             "uptime_s": self.clock() - self.started_at,
         }

@@ -9,6 +9,8 @@ duplicate rid, the KV pool's capacity); the sampler never validates.
 
 from __future__ import annotations
 
+from radixserve.runtime.grammar import check_grammar
+from radixserve.runtime.grammar.backend import CompileCache
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.io_struct import SchedulerInfo
 from radixserve.types import SamplingParams
@@ -20,6 +22,7 @@ class RequestValidator:
     def __init__(self, info: SchedulerInfo, default_max_new_tokens: int = 128) -> None:
         self.info = info
         self.default_max_new_tokens = default_max_new_tokens
+        self._grammars = CompileCache(check_grammar)  # keys already found valid
 
     def max_new_tokens_for(self, prompt_len: int, requested: int | None) -> int:
         """``requested``, or when ``None`` the default clipped to the context left."""
@@ -63,4 +66,6 @@ class RequestValidator:
             )
         if any(t >= self.info.vocab_size for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be in [0, {self.info.vocab_size})")
+        if params.grammar_key is not None:
+            self._grammars.get(params.grammar_key)  # ValueError saying what is wrong
         return request
