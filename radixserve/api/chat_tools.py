@@ -71,6 +71,8 @@ class ToolStream:
         self.pending += text
         at = parser.start(self.pending)
         if at is not None:
+            if parser.kind == "qwen25":  # as in parse: the whitespace before a call is dropped
+                at = len(self.pending[:at].rstrip())
             out, self.held, self.pending, self.started = (
                 self.pending[:at],
                 self.pending[at:],

@@ -43,6 +43,7 @@ def _tool_item_schema(name: str, parameters: dict[str, Any] | None) -> dict[str,
             "parameters": parameters or {"type": "object", "properties": {}},
         },
         "required": ["name", "parameters"],
+        "additionalProperties": False,  # a call is its name and parameters, nothing else
     }
 
 
@@ -112,13 +113,19 @@ class ToolCallParser:
 
     def held_len(self, text: str) -> int:
         """How many trailing characters of ``text`` may yet become the start of a call (a
-        stream holds them back): a proper prefix of the marker, or Llama 3's leading space."""
+        stream holds them back): a proper prefix of the marker and, for Qwen, the whitespace
+        before it; or Llama 3's leading space."""
         if self.kind == "llama3" and not text.strip():
             return len(text)
+        held = 0
         for k in range(min(len(self.marker) - 1, len(text)), 0, -1):
             if self.marker.startswith(text[-k:]):
-                return k
-        return 0
+                held = k
+                break
+        if self.kind == "qwen25":  # whitespace before a call is dropped (see parse): hold it
+            body = text[: len(text) - held]
+            held += len(body) - len(body.rstrip())
+        return held
 
     def parse(self, text: str) -> tuple[str, list[ParsedCall]]:
         """``(content, calls)``; no calls (and all of ``text`` as content) if any call in it is
