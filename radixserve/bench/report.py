@@ -89,7 +89,8 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def systems_table(systems: list[dict[str, Any]]) -> str:
+def systems_table(systems: list[dict[str, Any]], extra: Sequence[tuple[str, str]] = ()) -> str:
+    """The bench table; ``extra`` adds ``(header, key)`` columns (``-`` where a key is missing)."""
     header = (
         "system",
         "wall s",
@@ -116,10 +117,11 @@ def systems_table(systems: list[dict[str, Any]]) -> str:
             _ms(s["latency_s"], "p99"),
             _pct(s["hit_rate"]),
             _pct(s["optimal_hit_rate"]),
+            *(str(s.get(key, "-")) for _, key in extra),
         )
         for s in systems
     ]
-    return format_table(header, rows)
+    return format_table((*header, *(name for name, _ in extra)), rows)
 
 
 def runs_text(systems: list[dict[str, Any]]) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from radixserve.bench.records import percentiles
-from radixserve.bench.report import format_table
+from radixserve.bench.report import systems_table
 from radixserve.radix import RadixCache
 from radixserve.sim.simulation import SimRecord, SimResult
 
@@ -71,46 +71,8 @@ def summarize(name: str, result: SimResult, extra: dict[str, Any] | None = None)
     return out
 
 
-def _ms(d: dict[str, float] | None, key: str) -> str:
-    return "-" if d is None else f"{d[key] * 1e3:.0f}"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
 def sim_table(runs: list[dict[str, Any]]) -> str:
-    header = (
-        "system",
-        "wall s",
-        "req/s",
-        "in tok/s",
-        "out tok/s",
-        "TTFT p50 ms",
-        "TTFT p99 ms",
-        "lat p50 ms",
-        "lat p99 ms",
-        "hit",
-        "optimal",
-        "retract",
-        "preempt",
+    """The bench table (``radixserve bench``'s columns) with retractions and preemptions."""
+    return systems_table(
+        runs, extra=(("retract", "num_retractions"), ("preempt", "num_preemptions"))
     )
-    rows = [
-        (
-            s["name"],
-            f"{s['wall_s']:.2f}",
-            f"{s['requests_per_s']:.2f}",
-            f"{s['input_tokens_per_s']:.0f}",
-            f"{s['output_tokens_per_s']:.1f}",
-            _ms(s["ttft_s"], "p50"),
-            _ms(s["ttft_s"], "p99"),
-            _ms(s["latency_s"], "p50"),
-            _ms(s["latency_s"], "p99"),
-            _pct(s["hit_rate"]),
-            _pct(s["optimal_hit_rate"]),
-            str(s.get("num_retractions", "-")),
-            str(s.get("num_preemptions", "-")),
-        )
-        for s in runs
-    ]
-    return format_table(header, rows)
