@@ -107,10 +107,12 @@ def test_many_streaming_clients_with_leavers(server: Server, client: httpx.Clien
     generated = sched["num_generated_tokens"] - before["num_generated_tokens"]
     finishers = NUM_CLIENTS - len(leavers)
     assert generated >= finishers * MAX_TOKENS
-    # every client that left was aborted in the scheduler (how many tokens it made before the
-    # abort arrived depends on the load, so only the count is exact)
+    # every streaming client that left was aborted in the scheduler (how many tokens it made
+    # before the abort arrived depends on the load, so only the count is exact); a non-streaming
+    # leaver's request may not even have reached the scheduler on a loaded host
     num_leavers = len(leavers) + 2
-    assert sched["num_aborted_reqs"] - before["num_aborted_reqs"] == num_leavers
+    aborted = sched["num_aborted_reqs"] - before["num_aborted_reqs"]
+    assert len(leavers) <= aborted <= num_leavers, aborted
     assert generated < (finishers * MAX_TOKENS + num_leavers * LEAVER_MAX_TOKENS), generated
     cached = sched["num_cached_prompt_tokens"] - before["num_cached_prompt_tokens"]
     assert cached > NUM_CLIENTS // 2 * 100, cached  # the shared system prompts hit the cache

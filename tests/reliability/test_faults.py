@@ -22,11 +22,19 @@ pytestmark = pytest.mark.timeout(300)  # each may start a server on a loaded mac
 LONG = {"max_tokens": 900, "ignore_eos": True}
 
 
-def stream_lines(server: Server, body: dict[str, Any], out: list[Any]) -> None:
-    """POST a streaming completion; appends (status, data lines) or the exception."""
+def stream_lines(
+    server: Server,
+    body: dict[str, Any],
+    out: list[Any],
+    opened: threading.Semaphore | None = None,
+) -> None:
+    """POST a streaming completion; appends (status, data lines) or the exception. Releases
+    ``opened`` once the response has started (the server holds the request)."""
     try:
         with httpx.Client(base_url=server.url, timeout=60) as c:
             with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
+                if opened is not None:
+                    opened.release()
                 lines = [line for line in resp.iter_lines() if line]
             out.append((resp.status_code, lines))
     except Exception as exc:
@@ -105,6 +113,7 @@ def test_sigterm_under_load_drains(rel_model_dir: Path, tmp_path: Path) -> None:
     )
     pids = pids_of(srv)
     results: list[Any] = []
+    opened = threading.Semaphore(0)
     threads = [
         threading.Thread(
             target=stream_lines,
@@ -112,6 +121,7 @@ def test_sigterm_under_load_drains(rel_model_dir: Path, tmp_path: Path) -> None:
                 srv,
                 {"prompt": f"stream {i}", **(LONG if i % 2 else {"max_tokens": 4})},
                 results,
+                opened,
             ),
         )
         for i in range(16)
@@ -119,7 +129,10 @@ def test_sigterm_under_load_drains(rel_model_dir: Path, tmp_path: Path) -> None:
     try:
         for t in threads:
             t.start()
-        time.sleep(2.0)
+        # SIGTERM once every stream has started (a fixed sleep let a loaded host refuse some)
+        for _ in threads:
+            assert opened.acquire(timeout=60), "a stream did not start"
+        time.sleep(0.5)
         srv.proc.send_signal(signal.SIGTERM)
         srv.proc.wait(timeout=30)
         for t in threads:
