@@ -47,12 +47,20 @@ class SimSession:
 def from_bench_sessions(sessions: Iterable[Session]) -> list[SimSession]:
     """The bench's sessions as int32 arrays; equal prefixes become one shared array."""
     prefixes: dict[tuple[int, ...], np.ndarray] = {}
+    # a list seen before (the shared-prefix generator hands a group one list): no re-hashing;
+    # the list is kept alive beside its array so its id is not reused
+    by_list: dict[int, tuple[list[int], np.ndarray]] = {}
     out = []
     for s in sessions:
-        key = tuple(s.prefix_ids)
-        prefix = prefixes.get(key)
-        if prefix is None:
-            prefix = prefixes[key] = np.asarray(s.prefix_ids, dtype=np.int32)
+        seen = by_list.get(id(s.prefix_ids))
+        if seen is not None:
+            prefix = seen[1]
+        else:
+            key = tuple(s.prefix_ids)
+            prefix = prefixes.get(key)
+            if prefix is None:
+                prefix = prefixes[key] = np.asarray(s.prefix_ids, dtype=np.int32)
+            by_list[id(s.prefix_ids)] = (s.prefix_ids, prefix)
         turns = tuple(
             SimTurn(np.asarray(t.user_ids, dtype=np.int32), t.answer_len) for t in s.turns
         )
