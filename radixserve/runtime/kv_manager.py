@@ -135,7 +135,7 @@ class KVManager:
 
     def row_slots(self, req: Req, start: int = 0, end: int | None = None) -> torch.Tensor:
         end = req.kv_len if end is None else end
-        return self.req_to_token_pool.req_to_token[_row(req), start:end].to(torch.int64)
+        return self.req_to_token_pool.read(_row(req), start, end)
 
     # ---- allocation for a batch (all or nothing) -----------------------------------------
     def alloc_extend(self, admissions: Sequence[Admission]) -> torch.Tensor | None:
@@ -265,17 +265,7 @@ class KVManager:
             if slots is None:
                 return None
         # one scatter into req_to_token for the whole batch: row r_i, columns start_i .. end_i
-        row_ids = torch.tensor([_row(r) for r in reqs], dtype=torch.int64)
-        if len(slots) == len(reqs):  # decode: one token each
-            rows, cols = row_ids, torch.tensor(starts, dtype=torch.int64)
-        else:
-            lens = torch.tensor(new_lens, dtype=torch.int64)
-            n = len(slots)  # output_size: saves repeat_interleave a sizing pass
-            rows = torch.repeat_interleave(row_ids, lens, output_size=n)
-            offsets = torch.tensor(starts, dtype=torch.int64) - (torch.cumsum(lens, 0) - lens)
-            cols = torch.repeat_interleave(offsets, lens, output_size=n) + torch.arange(n)
-        table = self.req_to_token_pool.req_to_token
-        table[rows.to(table.device), cols.to(table.device)] = slots.to(table.dtype)
+        self.req_to_token_pool.write_spans([_row(r) for r in reqs], starts, new_lens, slots)
         for req, end in zip(reqs, ends, strict=True):
             req.kv_len = end
         return slots
