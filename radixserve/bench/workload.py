@@ -133,30 +133,50 @@ def make_multiturn(spec: MultiTurnSpec, low: int, high: int) -> list[Session]:
     return sessions
 
 
-def make_shared_prefix(spec: SharedPrefixSpec, low: int, high: int) -> list[Session]:
-    """Group-major order (all of group 0, then group 1, ...), shuffled like SGLang's, with
-    Poisson arrival offsets at ``request_rate`` requests/s."""
+@dataclass(frozen=True, slots=True)
+class SharedPrefixDraw:
+    """The random numbers of a shared-prefix trace, as arrays (the simulator builds its sessions
+    from them without a round trip through lists). Request ``i`` belongs to group
+    ``i // prompts_per_group``; session ``sid`` is request ``order[sid]``."""
+
+    systems: np.ndarray  # [num_groups, system_len] int64
+    questions: np.ndarray  # [num_requests, question_len] int64
+    answers: np.ndarray  # [num_requests, output_len] int64: the fallback answers
+    order: list[int]
+    arrivals: list[float]  # per session
+
+
+def draw_shared_prefix(spec: SharedPrefixSpec, low: int, high: int) -> SharedPrefixDraw:
+    """The draws of :func:`make_shared_prefix`, in its order: every system prompt, then per
+    request its question and its fallback answer (one block draw), the shuffle, the arrivals."""
     src = TokenSource(low, high, spec.seed)
-    # the ids in the order the generator draws them: every system prompt, then per request its
-    # question and its fallback answer; one block draw (the numbers of one call per prompt)
     sys_len, q_len, a_len = spec.system_len, spec.question_len, spec.output_len
     num = spec.num_groups * spec.prompts_per_group
     ids = randrange_block(src.rng, low, high, spec.num_groups * sys_len + num * (q_len + a_len))
-    systems = [ids[g * sys_len : (g + 1) * sys_len].tolist() for g in range(spec.num_groups)]
+    systems = ids[: spec.num_groups * sys_len].reshape(spec.num_groups, sys_len)
     per_req = ids[spec.num_groups * sys_len :].reshape(num, q_len + a_len)
-    questions, answers = per_req[:, :q_len].tolist(), per_req[:, q_len:].tolist()
-    pairs = [
-        (systems[i // spec.prompts_per_group], Turn(questions[i], a_len, answers[i]))
-        for i in range(num)
-    ]
-    src.rng.shuffle(pairs)
-    sessions, t = [], 0.0
-    for sid, (system, turn) in enumerate(pairs):
-        # a group's sessions share one prefix list (read only; a client copies it)
-        sessions.append(Session(sid, system, [turn], arrival_s=t))
+    order = list(range(num))
+    src.rng.shuffle(order)  # the permutation shuffling the requests themselves would give
+    arrivals, t = [], 0.0
+    for _ in range(num):
+        arrivals.append(t)
         if spec.request_rate != float("inf"):
             t += src.rng.expovariate(spec.request_rate)
-    return sessions
+    return SharedPrefixDraw(systems, per_req[:, :q_len], per_req[:, q_len:], order, arrivals)
+
+
+def make_shared_prefix(spec: SharedPrefixSpec, low: int, high: int) -> list[Session]:
+    """Group-major order (all of group 0, then group 1, ...), shuffled like SGLang's, with
+    Poisson arrival offsets at ``request_rate`` requests/s."""
+    draw = draw_shared_prefix(spec, low, high)
+    systems = draw.systems.tolist()
+    questions, answers = draw.questions.tolist(), draw.answers.tolist()
+    per_group = spec.prompts_per_group
+    return [
+        # a group's sessions share one prefix list (read only; a client copies it)
+        Session(sid, systems[i // per_group], [Turn(questions[i], spec.output_len, answers[i])], t)
+        for sid, (i, t) in enumerate(zip(draw.order, draw.arrivals, strict=True))
+    ]
 
 
 def num_requests(sessions: list[Session]) -> int:

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from radixserve.bench.workload import Session
+from radixserve.bench.workload import Session, SharedPrefixSpec, draw_shared_prefix
 
 EMPTY = np.zeros(0, dtype=np.int32)
 
@@ -66,6 +66,22 @@ def from_bench_sessions(sessions: Iterable[Session]) -> list[SimSession]:
         )
         out.append(SimSession(s.sid, prefix, turns, s.arrival_s))
     return out
+
+
+def shared_prefix_sessions(spec: SharedPrefixSpec, low: int, high: int) -> list[SimSession]:
+    """``from_bench_sessions(make_shared_prefix(spec, low, high))``, built from the draws'
+    arrays directly (no lists of millions of ints): the same sessions."""
+    draw = draw_shared_prefix(spec, low, high)
+    prefixes: dict[bytes, np.ndarray] = {}  # equal prefixes: one array, as from_bench_sessions
+    groups = []
+    for row in draw.systems.astype(np.int32):
+        groups.append(prefixes.setdefault(row.tobytes(), row))
+    questions = draw.questions.astype(np.int32)
+    per_group, out_len = spec.prompts_per_group, spec.output_len
+    return [
+        SimSession(sid, groups[i // per_group], (SimTurn(questions[i], out_len),), t)
+        for sid, (i, t) in enumerate(zip(draw.order, draw.arrivals, strict=True))
+    ]
 
 
 def num_requests(sessions: Iterable[SimSession]) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from radixserve.bench.workload import (
@@ -16,6 +17,7 @@ from radixserve.bench.workload import (
     make_shared_prefix,
     randrange_block,
 )
+from radixserve.sim.trace import from_bench_sessions, shared_prefix_sessions
 
 
 @pytest.mark.parametrize("seed", [0, 1, 12345])
@@ -79,3 +81,28 @@ def test_token_source_long_and_short_draws_continue_one_stream() -> None:
     src, ref = TokenSource(3, 500, 8), random.Random(8)
     got = src.ids(10) + src.ids(1000) + src.ids(3)
     assert got == [ref.randrange(3, 500) for _ in range(1013)]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SharedPrefixSpec(num_groups=3, prompts_per_group=5, seed=4),
+        SharedPrefixSpec(num_groups=4, prompts_per_group=3, request_rate=2.0, seed=9),
+        SharedPrefixSpec(num_groups=3, prompts_per_group=2, system_len=0, output_len=0),
+    ],
+)
+def test_simulator_sessions_from_the_arrays_are_those_from_the_lists(
+    spec: SharedPrefixSpec,
+) -> None:
+    direct = shared_prefix_sessions(spec, 3, 32000)
+    via_lists = from_bench_sessions(make_shared_prefix(spec, 3, 32000))
+    assert len(direct) == len(via_lists)
+    for a, b in zip(direct, via_lists, strict=True):
+        assert (a.sid, a.arrival_s, len(a.turns)) == (b.sid, b.arrival_s, len(b.turns))
+        assert a.prefix_ids.dtype == b.prefix_ids.dtype == np.int32
+        assert a.prefix_ids.tolist() == b.prefix_ids.tolist()
+        for ta, tb in zip(a.turns, b.turns, strict=True):
+            assert ta.user_ids.dtype == np.int32
+            assert (ta.user_ids.tolist(), ta.output_len) == (tb.user_ids.tolist(), tb.output_len)
+    # one array per distinct prefix, shared by the group's sessions, in both
+    assert len({id(s.prefix_ids) for s in direct}) == len({id(s.prefix_ids) for s in via_lists})
