@@ -197,7 +197,8 @@ class Req:
 
     @property
     def prefix_len(self) -> int:
-        return 0 if self.prefix_indices is None else len(self.prefix_indices)
+        indices = self.prefix_indices  # a tensor: shape[0] is several times cheaper than len()
+        return 0 if indices is None else int(indices.shape[0])
 
     @property
     def fill_ids(self) -> np.ndarray:

@@ -196,7 +196,7 @@ class KVManager:
         if present > old_prefix_len:  # someone cached the same tokens meanwhile: drop our copies
             self.allocator.free(slots[old_prefix_len:present])
         new_prefix = result.indices
-        assert len(new_prefix) >= old_prefix_len
+        assert new_prefix.shape[0] >= old_prefix_len
         self.req_to_token_pool.write(_row(req), old_prefix_len, new_prefix[old_prefix_len:])
         self.tree.inc_lock_ref(result.last_node)
         if req.last_node is not None:
@@ -210,7 +210,8 @@ class KVManager:
             return
         slots = self.row_slots(req)
         shared = req.prefix_len
-        aligned = len(slots) - len(slots) % self.page_size
+        num_slots = slots.shape[0]  # len() of a tensor costs several times more
+        aligned = num_slots - num_slots % self.page_size
         if insert:
             present = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.extra_key).num_present
         else:
@@ -218,7 +219,7 @@ class KVManager:
         # [shared, present): duplicates of what the tree holds; [aligned, kv_len): partial page
         if present > shared:
             self.allocator.free(slots[shared:present])
-        if aligned < len(slots):
+        if aligned < num_slots:
             self.allocator.free(slots[aligned:])
         if req.last_node is not None:
             self.tree.dec_lock_ref(req.last_node)
