@@ -57,9 +57,9 @@ def from_bench_sessions(sessions: Iterable[Session]) -> list[SimSession]:
             prefix = seen[1]
         else:
             key = tuple(s.prefix_ids)
-            prefix = prefixes.get(key)
-            if prefix is None:
-                prefix = prefixes[key] = np.asarray(s.prefix_ids, dtype=np.int32)
+            if key not in prefixes:
+                prefixes[key] = np.asarray(s.prefix_ids, dtype=np.int32)
+            prefix = prefixes[key]
             by_list[id(s.prefix_ids)] = (s.prefix_ids, prefix)
         turns = tuple(
             SimTurn(np.asarray(t.user_ids, dtype=np.int32), t.answer_len) for t in s.turns
