@@ -256,33 +256,27 @@ class Scheduler:
     def process_result(self, batch: ScheduleBatch, result: BatchResult) -> None:
         in_next = set(self.in_flight[0].reqs) if self.in_flight is not None else set()
         new_running: list[Req] = []
-        # once per batch, not per token: this loop runs for every generated token
-        samples, is_decode, outputs = batch.samples, batch.is_decode, self.pending_outputs
-        has_input_logprobs = bool(result.input_logprobs)
-        max_context_len, tokenizer = self.max_context_len, self.tokenizer
         for i, req in enumerate(batch.reqs):
-            if req.finish_reason is not None:  # finished in the batch before: token dropped
+            if req.is_finished:  # finished in the batch before; its token here is dropped
                 if req not in in_next:
                     self.kv.release(req)
                 continue
-            if has_input_logprobs:
-                result.collect_input_logprobs(req, i)
-            if not samples[i]:
+            result.collect_input_logprobs(req, i)
+            if not batch.samples[i]:
                 continue
-            is_first = not req.output_ids
-            if req.sampling_params.max_new_tokens > 0:
+            is_first = req.output_len == 0
+            num_new = 0
+            if req.max_new_tokens > 0:
                 result.append_token(req, i)
-                new_ids, num_new = [req.output_ids[-1]], 1
-            else:
-                new_ids, num_new = [], 0
-            req.finish_reason = check_finished(req, max_context_len, tokenizer)
-            out = make_output(req, new_ids, num_new)
+                num_new = 1
+            req.finish_reason = check_finished(req, self.max_context_len, self.tokenizer)
+            out = make_output(req, req.output_ids[-num_new:] if num_new else [], num_new)
             if is_first and req.logprob_start_len >= 0:
                 out.input_logprobs = list(req.input_logprobs)
-            outputs.append(out)
-            if req.finish_reason is not None:
+            self.pending_outputs.append(out)
+            if req.is_finished:
                 self._finish(req, release=req not in in_next)
-            elif not is_decode:
+            elif not batch.is_decode:
                 # cache the prompt now, so requests sharing it hit while this one decodes
                 self.kv.cache_unfinished(req)
                 new_running.append(req)
