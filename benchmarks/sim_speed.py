@@ -17,12 +17,12 @@ import time
 
 import torch
 
-from radixserve.bench.workload import SharedPrefixSpec, make_shared_prefix
+from radixserve.bench.workload import SharedPrefixSpec
 from radixserve.config import EngineConfig
 from radixserve.sim.cost_model import CostModel
 from radixserve.sim.simulation import SimOptions, Simulation
 from radixserve.sim.summary import sim_table, summarize
-from radixserve.sim.trace import from_bench_sessions, num_requests
+from radixserve.sim.trace import num_requests, shared_prefix_sessions
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
     spec = SharedPrefixSpec(
         num_groups=args.groups, prompts_per_group=args.requests // args.groups, seed=0
     )
-    sessions = from_bench_sessions(make_shared_prefix(spec, 3, 32000))
+    sessions = shared_prefix_sessions(spec, 3, 32000)
     t1 = time.perf_counter()
     config = EngineConfig(
         max_total_tokens=args.kv_tokens,

@@ -13,6 +13,11 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+# below this many ids, moving the generator's state to numpy and back costs more than it saves
+_BLOCK_MIN = 256
+
 
 @dataclass(frozen=True, slots=True)
 class Turn:
@@ -70,6 +75,8 @@ class TokenSource:
         self.rng = random.Random(seed)
 
     def ids(self, n: int) -> list[int]:
+        if n >= _BLOCK_MIN:
+            return randrange_block(self.rng, self.low, self.high, n).tolist()
         return [self.rng.randrange(self.low, self.high) for _ in range(n)]
 
     def length(self, bounds: tuple[int, int]) -> int:
@@ -77,6 +84,39 @@ class TokenSource:
         if not 1 <= lo <= hi:
             raise ValueError(f"bad length range {bounds}")
         return self.rng.randint(lo, hi)
+
+
+def randrange_block(rng: random.Random, low: int, high: int, n: int) -> np.ndarray:
+    """``[rng.randrange(low, high) for _ in range(n)]`` as an int64 array, the same numbers at
+    numpy speed, leaving ``rng`` where those calls would have.
+
+    CPython draws ``randrange`` by rejection: ``k = width.bit_length()`` bits, the top ``k`` of
+    one 32-bit Mersenne Twister output (for ``k <= 32``), redrawn while ``>= width``. numpy's
+    ``MT19937`` is the same generator, so it takes over ``rng``'s state, yields the raw
+    outputs, and hands the state back. Widths over 32 bits take the plain loop.
+    ``tests/bench/test_workload.py`` checks it against ``randrange`` itself."""
+    width = high - low
+    if width < 1:
+        raise ValueError(f"empty range [{low}, {high})")
+    k = width.bit_length()
+    if k > 32:
+        return np.array([rng.randrange(low, high) for _ in range(n)], dtype=np.int64)
+    version, internal, gauss = rng.getstate()
+    bitgen = np.random.MT19937()
+    bitgen.state = {
+        "bit_generator": "MT19937",
+        "state": {"key": np.array(internal[:-1], dtype=np.uint32), "pos": internal[-1]},
+    }
+    parts, need = [], n
+    while need:  # each round draws exactly one output per id still owed: none is wasted
+        raw = bitgen.random_raw(need) >> np.uint64(32 - k)
+        kept = raw[raw < width]
+        parts.append(kept)
+        need -= len(kept)
+    state = bitgen.state["state"]
+    rng.setstate((version, (*state["key"].tolist(), int(state["pos"])), gauss))
+    out = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+    return out + low
 
 
 def make_multiturn(spec: MultiTurnSpec, low: int, high: int) -> list[Session]:
@@ -93,23 +133,50 @@ def make_multiturn(spec: MultiTurnSpec, low: int, high: int) -> list[Session]:
     return sessions
 
 
+@dataclass(frozen=True, slots=True)
+class SharedPrefixDraw:
+    """The random numbers of a shared-prefix trace, as arrays (the simulator builds its sessions
+    from them without a round trip through lists). Request ``i`` belongs to group
+    ``i // prompts_per_group``; session ``sid`` is request ``order[sid]``."""
+
+    systems: np.ndarray  # [num_groups, system_len] int64
+    questions: np.ndarray  # [num_requests, question_len] int64
+    answers: np.ndarray  # [num_requests, output_len] int64: the fallback answers
+    order: list[int]
+    arrivals: list[float]  # per session
+
+
+def draw_shared_prefix(spec: SharedPrefixSpec, low: int, high: int) -> SharedPrefixDraw:
+    """The draws of :func:`make_shared_prefix`, in its order: every system prompt, then per
+    request its question and its fallback answer (one block draw), the shuffle, the arrivals."""
+    src = TokenSource(low, high, spec.seed)
+    sys_len, q_len, a_len = spec.system_len, spec.question_len, spec.output_len
+    num = spec.num_groups * spec.prompts_per_group
+    ids = randrange_block(src.rng, low, high, spec.num_groups * sys_len + num * (q_len + a_len))
+    systems = ids[: spec.num_groups * sys_len].reshape(spec.num_groups, sys_len)
+    per_req = ids[spec.num_groups * sys_len :].reshape(num, q_len + a_len)
+    order = list(range(num))
+    src.rng.shuffle(order)  # the permutation shuffling the requests themselves would give
+    arrivals, t = [], 0.0
+    for _ in range(num):
+        arrivals.append(t)
+        if spec.request_rate != float("inf"):
+            t += src.rng.expovariate(spec.request_rate)
+    return SharedPrefixDraw(systems, per_req[:, :q_len], per_req[:, q_len:], order, arrivals)
+
+
 def make_shared_prefix(spec: SharedPrefixSpec, low: int, high: int) -> list[Session]:
     """Group-major order (all of group 0, then group 1, ...), shuffled like SGLang's, with
     Poisson arrival offsets at ``request_rate`` requests/s."""
-    src = TokenSource(low, high, spec.seed)
-    systems = [src.ids(spec.system_len) for _ in range(spec.num_groups)]
-    pairs = [
-        (systems[g], Turn(src.ids(spec.question_len), spec.output_len, src.ids(spec.output_len)))
-        for g in range(spec.num_groups)
-        for _ in range(spec.prompts_per_group)
+    draw = draw_shared_prefix(spec, low, high)
+    systems = draw.systems.tolist()
+    questions, answers = draw.questions.tolist(), draw.answers.tolist()
+    per_group = spec.prompts_per_group
+    return [
+        # a group's sessions share one prefix list (read only; a client copies it)
+        Session(sid, systems[i // per_group], [Turn(questions[i], spec.output_len, answers[i])], t)
+        for sid, (i, t) in enumerate(zip(draw.order, draw.arrivals, strict=True))
     ]
-    src.rng.shuffle(pairs)
-    sessions, t = [], 0.0
-    for sid, (system, turn) in enumerate(pairs):
-        sessions.append(Session(sid, list(system), [turn], arrival_s=t))
-        if spec.request_rate != float("inf"):
-            t += src.rng.expovariate(spec.request_rate)
-    return sessions
 
 
 def num_requests(sessions: list[Session]) -> int:

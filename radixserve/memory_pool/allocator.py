@@ -39,7 +39,7 @@ class TokenToKVPoolAllocator:
         return (self.num_pages - 1) * self.page_size
 
     def available_size(self) -> int:
-        return (len(self._free_pages) + self._num_released) * self.page_size
+        return (self._free_pages.shape[0] + self._num_released) * self.page_size
 
     # ---- commits -------------------------------------------------------------------------
     def alloc(self, n: int) -> torch.Tensor | None:
@@ -102,7 +102,7 @@ class TokenToKVPoolAllocator:
         assert not self._is_free[idx].any(), "a KV page was freed twice"
         self._is_free[idx] = True
         self._released.append(pages)
-        self._num_released += len(pages)
+        self._num_released += pages.shape[0]
 
     def clear(self) -> None:
         self._free_pages = torch.arange(1, self.num_pages, dtype=torch.int64)
@@ -148,9 +148,9 @@ class TokenToKVPoolAllocator:
 
     # ---- internals -----------------------------------------------------------------------
     def _take_pages(self, n: int) -> torch.Tensor | None:
-        if n > len(self._free_pages) + self._num_released:
+        if n > self._free_pages.shape[0] + self._num_released:
             return None
-        if n > len(self._free_pages):
+        if n > self._free_pages.shape[0]:
             self._free_pages = torch.cat([self._free_pages, *self._released])
             self._released, self._num_released = [], 0
         pages, self._free_pages = self._free_pages[:n], self._free_pages[n:]

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from radixserve.policy.admission_config import AdmissionConfig
-from radixserve.policy.ignore_eos import ignore_eos_fits, req_state
+from radixserve.policy.ignore_eos import ReqState, ignore_eos_fits, req_state
 from radixserve.policy.preemption import outranks, victim_order
 from radixserve.policy.prefill_budget import AddReqResult, KVView, PrefillBudget
 from radixserve.policy.prefill_plan import Admission, PrefillPlan
@@ -54,6 +54,9 @@ class PrefillAdder:
         self._running = set(self.running_reqs)
         self._admitted: set[Req] = set()
         self._matches: dict[Req, MatchResult] = {}
+        # each request's (tokens_left, tokens_occupied) of this pass: nothing it reads changes
+        # while a pass plans, and the ignore_eos check reads every running request per offer
+        self._eos_states: dict[Req, ReqState] = {}
 
     # ---- the pass ------------------------------------------------------------------------
     def plan(
@@ -264,6 +267,12 @@ class PrefillAdder:
             return False
         taken = set(self.result.to_preempt)
         others = [r for r in self.running_reqs if r not in taken] + self.can_run_list
-        states = [req_state(r, self.new_token_ratio) for r in [*others, req]]
+        memo, ratio = self._eos_states, self.new_token_ratio
+        states = []
+        for r in [*others, req]:
+            state = memo.get(r)
+            if state is None:
+                state = memo[r] = req_state(r, ratio)
+            states.append(state)
         free_tokens = budget.cur_rem_tokens - input_tokens
         return ignore_eos_fits(states, free_tokens, self.constants.ignore_eos_reserve_tokens)

@@ -38,7 +38,9 @@ class RadixCache:
 
     Sizes are kept incrementally: ``evictable_size`` counts tokens of unlocked nodes,
     ``protected_size`` of locked ones. Access times come from a logical clock, so LRU order is
-    deterministic. Values are opaque: with ``create_simulated()`` they may be the tokens
+    deterministic. Eviction pops a heap kept across calls (``_lru``, lazily invalidated): every
+    unlocked leaf has an entry with its current access time, stale entries are skipped when
+    popped, and the heap is rebuilt when stale ones outnumber the leaves. Values are opaque: with ``create_simulated()`` they may be the tokens
     themselves (the policy's in-batch check uses such a tree, never the real one).
     """
 
@@ -106,24 +108,27 @@ class RadixCache:
             node.children[self._child_key(node, extra_key, leaf.key_bytes)] = leaf
             self._leaves.discard(node)
             self._leaves.add(leaf)
+            self._push_lru(leaf)
             self._evictable_size += len(leaf)
             values.append(leaf.value)
             node = leaf
         return InsertResult(pos, _cat(values), node)
 
     def evict(self, num_tokens: int) -> torch.Tensor:
-        # (time, id, node) tuples compare in C: heapify stays cheap with thousands of leaves
-        heap = [(n.last_access_time, n.id, n) for n in self._leaves if n.lock_ref == 0]
-        heapq.heapify(heap)
+        """Free unlocked leaves, least recently used first (ties: oldest node), until
+        ``num_tokens`` are freed or none is left; a parent left a leaf joins the order."""
+        leaves = self._leaves
         freed: list[torch.Tensor] = []
         num_freed = 0
-        while num_freed < num_tokens and heap:
-            _, _, leaf = heapq.heappop(heap)
+        while num_freed < num_tokens and self._lru:
+            t, _, leaf = heapq.heappop(self._lru)
+            if leaf.lock_ref or t != leaf.last_access_time or leaf not in leaves:
+                continue  # stale: locked, touched since, or no longer a leaf in the tree
             freed.append(leaf.value)
             num_freed += len(leaf)
             parent = self._delete_leaf(leaf)
-            if parent is not self._root and parent.is_leaf and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
+            if parent is not self._root and parent.is_leaf:
+                self._push_lru(parent)
         self._evictable_size -= num_freed
         return torch.cat(freed) if freed else _EMPTY_VALUE
 
@@ -144,7 +149,12 @@ class RadixCache:
             assert node.lock_ref > 0, "dec_lock_ref on an unlocked node"
             if node.lock_ref == 1:
                 delta += len(node)
+                unlocked_leaf = not node.children
+            else:
+                unlocked_leaf = False
             node.lock_ref -= 1
+            if unlocked_leaf:  # it joins the eviction order
+                self._push_lru(node)
             node = node.parent  # type: ignore[assignment]
         self._evictable_size += delta
         self._protected_size -= delta
@@ -154,6 +164,8 @@ class RadixCache:
         self._root = TreeNode(next(self._node_ids), b"", _EMPTY_VALUE, None)
         self._root.lock_ref = 1  # the root is never evicted
         self._leaves: set[TreeNode] = set()
+        # (access time, id, node) of unlocked leaves, possibly stale; tuples compare in C
+        self._lru: list[tuple[int, int, TreeNode]] = []
         self._evictable_size = 0
         self._protected_size = 0
 
@@ -189,6 +201,8 @@ class RadixCache:
         assert evictable == self._evictable_size, f"evictable {self._evictable_size} != {evictable}"
         assert protected == self._protected_size, f"protected {self._protected_size} != {protected}"
         assert leaves == self._leaves, "the leaf set is stale"
+        current = {n for t, _, n in self._lru if t == n.last_access_time}
+        assert all(n in current for n in leaves if n.lock_ref == 0), "an LRU entry is missing"
         if unique_values:
             values = self.all_values()
             assert len(torch.unique(values)) == len(values), "a KV slot is held by two nodes"
@@ -225,6 +239,8 @@ class RadixCache:
             if child is None:
                 break
             child.last_access_time = now
+            if not child.children:  # a leaf touched: its place in the LRU order moves
+                self._push_lru(child)
             if key_bytes.startswith(child.key_bytes, off, end):  # the whole edge matches
                 off += len(child.key_bytes)
             else:
@@ -234,6 +250,18 @@ class RadixCache:
             values.append(child.value)
             node = child
         return node, off // _TOKEN_BYTES, values
+
+    def _push_lru(self, node: TreeNode) -> None:
+        """Give an unlocked leaf its entry at its current access time (older ones go stale)."""
+        if node.lock_ref:
+            return  # it gets one when unlocked (dec_lock_ref)
+        if len(self._lru) > 2 * len(self._leaves) + 64:  # mostly stale: start afresh
+            self._rebuild_lru()  # (it includes ``node`` when it is a leaf already)
+        heapq.heappush(self._lru, (node.last_access_time, node.id, node))
+
+    def _rebuild_lru(self) -> None:
+        self._lru = [(n.last_access_time, n.id, n) for n in self._leaves if n.lock_ref == 0]
+        heapq.heapify(self._lru)
 
     def _nodes(self) -> list[TreeNode]:
         out, stack = [], [self._root]

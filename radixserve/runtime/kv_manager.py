@@ -138,7 +138,7 @@ class KVManager:
 
     def row_slots(self, req: Req, start: int = 0, end: int | None = None) -> torch.Tensor:
         end = req.kv_len if end is None else end
-        return self.req_to_token_pool.req_to_token[_row(req), start:end].to(torch.int64)
+        return self.req_to_token_pool.read(_row(req), start, end)
 
     # ---- allocation for a batch (all or nothing) -----------------------------------------
     def alloc_extend(self, admissions: Sequence[Admission]) -> torch.Tensor | None:
@@ -203,7 +203,7 @@ class KVManager:
         if present > old_prefix_len:  # someone cached the same tokens meanwhile: drop our copies
             self.allocator.free(slots[old_prefix_len:present])
         new_prefix = result.indices
-        assert len(new_prefix) >= old_prefix_len
+        assert new_prefix.shape[0] >= old_prefix_len
         self.req_to_token_pool.write(_row(req), old_prefix_len, new_prefix[old_prefix_len:])
         self.tree.inc_lock_ref(result.last_node)
         if req.last_node is not None:
@@ -217,7 +217,8 @@ class KVManager:
             return
         slots = self.row_slots(req)
         shared = req.prefix_len
-        aligned = len(slots) - len(slots) % self.page_size
+        num_slots = slots.shape[0]  # len() of a tensor costs several times more
+        aligned = num_slots - num_slots % self.page_size
         if insert:
             present = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.extra_key).num_present
         else:
@@ -225,7 +226,7 @@ class KVManager:
         # [shared, present): duplicates of what the tree holds; [aligned, kv_len): partial page
         if present > shared:
             self.allocator.free(slots[shared:present])
-        if aligned < len(slots):
+        if aligned < num_slots:
             self.allocator.free(slots[aligned:])
         if req.last_node is not None:
             self.tree.dec_lock_ref(req.last_node)
@@ -272,17 +273,7 @@ class KVManager:
             if slots is None:
                 return None
         # one scatter into req_to_token for the whole batch: row r_i, columns start_i .. end_i
-        row_ids = torch.tensor([_row(r) for r in reqs], dtype=torch.int64)
-        if len(slots) == len(reqs):  # decode: one token each
-            rows, cols = row_ids, torch.tensor(starts, dtype=torch.int64)
-        else:
-            lens = torch.tensor(new_lens, dtype=torch.int64)
-            n = len(slots)  # output_size: saves repeat_interleave a sizing pass
-            rows = torch.repeat_interleave(row_ids, lens, output_size=n)
-            offsets = torch.tensor(starts, dtype=torch.int64) - (torch.cumsum(lens, 0) - lens)
-            cols = torch.repeat_interleave(offsets, lens, output_size=n) + torch.arange(n)
-        table = self.req_to_token_pool.req_to_token
-        table[rows.to(table.device), cols.to(table.device)] = slots.to(table.dtype)
+        self.req_to_token_pool.write_spans([_row(r) for r in reqs], starts, new_lens, slots)
         for req, end in zip(reqs, ends, strict=True):
             req.kv_len = end
         return slots

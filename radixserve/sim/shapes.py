@@ -11,9 +11,13 @@ from radixserve.bench.workload import (
     MultiTurnSpec,
     SharedPrefixSpec,
     make_multiturn,
-    make_shared_prefix,
 )
-from radixserve.sim.trace import SimSession, from_bench_sessions, load_jsonl
+from radixserve.sim.trace import (
+    SimSession,
+    from_bench_sessions,
+    load_jsonl,
+    shared_prefix_sessions,
+)
 
 TRACES = ("multiturn-a", "multiturn-b", "shared-prefix", "gsp", "jsonl")
 # SGLang bench_serving's --gsp-* defaults
@@ -85,4 +89,4 @@ def build_trace(spec: TraceSpec) -> tuple[list[SimSession], int | None, str]:
         f"{sp.num_groups} groups x {sp.prompts_per_group} prompts, system {sp.system_len}, "
         f"question {sp.question_len}, output {sp.output_len}, {sp.max_concurrency} clients"
     )
-    return from_bench_sessions(make_shared_prefix(sp, low, high)), sp.max_concurrency, text
+    return shared_prefix_sessions(sp, low, high), sp.max_concurrency, text

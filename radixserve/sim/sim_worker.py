@@ -46,9 +46,8 @@ class SimWorker:
         self.num_batches += 1
         self.last_cost_s = cost
         self.busy_s += cost
-        n = len(batch.reqs)
         tokens: list[int | None] = [self._token() if s else None for s in batch.samples]
-        return BatchResult(tokens, [None] * n, [[] for _ in range(n)], [None] * n)
+        return BatchResult(tokens)  # no logprobs: the simulated requests ask for none
 
     def submit(self, batch: ScheduleBatch) -> Future[BatchResult]:
         raise NotImplementedError("the simulator runs the scheduler without overlap")

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from radixserve.bench.workload import Session
+from radixserve.bench.workload import Session, SharedPrefixSpec, draw_shared_prefix
 
 EMPTY = np.zeros(0, dtype=np.int32)
 
@@ -47,17 +47,41 @@ class SimSession:
 def from_bench_sessions(sessions: Iterable[Session]) -> list[SimSession]:
     """The bench's sessions as int32 arrays; equal prefixes become one shared array."""
     prefixes: dict[tuple[int, ...], np.ndarray] = {}
+    # a list seen before (the shared-prefix generator hands a group one list): no re-hashing;
+    # the list is kept alive beside its array so its id is not reused
+    by_list: dict[int, tuple[list[int], np.ndarray]] = {}
     out = []
     for s in sessions:
-        key = tuple(s.prefix_ids)
-        prefix = prefixes.get(key)
-        if prefix is None:
-            prefix = prefixes[key] = np.asarray(s.prefix_ids, dtype=np.int32)
+        seen = by_list.get(id(s.prefix_ids))
+        if seen is not None:
+            prefix = seen[1]
+        else:
+            key = tuple(s.prefix_ids)
+            if key not in prefixes:
+                prefixes[key] = np.asarray(s.prefix_ids, dtype=np.int32)
+            prefix = prefixes[key]
+            by_list[id(s.prefix_ids)] = (s.prefix_ids, prefix)
         turns = tuple(
             SimTurn(np.asarray(t.user_ids, dtype=np.int32), t.answer_len) for t in s.turns
         )
         out.append(SimSession(s.sid, prefix, turns, s.arrival_s))
     return out
+
+
+def shared_prefix_sessions(spec: SharedPrefixSpec, low: int, high: int) -> list[SimSession]:
+    """``from_bench_sessions(make_shared_prefix(spec, low, high))``, built from the draws'
+    arrays directly (no lists of millions of ints): the same sessions."""
+    draw = draw_shared_prefix(spec, low, high)
+    prefixes: dict[bytes, np.ndarray] = {}  # equal prefixes: one array, as from_bench_sessions
+    groups = []
+    for row in draw.systems.astype(np.int32):
+        groups.append(prefixes.setdefault(row.tobytes(), row))
+    questions = draw.questions.astype(np.int32)
+    per_group, out_len = spec.prompts_per_group, spec.output_len
+    return [
+        SimSession(sid, groups[i // per_group], (SimTurn(questions[i], out_len),), t)
+        for sid, (i, t) in enumerate(zip(draw.order, draw.arrivals, strict=True))
+    ]
 
 
 def num_requests(sessions: Iterable[SimSession]) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import itertools
 
 import hypothesis.strategies as st
@@ -66,6 +67,30 @@ def path_tokens(node: object) -> list[int]:
     return [t for run in reversed(runs) for t in run]
 
 
+def reference_eviction(tree: RadixCache, num_tokens: int) -> list[int]:
+    """The slots ``evict(num_tokens)`` frees, in order, by the plain rule (a heap built afresh
+    over the unlocked leaves, ordered by access time then node id; a parent left with no child
+    joins it), computed on the side without changing the tree."""
+    nodes, stack = [], [tree.root]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack.extend(node.children.values())
+    children_left = {node: len(node.children) for node in nodes}
+    heap = [(n.last_access_time, n.id, n) for n in nodes if n is not tree.root]
+    heap = [e for e in heap if not e[2].children and e[2].lock_ref == 0]
+    heapq.heapify(heap)
+    out: list[int] = []
+    while len(out) < num_tokens and heap:
+        _, _, leaf = heapq.heappop(heap)
+        out.extend(leaf.value.tolist())
+        parent = leaf.parent
+        children_left[parent] -= 1
+        if parent is not tree.root and children_left[parent] == 0 and parent.lock_ref == 0:
+            heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
+    return out
+
+
 def make_machine(page_size: int, max_len: int):
     keys = st.lists(st.integers(0, 3), min_size=0, max_size=max_len)
 
@@ -113,7 +138,10 @@ def make_machine(page_size: int, max_len: int):
         def evict(self, num_tokens: int) -> None:
             before = self.tree.evictable_size()
             leaves = [leaf for leaf in self.tree._leaves if leaf.lock_ref == 0]
-            freed = set(self.tree.evict(num_tokens).tolist())
+            expected = reference_eviction(self.tree, num_tokens)
+            freed_in_order = self.tree.evict(num_tokens).tolist()
+            assert freed_in_order == expected, "eviction left the plain LRU order"
+            freed = set(freed_in_order)
             assert len(freed) >= min(num_tokens, before)
             locked = {s for key in self.locked_prefixes() for s in self.ref.slots_of[key]}
             assert not freed & locked, "a locked prefix was evicted"
