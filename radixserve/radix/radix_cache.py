@@ -40,8 +40,9 @@ class RadixCache:
     ``protected_size`` of locked ones. Access times come from a logical clock, so LRU order is
     deterministic. Eviction pops a heap kept across calls (``_lru``, lazily invalidated): every
     unlocked leaf has an entry with its current access time, stale entries are skipped when
-    popped, and the heap is rebuilt when stale ones outnumber the leaves. Values are opaque: with ``create_simulated()`` they may be the tokens
-    themselves (the policy's in-batch check uses such a tree, never the real one).
+    popped, and the heap is rebuilt when stale ones outnumber the leaves. Values are opaque:
+    with ``create_simulated()`` they may be the tokens themselves (the policy's in-batch check
+    uses such a tree, never the real one).
     """
 
     def __init__(self, page_size: int = 1) -> None:
