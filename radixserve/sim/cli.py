@@ -8,7 +8,7 @@ from typing import Any
 
 from radixserve.config import SCHEDULE_POLICIES
 
-DEFAULT_COST = "tiny-cpu"
+DEFAULT_COST = "qwen25-05b-cpu"  # the 0.5B-shaped model on a 2-core AVX2 CPU (docs/sim.md)
 
 
 def _ints(text: str) -> list[int]:

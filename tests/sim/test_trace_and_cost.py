@@ -130,6 +130,9 @@ def test_cost_model_files_and_bad_values(tmp_path: object) -> None:
     with pytest.raises(ValueError, match="no cost model file"):
         CostModel.load("no-such-model")
     assert CostModel.load("tiny-cpu").decode_base > 0  # a shipped one
+    # the 0.5B-shaped default: a bigger model costs more a step than the tiny one
+    big, tiny = CostModel.load("qwen25-05b-cpu"), CostModel.load("tiny-cpu")
+    assert big.decode_base > tiny.decode_base and big.prefill_per_token > tiny.prefill_per_token
 
 
 def test_roofline_h100_is_memory_bound_at_small_batch() -> None:
