@@ -227,10 +227,11 @@ class Scheduler:
         self.running.drop_done(self.max_context_len)
         if not self.running:
             return None
-        if any(r.seq_len - r.kv_len > 1 for r in self.running.reqs):
+        lens = self.running.new_token_lens()
+        if lens is not None:
             self.sync()  # jumped forward: every token must be known for the running extend
             self.running.drop_done(self.max_context_len)
-        lens = self.running.new_token_lens()
+            lens = self.running.new_token_lens()
         slots = self.kv.alloc_decode(self.running.reqs, lens)
         if slots is None:  # out of memory even after evicting the tree
             self.sync()
