@@ -71,8 +71,7 @@ class ToolStream:
         self.pending += text
         at = parser.start(self.pending)
         if at is not None:
-            if parser.kind == "qwen25":  # as in parse: the whitespace before a call is dropped
-                at = len(self.pending[:at].rstrip())
+            at = parser.content_end(self.pending, at)  # as parse cuts the content
             out, self.held, self.pending, self.started = (
                 self.pending[:at],
                 self.pending[at:],

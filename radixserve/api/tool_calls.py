@@ -133,11 +133,15 @@ class ToolCallParser:
         at = self.start(text)
         if at is None:
             return text, []
-        content, rest = text[:at], text[at:]
-        calls = self._qwen25(rest) if self.kind == "qwen25" else self._llama3(rest)
+        calls = self._qwen25(text[at:]) if self.kind == "qwen25" else self._llama3(text[at:])
         if not calls:
             return text, []
-        return content.rstrip() if self.kind == "qwen25" else content, calls
+        return text[: self.content_end(text, at)], calls
+
+    def content_end(self, text: str, at: int) -> int:
+        """Where the content before calls starting at ``at`` ends: Qwen's whitespace before
+        a call is not content."""
+        return len(text[:at].rstrip()) if self.kind == "qwen25" else at
 
     @staticmethod
     def _qwen25(text: str) -> list[ParsedCall]:
