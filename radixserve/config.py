@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 SCHEDULE_POLICIES = ("fcfs", "lof", "random", "lpm", "dfs-weight")
 QUANTIZATIONS = ("int8",)
 CPU_ISAS = ("avx2", "avx512", "avx512_bf16", "neon")  # the kernel variants (x86 lowest first)
+KV_TIER_WRITE_POLICIES = ("write_back", "write_through")  # SGLang's --hicache-write-policy
+PREEMPTION_MODES = ("recompute", "swap")  # vLLM V0's --preemption-mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,16 @@ class EngineConfig:
     chunked_prefill_size: int | None = 512  # None or <= 0: no chunking
     schedule_policy: str = "fcfs"
     disable_radix_cache: bool = False
+    # a second KV tier under the radix tree (docs/kv_tier.md): host memory
+    # (enable_hierarchical_cache, SGLang's name) or a memory-mapped file in kv_tier_path that
+    # survives a restart; kv_tier_bytes None: twice the pool's bytes (SGLang's hicache ratio 2)
+    enable_hierarchical_cache: bool = False
+    kv_tier_path: str | None = None
+    kv_tier_bytes: int | None = None
+    kv_tier_write_policy: str = "write_back"
+    # what preemption and retraction do with the victim's KV: cache it and recompute what was
+    # evicted (recompute), or move it to the tier, pinned until it resumes (swap; needs a tier)
+    preemption_mode: str = "recompute"
     disable_overlap_schedule: bool = False
     # structured output: emit a grammar's forced text in one extend step (docs/structured_output.md)
     disable_jump_forward: bool = False
@@ -93,10 +105,37 @@ class EngineConfig:
             )
         if self.cpu_isa is not None and self.cpu_isa not in CPU_ISAS:
             raise ValueError(f"cpu_isa must be one of {CPU_ISAS} or None, got {self.cpu_isa!r}")
+        self._check_kv_tier()
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
             )
+
+    @property
+    def kv_tier_enabled(self) -> bool:
+        return self.enable_hierarchical_cache or self.kv_tier_path is not None
+
+    def _check_kv_tier(self) -> None:
+        if self.kv_tier_write_policy not in KV_TIER_WRITE_POLICIES:
+            raise ValueError(
+                f"kv_tier_write_policy must be one of {KV_TIER_WRITE_POLICIES}, "
+                f"got {self.kv_tier_write_policy!r}"
+            )
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(
+                f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}"
+            )
+        if self.kv_tier_bytes is not None and self.kv_tier_bytes <= 0:
+            raise ValueError(f"kv_tier_bytes must be > 0, got {self.kv_tier_bytes}")
+        if self.preemption_mode == "swap" and not self.kv_tier_enabled:
+            raise ValueError(
+                "preemption_mode='swap' needs a KV tier (--kv-tier-path or "
+                "--enable-hierarchical-cache)"
+            )
+        if self.kv_tier_enabled and self.disable_radix_cache:
+            raise ValueError("a KV tier keeps the radix cache's prefixes: it needs the cache on")
+        if self.kv_tier_enabled and self.tp_size > 1:
+            raise ValueError("a KV tier with tensor parallelism is not supported yet")
 
 
 def _env_int(name: str) -> int | None:

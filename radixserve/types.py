@@ -149,8 +149,8 @@ class Req:
       ``kv_len``      = tokens that have a KV slot in the request's ``req_to_token`` row
       ``extend_len``  = tokens computed in an EXTEND step (the admission plan's, not a field)
 
-    The KV fields (``req_pool_idx``, ``prefix_indices``, ``last_node``, ``kv_len``) are written
-    by ``runtime.KVManager`` alone; everyone else reads them. ``fill_ids`` is an int32 view of
+    The KV fields (``req_pool_idx``, ``prefix_indices``, ``last_node``, ``kv_len``,
+    ``swap_node``) are written by ``runtime.KVManager`` alone; everyone else reads them. ``fill_ids`` is an int32 view of
     prompt plus output (no copy), so the radix tree takes it as a key without converting.
     """
 
@@ -173,7 +173,11 @@ class Req:
     prefix_indices: Any = None  # torch int64 tensor of KV slots of the matched/computed prefix
     last_node: Any = None  # the radix node that prefix_indices ends at (locked while running)
     kv_len: int = 0  # row[:kv_len] holds slots; row[prefix_len:kv_len] are the request's own
+    # a swapped-out request's lock on its KV in the tier (preemption_mode="swap"), dropped when
+    # it is admitted again (docs/kv_tier.md)
+    swap_node: Any = None
     cached_tokens: int = 0  # prompt tokens served from the cache, summed over (re)admissions
+    cached_tokens_tier: int = 0  # the part of cached_tokens loaded back from the KV tier
     num_preemptions: int = 0
     num_retractions: int = 0
     skipped_passes: int = 0  # passes it was passed over by a cache-aware policy (aging)

@@ -6,9 +6,12 @@ import argparse
 import gc
 import logging
 import os
+import re
 import sys
 
 from radixserve.config import (
+    KV_TIER_WRITE_POLICIES,
+    PREEMPTION_MODES,
     QUANTIZATIONS,
     SCHEDULE_POLICIES,
     EngineConfig,
@@ -71,6 +74,39 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-context-len", type=int, default=None, help="context length (default: the model's)")
     add("--disable-radix-cache", action="store_true", help="no prefix caching (a baseline)")
     add("--disable-jump-forward", action="store_true", help="decode a grammar's forced text")
+    add(
+        "--enable-hierarchical-cache",
+        action="store_true",
+        help="keep what the KV pool evicts in a host-memory tier and load it back on a hit",
+    )
+    add(
+        "--kv-tier-path",
+        default=None,
+        metavar="DIR",
+        help="keep the KV tier in a memory-mapped file in DIR (survives a restart)",
+    )
+    add(
+        "--kv-tier-size",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="the tier's size, e.g. 8GB or 512MiB (default: twice the KV pool)",
+    )
+    add(
+        "--hicache-write-policy",
+        "--kv-tier-write-policy",
+        dest="kv_tier_write_policy",
+        choices=KV_TIER_WRITE_POLICIES,
+        default=_DEFAULTS.kv_tier_write_policy,
+        help="copy KV to the tier when the pool evicts it (write_back) or when it is cached",
+    )
+    add(
+        "--preemption-mode",
+        choices=PREEMPTION_MODES,
+        default=_DEFAULTS.preemption_mode,
+        help="a preempted or retracted request's KV: cached and recomputed where evicted, or "
+        "swapped to the tier and back (needs a tier)",
+    )
     add(
         "--disable-overlap-schedule",
         action="store_true",
@@ -204,6 +240,11 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         disable_radix_cache=args.disable_radix_cache,
         disable_overlap_schedule=args.disable_overlap_schedule,
         disable_jump_forward=args.disable_jump_forward,
+        enable_hierarchical_cache=args.enable_hierarchical_cache,
+        kv_tier_path=args.kv_tier_path,
+        kv_tier_bytes=args.kv_tier_size,
+        kv_tier_write_policy=args.kv_tier_write_policy,
+        preemption_mode=args.preemption_mode,
         enable_priority_scheduling=args.enable_priority_scheduling,
         tp_size=args.tp_size,
     )
@@ -222,6 +263,20 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         graceful_shutdown_timeout_s=args.graceful_shutdown_timeout,
         disable_docs=args.disable_docs,
     )
+
+
+def parse_size(text: str) -> int:
+    """``8GB``, ``512MiB``, ``1.5G`` or plain bytes -> bytes (an argparse type): K, M, G, T are
+    powers of 1000, KiB, MiB, GiB, TiB of 1024."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*(?:([KMGT])(I?))?B?\s*", text.upper())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 8GB, 512MiB)")
+    number, prefix, binary = m.groups()
+    factor = (1024 if binary else 1000) ** (" KMGT".index(prefix) if prefix else 0)
+    size = int(float(number) * factor)
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"a size must be > 0: {text!r}")
+    return size
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 HEADER = "tier.json"
 STORAGE = "kv.bin"
+INDEX = "index.npz"  # what the tree held, written by ``radix.tier_index``
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +156,11 @@ class FileKVTier(KVTier):
         super().__init__(storage, layout, f"file:{path}")
         self.path = path
 
+    def write(self, kv: KVCache, slots: torch.Tensor) -> torch.Tensor | None:
+        # a saved index may name slots this write reuses: it is stale from now on
+        (self.path / INDEX).unlink(missing_ok=True)
+        return super().write(kv, slots)
+
     def flush(self) -> None:
         # torch's shared file mapping writes through the page cache; fsync makes it durable
         fd = os.open(self.path / STORAGE, os.O_RDONLY)
@@ -179,6 +185,7 @@ def file_tier(
     if not reopened and (directory / STORAGE).exists():
         logger.info("KV tier %s: written for another model or layout; discarding it", directory)
         (directory / STORAGE).unlink()
+        (directory / INDEX).unlink(missing_ok=True)
     numel = layout.num_layers * 2 * num_slots * layout.num_kv_heads * layout.head_dim
     flat = torch.from_file(
         str(directory / STORAGE), shared=True, size=numel, dtype=layout.torch_dtype

@@ -26,6 +26,7 @@ from radixserve.policy.preemption import outranks, victim_order
 from radixserve.policy.prefill_budget import AddReqResult, KVView, PrefillBudget
 from radixserve.policy.prefill_plan import Admission, PrefillPlan
 from radixserve.policy.prefix_match import match_req_prefix
+from radixserve.policy.swap_admission import AllocStatus, can_swap_in
 from radixserve.radix.base import MatchResult
 from radixserve.types import Req
 
@@ -167,25 +168,28 @@ class PrefillAdder:
         budget = self.budget
         if budget.free_slots <= 0:
             return AddReqResult.OTHER
-        extend_len = req.seq_len - len(match.indices)
+        extend_len = req.seq_len - match.cached_len
         input_tokens = budget.ceil_pages(extend_len)
-        total_tokens = input_tokens + budget.new_tokens(req)
+        load = match.tier_len  # slots a load-back from the KV tier takes (no compute)
+        total_tokens = input_tokens + load + budget.new_tokens(req)
         if total_tokens >= budget.rem_total_tokens:
+            return AddReqResult.NO_TOKEN
+        if req.swap_node is not None and self._swap_in_later(total_tokens):
             return AddReqResult.NO_TOKEN
         if input_tokens >= budget.rem_input_tokens and self.result.admitted:
             return AddReqResult.OTHER
 
         self.tree_cache.inc_lock_ref(match.last_node)
-        refusal = self._refusal_under_lock(req, input_tokens, total_tokens, has_chunked_req)
+        refusal = self._refusal_under_lock(req, input_tokens, load, total_tokens, has_chunked_req)
         if refusal is not None:
             self.tree_cache.dec_lock_ref(match.last_node)
             return refusal
         if budget.needs_chunking(input_tokens):
             extend_len = budget.chunk_len()
             self.result.chunked = req
-            budget.charge(extend_len, 0, takes_slot=True)
+            budget.charge(extend_len, 0, takes_slot=True, load_tokens=load)
         else:
-            budget.charge(input_tokens, budget.new_tokens(req), takes_slot=True)
+            budget.charge(input_tokens, budget.new_tokens(req), takes_slot=True, load_tokens=load)
         self.result.admitted.append(Admission(req, match, extend_len))
         self._admitted.add(req)
         return budget.state()
@@ -207,8 +211,9 @@ class PrefillAdder:
         match = self._matches.get(req) or match_req_prefix(req, self.tree_cache)
         self._matches[req] = match
         budget = self.budget
-        input_tokens = budget.ceil_pages(req.seq_len - len(match.indices))
-        total_tokens = input_tokens + budget.new_tokens(req)
+        input_tokens = budget.ceil_pages(req.seq_len - match.cached_len)
+        load = match.tier_len
+        total_tokens = input_tokens + load + budget.new_tokens(req)
         if input_tokens >= budget.rem_input_tokens and self.result.admitted:
             return False
         if budget.needs_chunking(input_tokens) and not self._may_start_chunk(has_chunked_req):
@@ -223,7 +228,7 @@ class PrefillAdder:
         ]
         self.tree_cache.inc_lock_ref(match.last_node)  # measure the budget as add_one_req will
         try:
-            if self._fits(req, input_tokens, total_tokens):
+            if self._fits(req, input_tokens + load, total_tokens):
                 return False  # nothing to free: refused for another reason
             victims = self.result.to_preempt
             num_before, saved = len(victims), budget.snapshot()
@@ -232,7 +237,7 @@ class PrefillAdder:
                     break  # ordered by urgency: no later candidate is outranked either
                 budget.credit(victim)
                 victims.append(victim)
-                if self._fits(req, input_tokens, total_tokens):
+                if self._fits(req, input_tokens + load, total_tokens):
                     return True
             del victims[num_before:]
             budget.restore(saved)
@@ -242,21 +247,29 @@ class PrefillAdder:
 
     # ---- internals -----------------------------------------------------------------------
     def _refusal_under_lock(
-        self, req: Req, input_tokens: int, total_tokens: int, has_chunked_req: bool
+        self, req: Req, input_tokens: int, load: int, total_tokens: int, has_chunked_req: bool
     ) -> AddReqResult | None:
         if total_tokens >= self.budget.rem_total_tokens:
             return AddReqResult.NO_TOKEN
-        if req.sampling_params.ignore_eos and not self._ignore_eos_fits(req, input_tokens):
+        if req.sampling_params.ignore_eos and not self._ignore_eos_fits(req, input_tokens + load):
             return AddReqResult.NO_TOKEN
         if self.budget.needs_chunking(input_tokens) and not self._may_start_chunk(has_chunked_req):
             return AddReqResult.OTHER
         return None
+
+    def _swap_in_later(self, total_tokens: int) -> bool:
+        """A swapped-out request waits (LATER) while coming back would dig into the watermark;
+        one the watermark alone would shut out forever (NEVER) is left to the budget check:
+        ``Scheduler.add_request`` checked that it fits the pool."""
+        status = can_swap_in(total_tokens, self.budget.rem_total_tokens, self.kv.capacity)
+        return status is AllocStatus.LATER
 
     def _may_start_chunk(self, has_chunked_req: bool) -> bool:
         """A new chunked request needs: none other continuing, and a page of chunk budget."""
         return not has_chunked_req and self.result.chunked is None and self.budget.chunk_len() > 0
 
     def _fits(self, req: Req, input_tokens: int, total_tokens: int) -> bool:
+        """``input_tokens``: the slots it needs now (computed and loaded back)."""
         if self.budget.free_slots <= 0 or total_tokens >= self.budget.rem_total_tokens:
             return False
         return not req.sampling_params.ignore_eos or self._ignore_eos_fits(req, input_tokens)

@@ -25,13 +25,19 @@ class AddReqResult(enum.Enum):
 class KVView(Protocol):
     """What admission reads of the KV memory (the ``KVManager`` is one).
 
-    ``available_size()``: free slots plus what evicting the tree would free, read live, so a
-    lock taken on ``tree`` shows at once. ``tree``: for matching and the admission's tentative
-    locks (see ``prefill_plan``); admission never allocates, frees or evicts.
+    ``capacity``: the pool's usable slots. ``available_size()``: free slots plus what evicting
+    the tree would free, read live, so a lock taken on ``tree`` shows at once. ``tree``: for
+    matching and the admission's tentative locks (see ``prefill_plan``); admission never
+    allocates, frees or evicts.
     """
 
     @property
     def tree(self) -> PrefixCache: ...
+
+    @property
+    def capacity(self) -> int:
+        """Usable slots of the pool."""
+        ...
 
     def available_size(self) -> int: ...
 
@@ -107,9 +113,13 @@ class PrefillBudget:
         return self.rem_chunk_tokens // self.page_size * self.page_size
 
     # ---- updates -------------------------------------------------------------------------
-    def charge(self, input_tokens: int, new_tokens: int, takes_slot: bool) -> None:
-        self._total_offset += input_tokens + new_tokens
-        self._cur_offset += input_tokens
+    def charge(
+        self, input_tokens: int, new_tokens: int, takes_slot: bool, load_tokens: int = 0
+    ) -> None:
+        """``input_tokens`` computed now, ``load_tokens`` loaded back from the KV tier (memory
+        but no prefill budget), ``new_tokens`` of decoding reserved."""
+        self._total_offset += input_tokens + load_tokens + new_tokens
+        self._cur_offset += input_tokens + load_tokens
         self.rem_input_tokens -= input_tokens
         if self.rem_chunk_tokens is not None:
             self.rem_chunk_tokens -= input_tokens

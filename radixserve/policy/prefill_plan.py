@@ -29,9 +29,14 @@ class Admission:
 
     @property
     def prefix_len(self) -> int:
-        """Tokens the request reuses from the tree (0 for the continuing chunked request,
-        whose own chunks already sit in its row)."""
-        return 0 if self.match is None else len(self.match.indices)
+        """Tokens the request reuses from the tree, in the pool or loaded back from the tier (0
+        for the continuing chunked request, whose own chunks already sit in its row)."""
+        return 0 if self.match is None else self.match.cached_len
+
+    @property
+    def load_len(self) -> int:
+        """Tokens loaded back from the KV tier before the forward (slots, not compute)."""
+        return 0 if self.match is None else self.match.tier_len
 
 
 @dataclass(slots=True)

@@ -27,8 +27,19 @@ TokenKey = Sequence[int] | np.ndarray | torch.Tensor
 
 @dataclass(frozen=True, slots=True)
 class MatchResult:
-    indices: torch.Tensor  # [prefix_len] int64 values of the longest cached prefix
+    """The longest cached prefix: ``indices`` in the pool, then ``tier_len`` more tokens whose
+    KV is in the second tier only (``TieredRadixCache``; a load-back brings them into the pool
+    before the forward that needs them). ``last_node`` is where the whole match ends; a lock on
+    it keeps both parts alive (the pool part from eviction, the tier part from the tier's)."""
+
+    indices: torch.Tensor  # [device_len] int64 pool slots of the prefix's first part
     last_node: Any  # the node the match ends at; lock it to keep the prefix alive
+    tier_len: int = 0  # tokens after ``indices`` held in the tier only
+
+    @property
+    def cached_len(self) -> int:
+        """Tokens the request need not compute: in the pool or loaded back from the tier."""
+        return self.indices.shape[0] + self.tier_len
 
 
 @dataclass(frozen=True, slots=True)

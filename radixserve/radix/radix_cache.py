@@ -36,8 +36,10 @@ def _cat(values: list[torch.Tensor]) -> torch.Tensor:
 class RadixCache:
     """The prefix cache of DESIGN.md section 4. Implements :class:`PrefixCache`.
 
-    Sizes are kept incrementally: ``evictable_size`` counts tokens of unlocked nodes,
-    ``protected_size`` of locked ones. Access times come from a logical clock, so LRU order is
+    Sizes are kept incrementally: ``evictable_size`` counts pool tokens of unlocked nodes,
+    ``protected_size`` of locked ones. ``_leaves`` are the nodes the pool's eviction may take:
+    those with no child in the pool (here every child is; ``TieredRadixCache`` keeps nodes whose
+    KV is in the tier only). Access times come from a logical clock, so LRU order is
     deterministic. Eviction pops a heap kept across calls (``_lru``, lazily invalidated): every
     unlocked leaf has an entry with its current access time, stale entries are skipped when
     popped, and the heap is rebuilt when stale ones outnumber the leaves. Values are opaque:
@@ -82,7 +84,8 @@ class RadixCache:
         return self._evictable_size + self._protected_size
 
     def all_values(self) -> torch.Tensor:
-        values = [n.value for n in self._nodes() if n is not self._root]
+        """Every pool slot the tree holds (a node in the tier only holds none)."""
+        values = [n.value for n in self._nodes() if n is not self._root and n.value is not None]
         return torch.cat(values) if values else _EMPTY_VALUE
 
     # ---- commits -------------------------------------------------------------------------
@@ -96,6 +99,20 @@ class RadixCache:
                 f"key ({len(key_bytes) // _TOKEN_BYTES}) and value ({num_tokens}) lengths differ"
             )
         node, pos, values = self._walk(key_bytes, extra_key)
+        return self._insert_after_walk(node, pos, values, key_bytes, value, extra_key, pos)
+
+    def _insert_after_walk(
+        self,
+        node: TreeNode,
+        pos: int,
+        values: list[torch.Tensor],
+        key_bytes: bytes,
+        value: torch.Tensor,
+        extra_key: str | None,
+        num_present: int,
+    ) -> InsertResult:
+        """Hang ``key[pos:]`` (whole pages) under ``node``, where a walk of ``key`` ended."""
+        num_tokens = value.shape[0]
         end = num_tokens - num_tokens % self.page_size
         if pos < end:
             leaf = TreeNode(
@@ -111,9 +128,9 @@ class RadixCache:
             self._leaves.add(leaf)
             self._push_lru(leaf)
             self._evictable_size += len(leaf)
-            values.append(leaf.value)
+            values.append(leaf.value)  # type: ignore[arg-type]  # (just set)
             node = leaf
-        return InsertResult(pos, _cat(values), node)
+        return InsertResult(num_present, _cat(values), node)
 
     def evict(self, num_tokens: int) -> torch.Tensor:
         """Free unlocked leaves, least recently used first (ties: oldest node), until
@@ -125,7 +142,7 @@ class RadixCache:
             t, _, leaf = heapq.heappop(self._lru)
             if leaf.lock_ref or t != leaf.last_access_time or leaf not in leaves:
                 continue  # stale: locked, touched since, or no longer a leaf in the tree
-            freed.append(leaf.value)
+            freed.append(leaf.value)  # type: ignore[arg-type]  # (in the pool)
             num_freed += len(leaf)
             parent = self._delete_leaf(leaf)
             if parent is not self._root and parent.is_leaf:
@@ -136,7 +153,7 @@ class RadixCache:
     def inc_lock_ref(self, node: TreeNode) -> int:
         delta = 0
         while node is not self._root:
-            if node.lock_ref == 0:
+            if node.lock_ref == 0 and node.value is not None:  # sizes count pool tokens only
                 delta -= len(node)
             node.lock_ref += 1
             node = node.parent  # type: ignore[assignment]
@@ -149,8 +166,9 @@ class RadixCache:
         while node is not self._root:
             assert node.lock_ref > 0, "dec_lock_ref on an unlocked node"
             if node.lock_ref == 1:
-                delta += len(node)
-                unlocked_leaf = not node.children
+                if node.value is not None:  # sizes count pool tokens only
+                    delta += len(node)
+                unlocked_leaf = node in self._leaves
             else:
                 unlocked_leaf = False
             node.lock_ref -= 1
@@ -180,7 +198,11 @@ class RadixCache:
             if node is self._root:
                 continue
             assert len(node.key) > 0, "a non-root node has an empty key"
-            assert len(node.key_bytes) == len(node.value) * _TOKEN_BYTES, "key and value differ"
+            for v in (node.value, node.tier_value):
+                assert v is None or len(node.key_bytes) == len(v) * _TOKEN_BYTES, (
+                    "key, value differ"
+                )
+            assert node.value is not None or node.tier_value is not None, "a node holds no KV"
             assert len(node.key) % self.page_size == 0, "a key is not a whole number of pages"
             assert (
                 node.parent is not None
@@ -193,12 +215,14 @@ class RadixCache:
                 assert node.extra_key == node.parent.extra_key, "extra keys share a path"
             child_locks = sum(c.lock_ref for c in node.children.values())
             assert node.lock_ref >= child_locks, "a node is locked less than its children"
-            if node.lock_ref == 0:
+            if node.value is None:
+                pass  # in the tier only: no pool tokens
+            elif node.lock_ref == 0:
                 evictable += len(node)
             else:
                 protected += len(node)
-            if node.is_leaf:
-                leaves.add(node)
+            if node.value is not None and all(c.value is None for c in node.children.values()):
+                leaves.add(node)  # no child in the pool: the pool's eviction may take it
         assert evictable == self._evictable_size, f"evictable {self._evictable_size} != {evictable}"
         assert protected == self._protected_size, f"protected {self._protected_size} != {protected}"
         assert leaves == self._leaves, "the leaf set is stale"
@@ -231,6 +255,7 @@ class RadixCache:
         root = node = self._root
         root.last_access_time = now
         values: list[torch.Tensor] = []
+        leaves = self._leaves
         page = self._page_bytes
         end = len(key_bytes) - len(key_bytes) % page
         off = 0  # in bytes
@@ -240,7 +265,7 @@ class RadixCache:
             if child is None:
                 break
             child.last_access_time = now
-            if not child.children:  # a leaf touched: its place in the LRU order moves
+            if child in leaves:  # a leaf touched: its place in the LRU order moves
                 self._push_lru(child)
             if key_bytes.startswith(child.key_bytes, off, end):  # the whole edge matches
                 off += len(child.key_bytes)
@@ -248,7 +273,7 @@ class RadixCache:
                 n = self._common_len(child.key, key_bytes, off, end)
                 child = self._split(child, n)
                 off += n * _TOKEN_BYTES
-            values.append(child.value)
+            values.append(child.value)  # type: ignore[arg-type]  # (None: a tier-only tail)
             node = child
         return node, off // _TOKEN_BYTES, values
 
@@ -294,14 +319,17 @@ class RadixCache:
         upper = TreeNode(
             next(self._node_ids),
             child.key_bytes[: n * _TOKEN_BYTES],
-            child.value[:n],
+            None if child.value is None else child.value[:n],
             parent,
             child.extra_key,
             child.last_access_time,
         )
         upper.lock_ref = child.lock_ref
         child.key_bytes = child.key_bytes[n * _TOKEN_BYTES :]
-        child.value = child.value[n:]
+        if child.value is not None:
+            child.value = child.value[n:]
+        if child.tier_value is not None:
+            upper.tier_value, child.tier_value = child.tier_value[:n], child.tier_value[n:]
         child.parent = upper
         upper.children[self._child_key(upper, child.extra_key, child.key_bytes)] = child
         parent.children[self._child_key(parent, upper.extra_key, upper.key_bytes)] = upper

@@ -11,7 +11,12 @@ Ownership of one request's row ``req_to_token[r]`` (interval table)::
     [kv_len, ...)          garbage
 
 Every path that ends a request's hold on its row (finish, abort, retraction, preemption) goes
-through :meth:`release`, so the invariant of :meth:`check_integrity` holds after each of them.
+through :meth:`release` (or :meth:`swap_out`, which releases first), so the invariant of
+:meth:`check_integrity` holds after each of them.
+
+With a KV tier (``TieredRadixCache``) a match may end in the tier: :meth:`alloc_extend` loads
+that part back into new slots before the forward that reads it (in the scheduler's thread, so
+with the overlap loop it runs while the previous batch computes).
 """
 
 from __future__ import annotations
@@ -32,8 +37,12 @@ from radixserve.models.kernels import CpuKernels
 from radixserve.models.model_config import ModelConfig
 from radixserve.models.parallel import check_tp_shapes, local_num_kv_heads
 from radixserve.policy import Admission
-from radixserve.radix import NoPrefixCache, PrefixCache, RadixCache
+from radixserve.radix import PrefixCache
+from radixserve.radix.base import MatchResult
+from radixserve.radix.tier_index import save_index
+from radixserve.radix.tiered_cache import TieredRadixCache
 from radixserve.runtime.model_runner import cpu_kernels_for, model_dtype
+from radixserve.runtime.prefix_cache_builder import build_prefix_cache
 from radixserve.types import Req
 
 
@@ -116,12 +125,7 @@ class KVManager:
         )
         rows = ReqToTokenPool(config.max_running_requests, layout.max_context_len, layout.device)
         allocator = TokenToKVPoolAllocator(slots, config.page_size, layout.device)
-        tree: PrefixCache = (
-            NoPrefixCache(config.page_size)
-            if config.disable_radix_cache
-            else RadixCache(config.page_size)
-        )
-        return cls(rows, allocator, tree, kv_cache)
+        return cls(rows, allocator, build_prefix_cache(config, kv_cache), kv_cache)
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -135,6 +139,11 @@ class KVManager:
     def available_size(self) -> int:
         """Slots an allocation can get right now, counting what eviction would free."""
         return self.allocator.available_size() + self.tree.evictable_size()
+
+    @property
+    def tiered(self) -> TieredRadixCache | None:
+        """The tree, when it has a KV tier under it."""
+        return self.tree if isinstance(self.tree, TieredRadixCache) else None
 
     def row_slots(self, req: Req, start: int = 0, end: int | None = None) -> torch.Tensor:
         end = req.kv_len if end is None else end
@@ -157,14 +166,9 @@ class KVManager:
         if rows is not None:
             for req, row in zip(need_row, rows, strict=True):
                 req.req_pool_idx, req.kv_len = row, 0
-            for a in admissions:
-                if a.match is not None:  # newly admitted: adopt the cache hit
-                    req = a.req
-                    req.prefix_indices, req.last_node = a.match.indices, a.match.last_node
-                    if req.prefix_len:
-                        self.req_to_token_pool.write(_row(req), 0, req.prefix_indices)
-                    req.kv_len = req.prefix_len
-            slots = self._alloc_tokens(reqs, [a.extend_len for a in admissions])
+            loaded = all(self._adopt(a.req, a.match) for a in admissions if a.match is not None)
+            if loaded:
+                slots = self._alloc_tokens(reqs, [a.extend_len for a in admissions])
         if slots is None:
             for a in admissions:
                 if a.match is not None:
@@ -174,6 +178,9 @@ class KVManager:
                 self.req_to_token_pool.free(rows)
                 for req in need_row:
                     req.req_pool_idx = None
+        else:
+            for req in reqs:  # admitted again: the match now holds what it swapped out
+                self._drop_swap_lock(req)
         return slots
 
     def alloc_decode(
@@ -212,7 +219,8 @@ class KVManager:
 
     def release(self, req: Req, insert: bool = True) -> None:
         """End the request's hold on its row: cache what it computed (``insert``), free what the
-        tree did not take, unlock its prefix, return the row."""
+        tree did not take, unlock its prefix, return the row (and drop a swap lock)."""
+        self._drop_swap_lock(req)
         if req.req_pool_idx is None:
             return
         slots = self.row_slots(req)
@@ -232,6 +240,31 @@ class KVManager:
             self.tree.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx, req.prefix_indices, req.last_node, req.kv_len = None, None, None, 0
+
+    def swap_out(self, req: Req) -> int:
+        """Preemption or retraction in swap mode: release the request (caching what it
+        computed), then move its own nodes to the tier, held there by a lock (``swap_node``)
+        until it is admitted again and loads them back. Returns the tokens moved; without a
+        tier it only releases."""
+        tree = self.tiered
+        if tree is None or req.req_pool_idx is None:
+            self.release(req)
+            return 0
+        key = req.fill_ids[: req.kv_len].copy()
+        self.release(req)
+        node = tree.match_prefix(key, req.extra_key).last_node
+        if node is tree.root:
+            return 0
+        tree.inc_lock_ref(node)
+        req.swap_node = node
+        freed = tree.offload(node)
+        self.allocator.free(freed)
+        return int(freed.shape[0])
+
+    def save_tier(self) -> int:
+        """Write the file tier's index (at shutdown and when idle); nodes written."""
+        tree = self.tiered
+        return save_index(tree) if tree is not None else 0
 
     def flush(self) -> bool:
         """Empty the tree (only when no request holds a row)."""
@@ -257,6 +290,35 @@ class KVManager:
         ), "a request row leaked"
 
     # ---- internals -----------------------------------------------------------------------
+    def _adopt(self, req: Req, match: MatchResult) -> bool:
+        """A newly admitted request takes its cache hit: the pool part as it is, the tier part
+        loaded back into new slots (``False``, nothing adopted, when they cannot be had)."""
+        prefix = match.indices
+        if match.tier_len:
+            tree = self.tiered
+            assert tree is not None
+            slots = self._alloc_or_evict(match.tier_len)
+            if slots is None:
+                return False
+            prefix = torch.cat([prefix, tree.load_back(match.last_node, slots)])
+        req.prefix_indices, req.last_node = prefix, match.last_node
+        if req.prefix_len:
+            self.req_to_token_pool.write(_row(req), 0, prefix)
+        req.kv_len = req.prefix_len
+        return True
+
+    def _alloc_or_evict(self, num_tokens: int) -> torch.Tensor | None:
+        slots = self.allocator.alloc(num_tokens)
+        if slots is None:
+            self._evict(num_tokens)
+            slots = self.allocator.alloc(num_tokens)
+        return slots
+
+    def _drop_swap_lock(self, req: Req) -> None:
+        if req.swap_node is not None:
+            self.tree.dec_lock_ref(req.swap_node)
+            req.swap_node = None
+
     def _alloc_tokens(self, reqs: Sequence[Req], new_lens: list[int]) -> torch.Tensor | None:
         """Slots for tokens ``kv_len .. kv_len + new_len`` of each request, evicting the tree if
         short, written into the rows. ``None`` (nothing allocated) when memory is short."""

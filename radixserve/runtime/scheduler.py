@@ -174,6 +174,8 @@ class Scheduler:
             # waiting requests can match them (overlap resumes with the next decode)
             self.sync()
         if self.chunked_req is not None:
+            if self.config.kv_tier_write_policy == "write_through":
+                self.sync()  # the tier copies what is cached: the chunk in flight first
             self.kv.cache_unfinished(self.chunked_req)
         batch = self._get_prefill_batch()
         if batch is None and self.running:
@@ -218,9 +220,10 @@ class Scheduler:
             return None
         for a in new:
             a.req.cached_tokens += a.prefix_len
+            a.req.cached_tokens_tier += a.load_len
         self.chunked_req = plan.chunked
         batch = ScheduleBatch.extend(plan.admitted, slots, self.device)
-        self.stats.on_prefill(batch, sum(a.prefix_len for a in new))
+        self.stats.on_prefill(batch, new)
         return batch
 
     def _get_decode_batch(self) -> ScheduleBatch | None:
@@ -347,7 +350,7 @@ class Scheduler:
         chunked = self.chunked_req
         if chunked is not None and self.kv.available_size() < len(self.running) * steps:
             self.chunked_req = None
-            self.kv.release(chunked)
+            self._requeue_kv(chunked)
             self.waiting.insert(0, chunked)
             chunked.num_retractions += 1
             self.stats.num_retractions += 1
@@ -358,10 +361,18 @@ class Scheduler:
     def _send_back(self, req: Req) -> None:
         """Release the request's KV (caching what it computed) and queue it again, output kept."""
         self.running.filter(drop={req})
-        self.kv.release(req)
+        self._requeue_kv(req)
         if req.grammar is not None:
             req.grammar.sync_to(req.output_ids)
         self.waiting.insert(0, req)
+
+    def _requeue_kv(self, req: Req) -> None:
+        """A sent-back request's KV: cached in the tree (``recompute``: what gets evicted is
+        computed again), or swapped to the tier until it is admitted again (``swap``)."""
+        if self.config.preemption_mode == "swap":
+            self.stats.num_swapped_out_tokens += self.kv.swap_out(req)
+        else:
+            self.kv.release(req)
 
     # ---- helpers ---------------------------------------------------------------------------
     def _take_outputs(self) -> list[ReqOutput]:
@@ -384,4 +395,5 @@ class Scheduler:
         self.worker.check_alive()
 
     def shutdown(self) -> None:
+        self.kv.save_tier()  # a file tier's index: a restarted server hits what it holds
         self.worker.shutdown()

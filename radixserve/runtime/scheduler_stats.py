@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from radixserve.policy import Admission
     from radixserve.runtime.schedule_batch import ScheduleBatch
     from radixserve.runtime.scheduler import Scheduler
 
@@ -18,6 +19,8 @@ class SchedulerStats:
     num_decode_batches: int = 0
     num_prefill_tokens: int = 0  # prompt tokens computed (cache misses)
     num_cached_tokens: int = 0  # prompt tokens served from the cache at admission
+    num_cached_tokens_tier: int = 0  # the part of those loaded back from the KV tier
+    num_swapped_out_tokens: int = 0  # KV moved to the tier by swap preemption
     num_generated_tokens: int = 0
     num_finished_reqs: int = 0
     num_aborted_reqs: int = 0
@@ -31,14 +34,15 @@ class SchedulerStats:
     def __post_init__(self) -> None:
         self.started_at = self.clock()
 
-    def on_prefill(self, batch: ScheduleBatch, num_cached_tokens: int) -> None:
-        """``num_cached_tokens``: the cache hits of the newly admitted requests (a chunked
-        request's later chunks reuse its own KV and count as neither hit nor miss)."""
+    def on_prefill(self, batch: ScheduleBatch, new: Sequence[Admission]) -> None:
+        """``new``: the newly admitted requests, whose cache hits count (a chunked request's
+        later chunks reuse its own KV and count as neither hit nor miss)."""
         self.num_prefill_batches += 1
         fb = batch.forward_batch
         assert fb is not None
         self.num_prefill_tokens += fb.num_tokens
-        self.num_cached_tokens += num_cached_tokens
+        self.num_cached_tokens += sum(a.prefix_len for a in new)
+        self.num_cached_tokens_tier += sum(a.load_len for a in new)
 
     def on_result(self, batch: ScheduleBatch) -> None:
         if batch.is_decode:
@@ -66,6 +70,8 @@ class SchedulerStats:
             "cache_hit_rate": self.cache_hit_rate,
             "num_prefill_tokens": self.num_prefill_tokens,
             "num_cached_prompt_tokens": self.num_cached_tokens,
+            "num_cached_prompt_tokens_tier": self.num_cached_tokens_tier,
+            **_tier_snapshot(kv.tiered, self.num_swapped_out_tokens),
             "num_generated_tokens": self.num_generated_tokens,
             "num_finished_reqs": self.num_finished_reqs,
             "num_aborted_reqs": self.num_aborted_reqs,
@@ -78,3 +84,17 @@ class SchedulerStats:
             "new_token_ratio": scheduler.new_token_ratio,
             "uptime_s": self.clock() - self.started_at,
         }
+
+
+def _tier_snapshot(tree: Any, swapped_out: int) -> dict[str, Any]:
+    """The KV tier's figures (a ``TieredRadixCache``), or none without a tier."""
+    if tree is None:
+        return {}
+    return {
+        "kv_tier": tree.tier.name,
+        "kv_tier_capacity_tokens": tree.tier.capacity,
+        "kv_tier_used_tokens": tree.tier_size(),
+        "kv_tier_written_tokens": tree.num_written_tokens,
+        "kv_tier_loaded_tokens": tree.num_loaded_tokens,
+        "num_swapped_out_tokens": swapped_out,
+    }

@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 1000
 STATS_LOG_INTERVAL_S = 10.0
+TIER_SAVE_INTERVAL_S = 5.0  # idle writes of a file tier's index, at most this often
 INTEGRITY_WAIT_S = 2.0  # how long /get_server_info waits for an idle moment to check KV
 
 
@@ -64,6 +65,8 @@ class SchedulerLoop:
         self.pending_info: list[tuple[GetServerInfoReq, float]] = []
         self._last_log = time.monotonic()
         self._last_generated = 0
+        self._last_tier_save = time.monotonic()
+        self._stepped_since_save = False
 
     def run(self) -> None:
         """Until the parent process is gone."""
@@ -76,10 +79,12 @@ class SchedulerLoop:
         msgs = recv_all(self.recv, timeout)
         if not msgs and not self.scheduler.has_work:
             self.scheduler.check_alive()  # idle: a dead tensor-parallel rank still ends us now
+            self._maybe_save_tier()
         for msg in msgs:
             self.handle(msg)
         if self.scheduler.has_work:
             self.outbox.extend(self.scheduler.step())
+            self._stepped_since_save = True
         if self.pending_info:
             self._answer_server_info()
         self.flush()
@@ -150,6 +155,14 @@ class SchedulerLoop:
         except ValueError as exc:
             return RpcReply(msg.call_id, error=str(exc))
         return RpcReply(msg.call_id, {"tree": tree, "stats": self.scheduler.get_stats()})
+
+    def _maybe_save_tier(self) -> None:
+        """Idle after work: write a file tier's index (at most every TIER_SAVE_INTERVAL_S), so
+        a server that is killed rather than stopped still finds most of its tier."""
+        now = time.monotonic()
+        if self._stepped_since_save and now - self._last_tier_save >= TIER_SAVE_INTERVAL_S:
+            self.scheduler.kv.save_tier()
+            self._last_tier_save, self._stepped_since_save = now, False
 
     def _maybe_log_stats(self) -> None:
         now = time.monotonic()

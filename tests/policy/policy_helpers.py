@@ -92,6 +92,10 @@ class PoolView:
     tree: RadixCache | NoPrefixCache
     allocator: TokenToKVPoolAllocator
 
+    @property
+    def capacity(self) -> int:
+        return self.allocator.capacity
+
     def available_size(self) -> int:
         return self.allocator.available_size() + self.tree.evictable_size()
 

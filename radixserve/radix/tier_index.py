@@ -1,0 +1,120 @@
+"""The index of a file tier: which token prefixes its slots hold, so a restarted server hits them.
+
+``save_index`` writes ``DIR/index.npz`` (after making the tier's bytes durable): every node with a
+tier copy that is reachable from the root through nodes with tier copies, parents first, as its
+parent's position, its tokens, its tier slots and its extra key. ``restore_index`` hangs them
+in a fresh tree as tier-only nodes (their slots held again) and deletes the file: from then on
+the tier is written again, so an index on disk would go stale (``FileKVTier.write`` deletes it
+too). A crash therefore loses the index, never serves wrong KV. The tier's header
+(``tier.json``: model, dtype, page size, shape) decides whether the bytes are the same model's
+at all; the index is read only for a tier reopened under a matching header.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import numpy as np
+import torch
+
+from radixserve.memory_pool.kv_tier import INDEX, FileKVTier
+from radixserve.radix.tiered_cache import TieredRadixCache
+from radixserve.radix.tree_node import TreeNode
+
+logger = logging.getLogger(__name__)
+
+
+def save_index(tree: TieredRadixCache) -> int:
+    """Write the index of ``tree``'s file tier; returns the nodes written (0: not a file tier)."""
+    tier = tree.tier
+    if not isinstance(tier, FileKVTier):
+        return 0
+    parents: list[int] = []
+    keys: list[bytes] = []
+    slots: list[torch.Tensor] = []
+    extra: list[str | None] = []
+    queue: list[tuple[int, TreeNode]] = [(-1, c) for c in tree.root.children.values()]
+    while queue:
+        parent, node = queue.pop()
+        if node.tier_value is None:
+            continue  # neither it nor what hangs under it can be restored without it
+        index = len(parents)
+        parents.append(parent)
+        keys.append(node.key_bytes)
+        slots.append(node.tier_value)
+        extra.append(node.extra_key)
+        queue.extend((index, c) for c in node.children.values())
+    tier.flush()  # the bytes first, then the index that names them
+    path = tier.path / INDEX
+    tmp = path.with_suffix(".tmp.npz")
+    with open(tmp, "wb") as f:
+        np.savez(
+            f,
+            parents=np.asarray(parents, dtype=np.int64),
+            key_lens=np.asarray([len(k) // 4 for k in keys], dtype=np.int64),
+            keys=np.frombuffer(b"".join(keys), dtype=np.int32),
+            slots=torch.cat(slots).numpy() if slots else np.zeros(0, np.int64),
+            extra=np.asarray(json.dumps(extra)),
+        )
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(parents)
+
+
+def restore_index(tree: TieredRadixCache) -> int:
+    """Restore a reopened file tier's index into the empty ``tree``; returns the tokens restored.
+    The index file is deleted either way; one that cannot be read is discarded with a log line."""
+    tier = tree.tier
+    if not isinstance(tier, FileKVTier):
+        return 0
+    path = tier.path / INDEX
+    if not path.exists():
+        return 0
+    try:
+        with np.load(path) as data:
+            parents, key_lens = data["parents"], data["key_lens"]
+            keys, slots = data["keys"], torch.from_numpy(data["slots"].copy())
+            extra = json.loads(str(data["extra"]))
+        restored = _restore(tree, parents, key_lens, keys, slots, extra)
+    except (OSError, ValueError, KeyError) as e:
+        logger.warning("KV tier %s: index unreadable (%s); starting empty", tier.path, e)
+        restored = 0
+    path.unlink(missing_ok=True)
+    return restored
+
+
+def _restore(
+    tree: TieredRadixCache,
+    parents: np.ndarray,
+    key_lens: np.ndarray,
+    keys: np.ndarray,
+    slots: torch.Tensor,
+    extra: list[str | None],
+) -> int:
+    """Check the whole index first, then claim its slots in one call and build the nodes."""
+    ps = tree.page_size
+    if not (len(parents) == len(key_lens) == len(extra)) or int(key_lens.sum()) != len(keys):
+        raise ValueError("index arrays disagree")
+    if len(slots) != len(keys) or len(torch.unique(slots)) != len(slots):
+        raise ValueError("index slots are not one per token")
+    if len(slots) and not (ps <= int(slots.min()) and int(slots.max()) < tree.tier.capacity + ps):
+        raise ValueError("index slots do not fit the tier")
+    order = np.arange(len(parents))
+    if (
+        ((parents < -1) | (parents >= order)).any()
+        or (key_lens <= 0).any()
+        or (key_lens % ps).any()
+    ):
+        raise ValueError("index entries are malformed")
+    tree.tier.claim(slots)
+    nodes: list[TreeNode] = []
+    off = 0
+    for i, (parent, n) in enumerate(zip(parents.tolist(), key_lens.tolist(), strict=True)):
+        above = tree.root if parent < 0 else nodes[parent]
+        key_bytes = keys[off : off + n].tobytes()
+        nodes.append(tree.restore_node(above, key_bytes, slots[off : off + n], extra[i]))
+        off += n
+    return off
