@@ -4,6 +4,11 @@ real around it, with no model (in the spirit of mini-sglang's ``test_cache_alloc
 Its next token is a pure function of the tokens so far, so a request's output does not depend
 on how it was batched, chunked, cached, retracted or preempted: a run with a tiny pool must give
 exactly the outputs of a run with a large one.
+
+Given a ``KVCache`` (``fake_scheduler(tier_tokens=...)``, one layer of one value per slot), it
+also plays the KV: each computed position's slot gets :func:`kv_code` of the tokens up to it,
+and every forward checks that the slots of the positions it reads (the cached prefix, loaded
+back from a KV tier or not) hold exactly those codes.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ from concurrent.futures import Future
 import torch
 
 from radixserve.config import EngineConfig
-from radixserve.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
+from radixserve.memory_pool import KVCache, ReqToTokenPool, TokenToKVPoolAllocator
+from radixserve.memory_pool.kv_tier import TierLayout, host_tier
 from radixserve.radix import NoPrefixCache, PrefixCache, RadixCache
+from radixserve.radix.tiered_cache import TieredRadixCache
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_worker import BatchResult
 from radixserve.runtime.schedule_batch import ScheduleBatch
@@ -32,6 +39,18 @@ def next_token(tokens: list[int]) -> int:
     return h % VOCAB
 
 
+def kv_codes(tokens: list[int]) -> torch.Tensor:
+    """The fake KV of each position: a code of the position and the tokens up to it (exact in
+    float32)."""
+    codes = []
+    for p in range(len(tokens)):
+        h = p
+        for t in tokens[max(0, p - 7) : p + 1]:
+            h = (h * 1_000_003 + t) % 2_147_483_647
+        codes.append(h % (1 << 20))
+    return torch.tensor(codes, dtype=torch.float32)
+
+
 class FakeWorker:
     """Checks what a real forward relies on, then "samples" :func:`next_token`: every token of
     the sequence has a KV slot in the request's row, and the slots of the batch are distinct."""
@@ -43,6 +62,7 @@ class FakeWorker:
         self.vocab_size = VOCAB
         self.eos_token_ids: frozenset[int] = frozenset()
         self.num_forwards = 0
+        self.computed: dict[str, int] = {}  # rid -> tokens computed over all its forwards
 
     def run(self, batch: ScheduleBatch) -> BatchResult:
         fb = batch.forward_batch
@@ -50,11 +70,16 @@ class FakeWorker:
         self.num_forwards += 1
         slots = fb.out_cache_loc.tolist()
         assert len(set(slots)) == len(slots) and 0 not in slots, "a slot given twice or slot 0"
+        new = set(slots)
         tokens: list[int | None] = []
         for i, req in enumerate(batch.reqs):
             row = self.kv.req_to_token_pool.req_to_token[fb.req_pool_indices[i]]
             seq_len = int(fb.seq_lens[i])
             assert bool((row[:seq_len] > 0).all()), "a token without a KV slot"
+            if not req.is_finished:
+                self._play_kv(req.fill_ids[:seq_len].tolist(), row[:seq_len], new)
+                computed = sum(1 for s in row[:seq_len].tolist() if s in new)
+                self.computed[req.rid] = self.computed.get(req.rid, 0) + computed
             if not batch.samples[i]:
                 tokens.append(None)
                 continue
@@ -65,6 +90,19 @@ class FakeWorker:
             tokens.append(next_token(req.fill_ids[:seq_len].tolist()))
         n = len(batch.reqs)
         return BatchResult(tokens, [None] * n, [[] for _ in range(n)], [None] * n)
+
+    def _play_kv(self, tokens: list[int], row: torch.Tensor, new: set[int]) -> None:
+        """Write the codes of the positions computed now; check those read from the cache."""
+        kv = self.kv.kv_cache
+        if kv is None:
+            return
+        k, _ = kv.get_kv(0)
+        codes = kv_codes(tokens)
+        is_new = torch.tensor([s in new for s in row.tolist()])
+        slots = row.to(torch.int64)
+        cached = slots[~is_new]
+        assert torch.equal(k[cached, 0, 0], codes[~is_new]), "a cached slot holds another KV"
+        k[slots[is_new], 0, 0] = codes[is_new]
 
     def submit(self, batch: ScheduleBatch) -> Future[BatchResult]:
         """Overlap: the forward "runs" when its result is asked for, after the scheduler has
@@ -97,22 +135,31 @@ def fake_scheduler(
     max_context_len: int = 512,
     radix: bool = True,
     overlap: bool = False,
+    tier_tokens: int | None = None,
     **config: object,
 ) -> tuple[Scheduler, FakeWorker]:
-    """A Scheduler over ``capacity`` usable KV slots (whole pages) with a :class:`FakeWorker`."""
+    """A Scheduler over ``capacity`` usable KV slots (whole pages) with a :class:`FakeWorker`;
+    ``tier_tokens``: with a host KV tier of that many tokens under the tree (and a fake KV)."""
     engine_config = EngineConfig(
         page_size=page_size,
         max_running_requests=max_running,
         disable_radix_cache=not radix,
         disable_overlap_schedule=not overlap,
+        enable_hierarchical_cache=tier_tokens is not None,
         **config,  # type: ignore[arg-type]
     )
     tree: PrefixCache = RadixCache(page_size) if radix else NoPrefixCache(page_size)
     slots = (-(-capacity // page_size) + 1) * page_size
+    kv_cache = None
+    if tier_tokens is not None:
+        kv_cache = KVCache(1, slots, 1, 1, torch.float32, "cpu")
+        tier = host_tier(TierLayout.of(kv_cache, page_size), tier_tokens)
+        tree = TieredRadixCache(page_size, tier, kv_cache, engine_config.kv_tier_write_policy)
     kv = KVManager(
         ReqToTokenPool(max_running, max_context_len),
         TokenToKVPoolAllocator(slots, page_size),
         tree,
+        kv_cache,
     )
     worker = FakeWorker(kv, overlap)
     return Scheduler(engine_config, kv=kv, worker=worker), worker
