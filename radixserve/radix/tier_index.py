@@ -1,13 +1,15 @@
 """The index of a file tier: which token prefixes its slots hold, so a restarted server hits them.
 
-``save_index`` writes ``DIR/index.npz`` (after making the tier's bytes durable): every node with a
-tier copy that is reachable from the root through nodes with tier copies, parents first, as its
-parent's position, its tokens, its tier slots and its extra key. ``restore_index`` hangs them
-in a fresh tree as tier-only nodes (their slots held again) and deletes the file: from then on
-the tier is written again, so an index on disk would go stale (``FileKVTier.write`` deletes it
-too). A crash therefore loses the index, never serves wrong KV. The tier's header
-(``tier.json``: model, dtype, page size, shape) decides whether the bytes are the same model's
-at all; the index is read only for a tier reopened under a matching header.
+``save_index`` first copies to the tier what the pool holds and the tier does not
+(``write_back`` writes only on eviction otherwise), makes the tier's bytes durable, then writes
+``DIR/index.npz``: every node with a tier copy that is reachable from the root through nodes
+with tier copies, parents first, as its parent's position, its tokens, its tier slots and its
+extra key. ``restore_index`` hangs them in a fresh tree as tier-only nodes (their slots held
+again) and deletes the file: from then on the tier is written again, so an index on disk would
+go stale (``FileKVTier.write`` deletes it too). A crash therefore loses the index, never serves
+wrong KV. The tier's header (``tier.json``: model, dtype, page size, shape) decides whether the
+bytes are the same model's at all; the index is read only for a tier reopened under a matching
+header.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def save_index(tree: TieredRadixCache) -> int:
     tier = tree.tier
     if not isinstance(tier, FileKVTier):
         return 0
+    tree.write_back_all()
     parents: list[int] = []
     keys: list[bytes] = []
     slots: list[torch.Tensor] = []

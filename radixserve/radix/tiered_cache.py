@@ -154,6 +154,21 @@ class TieredRadixCache(RadixCache):
             node = parent
         return torch.cat(freed[::-1]) if freed else _EMPTY_VALUE
 
+    def write_back_all(self) -> int:
+        """Copy every pool node without a tier copy to the tier, parents first (before a file
+        tier's index is saved, so a restart finds what ``write_back`` had not yet written);
+        a node that does not fit is skipped with what hangs under it. Tokens written."""
+        written = 0
+        stack = list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            if node.value is not None and node.tier_value is None:
+                if not self._backup(node):
+                    continue
+                written += len(node)
+            stack.extend(node.children.values())
+        return written
+
     def restore_node(
         self, parent: TreeNode, key_bytes: bytes, tier_slots: torch.Tensor, extra_key: str | None
     ) -> TreeNode:

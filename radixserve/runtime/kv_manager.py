@@ -241,6 +241,14 @@ class KVManager:
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx, req.prefix_indices, req.last_node, req.kv_len = None, None, None, 0
 
+    def send_back(self, req: Req, swap: bool) -> int:
+        """Preemption and retraction: :meth:`swap_out` (``swap``) or :meth:`release`, caching
+        what it computed (what gets evicted is computed again). Returns tokens swapped out."""
+        if swap:
+            return self.swap_out(req)
+        self.release(req)
+        return 0
+
     def swap_out(self, req: Req) -> int:
         """Preemption or retraction in swap mode: release the request (caching what it
         computed), then move its own nodes to the tier, held there by a lock (``swap_node``)

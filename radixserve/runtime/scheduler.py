@@ -87,6 +87,7 @@ class Scheduler:
         self.stats = SchedulerStats(clock=clock)
         self.grammars = GrammarFactory(tokenizer, worker.vocab_size, self.eos_token_ids)
         self.enable_jump_forward = not config.disable_jump_forward
+        self.swap = config.preemption_mode == "swap"  # sent-back KV goes to the tier
 
     # ---- requests in -----------------------------------------------------------------------
     def add_request(self, request: GenerateRequest) -> None:
@@ -350,7 +351,7 @@ class Scheduler:
         chunked = self.chunked_req
         if chunked is not None and self.kv.available_size() < len(self.running) * steps:
             self.chunked_req = None
-            self._requeue_kv(chunked)
+            self.stats.num_swapped_out_tokens += self.kv.send_back(chunked, self.swap)
             self.waiting.insert(0, chunked)
             chunked.num_retractions += 1
             self.stats.num_retractions += 1
@@ -359,20 +360,13 @@ class Scheduler:
         self.new_token_ratio = min(1.0, (decoded + steps * len(self.running)) / max(wanted, 1))
 
     def _send_back(self, req: Req) -> None:
-        """Release the request's KV (caching what it computed) and queue it again, output kept."""
+        """Release the request's KV (caching what it computed, or swapping it to the tier) and
+        queue it again, output kept."""
         self.running.filter(drop={req})
-        self._requeue_kv(req)
+        self.stats.num_swapped_out_tokens += self.kv.send_back(req, self.swap)
         if req.grammar is not None:
             req.grammar.sync_to(req.output_ids)
         self.waiting.insert(0, req)
-
-    def _requeue_kv(self, req: Req) -> None:
-        """A sent-back request's KV: cached in the tree (``recompute``: what gets evicted is
-        computed again), or swapped to the tier until it is admitted again (``swap``)."""
-        if self.config.preemption_mode == "swap":
-            self.stats.num_swapped_out_tokens += self.kv.swap_out(req)
-        else:
-            self.kv.release(req)
 
     # ---- helpers ---------------------------------------------------------------------------
     def _take_outputs(self) -> list[ReqOutput]:
@@ -395,5 +389,9 @@ class Scheduler:
         self.worker.check_alive()
 
     def shutdown(self) -> None:
-        self.kv.save_tier()  # a file tier's index: a restarted server hits what it holds
+        try:  # a file tier's index, with nothing in flight: a restarted server hits it
+            self.sync()
+            self.kv.save_tier()
+        except Exception:
+            logger.exception("the KV tier's index was not saved")
         self.worker.shutdown()

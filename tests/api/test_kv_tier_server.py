@@ -1,0 +1,79 @@
+"""``radixserve serve --kv-tier-path``: a server stopped with SIGTERM writes its tier's index,
+and the next server on the same directory serves the first request's prefix from the tier."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from serving_harness import start_server, stop_server
+
+from radixserve.api.cli import build_parser, make_server_config
+
+PROMPT = [(7 * i + 3) % 900 + 5 for i in range(80)]
+
+
+def generate(url: str) -> dict:
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    r = httpx.post(f"{url}/generate", json=body, timeout=60)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_a_restarted_server_hits_its_file_tier(api_model_dir: Path, tmp_path: Path) -> None:
+    args = ["--model", str(api_model_dir), "--max-total-tokens", "512"]
+    args += ["--kv-tier-path", str(tmp_path / "tier"), "--kv-tier-size", "4MB"]
+    first = start_server(args, tmp_path / "first.log")
+    try:
+        before = generate(first.url)
+        info = httpx.get(f"{first.url}/get_server_info", timeout=10).json()["scheduler"]
+        assert info["kv_tier"].startswith("file:") and info["kv_tier_capacity_tokens"] > 0
+    finally:
+        assert stop_server(first) == 0
+    assert (tmp_path / "tier" / "index.npz").exists()
+    second = start_server(args, tmp_path / "second.log")
+    try:
+        after = generate(second.url)
+    finally:
+        stop_server(second)
+    assert after["output_ids"] == before["output_ids"]
+    assert before["meta_info"]["cached_tokens"] == 0
+    assert after["meta_info"]["cached_tokens"] == len(PROMPT) - 1
+    assert "tokens restored" in (tmp_path / "second.log").read_text()
+
+
+def test_tier_flags_reach_the_engine_config(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["serve", "--model", str(tmp_path), "--kv-tier-path", str(tmp_path / "t")]
+        + ["--kv-tier-size", "512MiB", "--hicache-write-policy", "write_through"]
+        + ["--preemption-mode", "swap"]
+    )
+    (tmp_path / "config.json").write_text("{}")
+    engine = make_server_config(args).engine
+    assert engine.kv_tier_path == str(tmp_path / "t") and engine.kv_tier_bytes == 512 << 20
+    assert engine.kv_tier_write_policy == "write_through" and engine.preemption_mode == "swap"
+
+
+def test_swap_without_a_tier_exits_with_a_message(api_model_dir: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "radixserve", "serve", "--model", str(api_model_dir)]
+        + ["--preemption-mode", "swap"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "needs a KV tier" in proc.stderr
+
+
+def test_a_bad_tier_size_is_refused_by_the_parser(api_model_dir: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "radixserve", "serve", "--model", str(api_model_dir)]
+        + ["--kv-tier-size", "lots"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "not a size" in proc.stderr
