@@ -105,7 +105,7 @@ class SchedulePolicy:
         matches: dict[Req, MatchResult] = {}
         if policy == LPM:
             deprioritized = self._compute_prefix_matches(waiting_queue, matches, True)
-            prefix_lens = {r.rid: len(m.indices) for r, m in matches.items()}
+            prefix_lens = {r.rid: m.cached_len for r, m in matches.items()}
             facts = PassFacts(deprioritized=deprioritized, prefix_lens=prefix_lens)
         elif policy == DFS_WEIGHT:
             self._compute_prefix_matches(waiting_queue, matches, False)
@@ -150,7 +150,7 @@ class SchedulePolicy:
         sim.reset()
         for req in waiting_queue:
             match = matches[req] = match_req_prefix(req, self.tree_cache)
-            if not in_batch or len(match.indices) > check:
+            if not in_batch or match.cached_len > check:
                 continue
             # Match what this request could reuse (all but its last token) against everything the
             # earlier ones will leave in the cache (all of their tokens).
