@@ -69,6 +69,21 @@ class TieredRadixCache(RadixCache):
         device = values[: len(values) - len(path)]
         return MatchResult(_cat(device), node, sum(len(n) for n in path))
 
+    def tier_len_of(self, node: TreeNode) -> int:
+        """Tokens of the path ending at ``node`` that are in the tier only, now (a match's
+        ``tier_len`` is what they were when it was made: another request may have loaded
+        part of them back since)."""
+        return sum(len(n) for n in self._tier_path(node))
+
+    def path_values(self, node: TreeNode) -> torch.Tensor:
+        """The pool slots of the path ending at ``node`` (all of it in the pool), root first."""
+        values = []
+        while node is not self._root:
+            assert node.value is not None, "a tier-only node on a path read from the pool"
+            values.append(node.value)
+            node = node.parent  # type: ignore[assignment]
+        return _cat(values[::-1])
+
     def tier_size(self) -> int:
         """Tokens with a copy in the tier."""
         return self.tier.used_size()

@@ -57,11 +57,12 @@ def test_evicted_prefixes_come_back_from_the_tier(page_size: int, overlap: bool,
     sched, worker = run(tier_tokens=4096)
     stats = sched.get_stats()
     assert stats["num_cached_prompt_tokens_tier"] > 0
-    assert stats["kv_tier_loaded_tokens"] >= stats["num_cached_prompt_tokens_tier"]
+    # (requests of one batch that share a tier prefix all count it; it is loaded once)
+    assert 0 < stats["kv_tier_loaded_tokens"] <= stats["num_cached_prompt_tokens_tier"]
     plain, plain_worker = run(tier_tokens=None)
-    # the tier computes fewer prompt tokens than the pool alone
+    # the tier computes fewer tokens than the pool alone (cached_tokens is not compared: it
+    # sums over re-admissions, and the pool alone retracts more)
     assert sum(worker.computed.values()) < sum(plain_worker.computed.values())
-    assert stats["num_cached_prompt_tokens"] > plain.get_stats()["num_cached_prompt_tokens"]
     assert_pool_back_to_full(sched)
     assert_tier_back_to_empty(sched)
 
