@@ -11,7 +11,10 @@ routes alike; the table shows the median over rounds and, in brackets, the best.
 Routes: F.linear (oneDNN); torch.compile of (w * x).sum(-1) (inductor reduction, compiled once per
 M); radixserve's linear() (``CpuKernels.linear``: the skinny GEMM of this CPU's kernel variant
 for M <= MAX_M, else torch); the kernel forced at every M (shows where it stops paying off); fp32
-weights through F.linear and the kernel. ``RADIXSERVE_CPU_ISA=avx2`` benchmarks a lower variant.
+weights through F.linear and the kernel. ``RADIXSERVE_CPU_ISA=avx2`` benchmarks a lower variant;
+``--variants avx512 avx512_bf16`` adds each named variant's kernel (forced at every M) as a route
+of its own, so variants are compared in one process, interleaved (those this CPU cannot run are
+left out).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from radixserve.config import EngineConfig
-from radixserve.models.kernels import MAX_M, CpuKernels
+from radixserve.models.kernels import MAX_M, CpuKernels, _ext
 from radixserve.models.kernels.cpu_kernels import MIN_TASK_BYTES
 
 Route = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -53,6 +56,19 @@ def forced_kernel(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = Non
     assert KERNELS.module is not None
     y: torch.Tensor = KERNELS.module.try_linear(x, w, None, b, 1 << 30, MIN_TASK_BYTES)
     return y
+
+
+def variant_kernel(name: str) -> Route | None:
+    """The kernel of variant ``name`` at every M, or None where this CPU cannot run it."""
+    module = _ext.load_variant(name)
+    if module is None:
+        return None
+
+    def route(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        y: torch.Tensor = module.try_linear(x, w, None, b, 1 << 30, MIN_TASK_BYTES)
+        return y
+
+    return route
 
 
 def time_rounds(
@@ -179,6 +195,9 @@ def main() -> None:
     parser.add_argument("--no-compile", dest="compile", action="store_false")
     parser.add_argument("--no-fp32", dest="fp32", action="store_false")
     parser.add_argument("--no-decode", dest="decode", action="store_false")
+    parser.add_argument(
+        "--variants", nargs="*", default=[], choices=_ext.VARIANT_NAMES, help="extra routes"
+    )
     args = parser.parse_args()
     ok = KERNELS.dense
     print(
@@ -192,6 +211,10 @@ def main() -> None:
     if ok:
         routes["linear()"] = KERNELS.linear
         routes["kernel(any M)"] = forced_kernel
+    for name in args.variants:
+        route = variant_kernel(name)
+        if route is not None:
+            routes[f"kernel[{name}]"] = route
     with torch.inference_mode():
         bench_shapes(args, routes)
         if args.decode:

@@ -118,6 +118,30 @@ int main() {
     expect_near("exp_nonpos", 0, got[0], want, 2e-6f);
   }
 
+#if defined(RS_HAS_DPBF16)
+  {  // VDPBF16PS: acc[i] + p[2i] * q[2i] + p[2i + 1] * q[2i + 1], exact on these small values
+    bf16 p[2 * W], q2[2 * W];
+    for (int i = 0; i < 2 * W; ++i) {
+      p[i] = float_to_bf16(0.25f * static_cast<float>(i % 7) - 0.75f);
+      q2[i] = float_to_bf16(1.5f - 0.125f * static_cast<float>(i % 11));
+    }
+    const auto pf = [&](int i) { return bf16_to_float(p[i]); };
+    const auto qf = [&](int i) { return bf16_to_float(q2[i]); };
+    store(out, dot_pairs(load_pairs(p), load_pairs(q2), va));
+    for (int i = 0; i < W; ++i) {
+      const float want = a[i] + pf(2 * i) * qf(2 * i) + pf(2 * i + 1) * qf(2 * i + 1);
+      expect_near("dot_pairs", i, out[i], want, 1e-6f);
+    }
+    const int n = 2 * W - 3;  // odd: the last pair is half padding
+    store(out, dot_pairs(load_pairs_tail(p, n), load_pairs(q2), zero()));
+    for (int i = 0; i < W; ++i) {
+      float want = 0.0f;
+      for (int j = 2 * i; j < 2 * i + 2; ++j) want += j < n ? pf(j) * qf(j) : 0.0f;
+      expect_near("load_pairs_tail", i, out[i], want, 1e-6f);
+    }
+  }
+#endif
+
   if (failures) return 1;
   std::printf("ok %s %d\n", RS_ISA_NAME, checks);
   return 0;

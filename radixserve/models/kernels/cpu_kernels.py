@@ -9,7 +9,8 @@ With a variant loaded, :meth:`linear` sends decode-shaped products (``M <= MAX_M
 skinny GEMM of ``gemv.cpp`` (weights fp32, bf16 or int8, widened in registers, fp32
 accumulation) and :meth:`rms_norm` to ``norm.cpp``; larger products are compute-bound and go to
 torch's GEMM, in float32 on CPUs without native bf16 (torch emulates bf16 GEMMs there 4x slower
-than fp32).
+than fp32). On CPUs with AMX-BF16, bf16 weights go to torch's GEMM from ``AMX_BF16_MAX_M`` rows
+on: its AMX tiles outrun the kernel's vector FMAs from there.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ at 45 tok/s with 32 here (the fp32 GEMM widens every weight per call), 105 with 
 128; a 200-token prefill at 75 with 64 and 97 with 128. Batch-32 decode streams each weight
 once."""
 
+AMX_BF16_MAX_M = 8
+"""Most rows of ``x`` sent to the skinny GEMM with bf16 weights on a CPU with AMX-BF16 (Sapphire
+Rapids and later), where torch's bf16 GEMM (oneDNN) runs on the AMX tiles. Measured on such a
+CPU (2 pinned cores, 48 4864x896 bf16 weights, GB/s of weight read, two runs): the kernel 22 /
+12.4 / 7.0 / 4.5 / 3.4 / 1.4 at M = 1 / 8 / 16 / 24 / 32 / 64, F.linear 9.6 / 9.2-9.6 / 11.0 /
+10.1 / 8.3-9.1 / 6.2. With 16 here a 64-token prefill already ran at 1.6-3.5x HF there."""
+
 MIN_TASK_BYTES = 64 * 1024
 """Weight bytes per thread task; a smaller product runs on one thread."""
 
@@ -44,6 +52,7 @@ class CpuKernels:
     dense: bool = False  # linear layers and RMSNorm through the kernels
     attention: bool = False  # the cpu_kernel attention backend may run
     gemm_in_fp32: bool = False  # large bf16 products run torch's GEMM in float32
+    bf16_max_m: int = MAX_M  # most rows of x for the kernel with bf16 weights (AMX: fewer)
 
     @classmethod
     def build(
@@ -56,7 +65,9 @@ class CpuKernels:
         module = _ext.load_variant(variant) if variant and (dense or attention) else None
         if module is None:
             return TORCH_ONLY
-        return cls(module, variant, dense, attention, not _ext.cpu_has_native_bf16())
+        amx = "amx_bf16" in _ext.cpu_flags()
+        bf16_max_m = AMX_BF16_MAX_M if amx else MAX_M
+        return cls(module, variant, dense, attention, not _ext.cpu_has_native_bf16(), bf16_max_m)
 
     def linear(
         self,
@@ -68,7 +79,8 @@ class CpuKernels:
         """``(x @ weight.T) * scale + bias``, through the skinny GEMM where it applies."""
         if self.module is not None and self.dense and x.is_cpu:
             if not torch.compiler.is_compiling():
-                y = self.module.try_linear(x, weight, scale, bias, MAX_M, MIN_TASK_BYTES)
+                max_m = self.bf16_max_m if weight.dtype == torch.bfloat16 else MAX_M
+                y = self.module.try_linear(x, weight, scale, bias, max_m, MIN_TASK_BYTES)
                 if y is not None:
                     return y
         return torch_linear(x, weight, bias, scale, fp32_compute=self.gemm_in_fp32)

@@ -94,6 +94,24 @@ inline VF select_ge(VF x, VF lo, VF a, VF b) {  // x >= lo ? a : b
 inline float hsum(VF v) { return _mm512_reduce_add_ps(v); }
 inline float hmax(VF v) { return _mm512_reduce_max_ps(v); }
 
+#if defined(__AVX512BF16__)
+// bf16 x bf16 dot products without widening: VDPBF16PS takes 2W bf16 values of each operand
+// and adds the products of each pair of neighbours to one fp32 lane,
+//   acc[i] += a[2i] * b[2i] + a[2i + 1] * b[2i + 1]
+// (each bf16 product is exact in fp32; the adds round to nearest even; denormal inputs and
+// outputs are flushed to zero, whatever MXCSR says). Twice the multiply-adds of an fp32 FMA per
+// instruction, and no widening: the skinny GEMM uses it for bf16 weights times bf16 inputs.
+#define RS_HAS_DPBF16 1
+using VB = __m512i;  // 2W bf16 values (raw bits)
+inline VB load_pairs(const bf16* p) { return _mm512_loadu_si512(p); }
+inline VB load_pairs_tail(const bf16* p, int64_t n) {  // the first n < 2W values, zero-padded
+  return _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ULL << n) - 1), p);
+}
+inline VF dot_pairs(VB a, VB b, VF acc) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+#endif
+
 #elif defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
 
 #define RS_ISA_NAME "avx2"
