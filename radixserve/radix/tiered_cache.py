@@ -245,7 +245,7 @@ class TieredRadixCache(RadixCache):
     def _evict_tier(self, num_tokens: int) -> None:
         """Forget tier copies with no copy below them, least recently used first, until
         ``num_tokens`` tier slots are free or none is left; a tier-only node goes with its copy."""
-        heap, aside = self._tier_lru, []
+        heap, aside = self._tier_lru, {}
         num_freed = 0
         while num_freed < num_tokens and heap:
             entry = heapq.heappop(heap)
@@ -256,14 +256,19 @@ class TieredRadixCache(RadixCache):
                 heapq.heappush(heap, (node.last_access_time, node.id, node))
                 continue
             if node.lock_ref or any(c.tier_value is not None for c in node.children.values()):
-                aside.append(entry)
+                aside[node.id] = entry
                 continue
             self.tier.forget(node.tier_value)
             num_freed += len(node)
             node.tier_value = None
+            parent = node.parent
+            assert parent is not None
             if node.value is None:  # tier-only, and with no child: it leaves the tree
                 self._unlink(node)
-        for entry in aside:
+            waiting = aside.pop(parent.id, None)  # set aside for this copy: it may go now
+            if waiting is not None:
+                heapq.heappush(heap, waiting)
+        for entry in aside.values():
             heapq.heappush(heap, entry)
 
     def _drop_subtree(self, node: TreeNode) -> None:

@@ -204,6 +204,22 @@ def test_a_tier_copy_with_a_copy_below_it_is_not_evicted_first(ps: int) -> None:
 
 
 @pytest.mark.parametrize("ps", PAGE_SIZES)
+def test_a_tier_copy_whose_copies_below_go_may_go_in_the_same_pass(ps: int) -> None:
+    rig = Rig(ps, tier_tokens=4 * ps)
+    x, y, z = rig.key(1, 2), rig.key(30, 2), rig.key(60, 4)
+    rig.insert(x)
+    rig.insert(x + y)  # x is older (a lower id) than y, at the same access time
+    rig.evict(100)
+    assert rig.tier.available_size() == 0
+    rig.insert(z)
+    rig.evict(100)  # z needs the whole tier: y goes, then x (now with no copy below)
+    assert rig.tree.match_prefix(z).tier_len == len(z)
+    assert rig.tree.match_prefix(x + y).cached_len == 0
+    rig.check()
+    rig.check_tier_content()
+
+
+@pytest.mark.parametrize("ps", PAGE_SIZES)
 def test_a_leaf_larger_than_the_tier_is_dropped_with_its_tier_subtree(ps: int) -> None:
     rig = Rig(ps, tier_tokens=2 * ps)
     p, q = rig.key(1, 4), rig.key(30, 2)
