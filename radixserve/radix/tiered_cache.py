@@ -69,6 +69,20 @@ class TieredRadixCache(RadixCache):
         device = values[: len(values) - len(path)]
         return MatchResult(_cat(device), node, sum(len(n) for n in path))
 
+    def prefix_of(self, node: TreeNode) -> MatchResult:
+        """What a match ending at ``node`` is now, without a walk. A locked match keeps its
+        length but may have gone stale: a load-back or an insert since (another admission of
+        the batch, a preempted request's release) may have brought part of its tier part into
+        the pool."""
+        values = []
+        n = node
+        while n is not self._root:
+            values.append(n.value)
+            n = n.parent  # type: ignore[assignment]
+        path = self._tier_path(node)
+        device = values[len(path) :][::-1]
+        return MatchResult(_cat(device), node, sum(len(n) for n in path))  # type: ignore[arg-type]
+
     def tier_size(self) -> int:
         """Tokens with a copy in the tier."""
         return self.tier.used_size()

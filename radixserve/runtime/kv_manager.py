@@ -297,10 +297,15 @@ class KVManager:
         if match.tier_len:
             tree = self.tiered
             assert tree is not None
-            slots = self._alloc_or_evict(match.tier_len)
-            if slots is None:
-                return False
-            prefix = torch.cat([prefix, tree.load_back(match.last_node, slots)])
+            # the plan's match may be stale: an admission adopted before this one, or a victim
+            # released since, may have loaded part of its tier part already
+            match = tree.prefix_of(match.last_node)
+            prefix = match.indices
+            if match.tier_len:
+                slots = self._alloc_or_evict(match.tier_len)
+                if slots is None:
+                    return False
+                prefix = torch.cat([prefix, tree.load_back(match.last_node, slots)])
         req.prefix_indices, req.last_node = prefix, match.last_node
         if req.prefix_len:
             self.req_to_token_pool.write(_row(req), 0, prefix)
