@@ -16,6 +16,7 @@ from radixserve.memory_pool.kv_cache import KVCache
 from radixserve.memory_pool.kv_tier import KVTier
 from radixserve.radix.base import InsertResult
 from radixserve.radix.tiered_cache import TieredRadixCache
+from radixserve.radix.tree_node import TreeNode
 
 LAYERS, HEADS, HEAD_DIM = 2, 1, 2
 _ELEMS = LAYERS * 2 * HEADS * HEAD_DIM  # one token's K and V over all layers
@@ -67,17 +68,17 @@ def tier_kv(tier: KVTier, tier_slots: torch.Tensor) -> torch.Tensor:
     return tier.storage[:, :, tier_slots].permute(2, 0, 1, 3, 4)
 
 
-def path_of(node: object) -> list[object]:
+def path_of(node: TreeNode) -> list[TreeNode]:
     """The nodes from under the root down to ``node``."""
     out = []
-    while node.parent is not None:  # type: ignore[attr-defined]
+    while node.parent is not None:
         out.append(node)
-        node = node.parent  # type: ignore[attr-defined]
+        node = node.parent
     return out[::-1]
 
 
-def path_tokens(node: object) -> list[int]:
-    return [t for n in path_of(node) for t in n.key.tolist()]  # type: ignore[attr-defined]
+def path_tokens(node: TreeNode) -> list[int]:
+    return [t for n in path_of(node) for t in n.key.tolist()]
 
 
 def compute(
