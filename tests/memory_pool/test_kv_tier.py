@@ -211,10 +211,21 @@ def _rewrite_index(path: Path, **changes: np.ndarray) -> None:
 
 CORRUPTIONS = {
     "garbage": lambda p: p.write_bytes(b"not an index at all"),
+    "empty": lambda p: p.write_bytes(b""),
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+    "bit flipped": lambda p: p.write_bytes(_flip(p.read_bytes(), 100)),
     "no slots": lambda p: _rewrite_index(p, slots=np.zeros(0, np.int64)),
     "slot out of the tier": lambda p: _rewrite_index(p, slots=np.arange(1000, 1008)),
+    "float keys": lambda p: _rewrite_index(p, keys=np.arange(8, dtype=np.float32)),
+    "float parents": lambda p: _rewrite_index(p, parents=np.asarray([-1.0, 0.5])),
+    "slots across pages": lambda p: _rewrite_index(p, slots=np.arange(6, 14)),
+    "twin siblings": lambda p: _rewrite_index(p, keys=np.tile(np.arange(1, 5, dtype=np.int32), 2)),
     "extra not a list": lambda p: _rewrite_index(p, extra=np.asarray('{"a": 1}')),
 }
+
+
+def _flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
 
 
 @pytest.mark.parametrize("corruption", list(CORRUPTIONS))
