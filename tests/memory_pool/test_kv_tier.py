@@ -11,7 +11,7 @@ import torch
 
 from radixserve.memory_pool.allocator import TokenToKVPoolAllocator
 from radixserve.memory_pool.kv_cache import KVCache
-from radixserve.memory_pool.kv_tier import INDEX, TierLayout, file_tier, host_tier
+from radixserve.memory_pool.kv_tier import INDEX, STORAGE, TierLayout, file_tier, host_tier
 from radixserve.radix.tier_index import restore_index, save_index
 from radixserve.radix.tiered_cache import TieredRadixCache
 
@@ -248,4 +248,27 @@ def test_a_corrupt_index_is_discarded_with_a_log_line(
     assert new.tree.root.children == {} and new.tier.used_size() == 0
     new.check()
     new.cache([1, 2, 3, 4])  # the tree and the tier work on
+    new.check()
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+def test_a_missing_or_short_storage_file_is_not_reopened(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    """The header and the index alone do not make a tier: with ``kv.bin`` deleted (someone
+    clearing the cache) or cut short, the index would name bytes that are zeros now."""
+    old = Server(tmp_path, 4)
+    old.cache([1, 2, 3, 4])
+    assert save_index(old.tree) == 1
+    del old
+    if damage == "deleted":
+        (tmp_path / STORAGE).unlink()
+    else:
+        with open(tmp_path / STORAGE, "r+b") as f:
+            f.truncate(100)
+    with caplog.at_level(logging.INFO, logger="radixserve.memory_pool.kv_tier"):
+        new = Server(tmp_path, 4, fresh=True)
+    assert not new.reopened and "discarding" in caplog.text
+    assert not (tmp_path / INDEX).exists()
+    assert restore_index(new.tree) == 0 and new.tree.match_prefix([1, 2, 3, 4]).cached_len == 0
     new.check()
