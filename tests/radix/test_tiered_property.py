@@ -130,6 +130,8 @@ def make_machine(ps: int, max_len: int, pool_tokens: int, tier_tokens: int, poli
             n_pool = len(m.indices)
             assert torch.equal(pool_kv(self.kv, m.indices), expected_kv(key, 0, n_pool, extra))
             self.check_path(m.last_node, extra)
+            now = self.tree.prefix_of(m.last_node)  # what KVManager._adopt reads at commit
+            assert torch.equal(now.indices, m.indices) and now.tier_len == m.tier_len
 
         @rule(num_tokens=st.integers(0, 2 * max_len))
         def evict(self, num_tokens: int) -> None:
@@ -173,6 +175,37 @@ def make_machine(ps: int, max_len: int, pool_tokens: int, tier_tokens: int, poli
             assert torch.equal(
                 pool_kv(self.kv, after.indices), expected_kv(key, 0, len(tokens), extra)
             )
+
+        @precondition(lambda self: self.keys)
+        @rule(which=st.integers(0, 1000), cut=st.integers(0, max_len))
+        def two_admissions(self, which: int, cut: int) -> None:
+            """Two requests of one batch planned with the same match (both locked), adopted one
+            after the other as ``KVManager._adopt`` does: the second finds the tier part loaded
+            by the first (``prefix_of``) and loads nothing."""
+            key, extra = self.keys[which % len(self.keys)]
+            key = key[: len(key) - cut % (len(key) + 1)]
+            plans = [self.tree.match_prefix(key, extra) for _ in range(2)]
+            for m in plans:
+                self.tree.inc_lock_ref(m.last_node)
+                self.locks.append((m.last_node, extra, key[: m.cached_len]))
+            loaded_before = self.tree.num_loaded_tokens
+            for i, m in enumerate(plans):
+                now = self.tree.prefix_of(m.last_node)
+                assert now.cached_len == m.cached_len and now.last_node is m.last_node
+                if i == 1:
+                    assert now.tier_len == 0 or now.tier_len == m.tier_len  # (no room for it)
+                if now.tier_len:
+                    slots = self.alloc.alloc(now.tier_len)
+                    if slots is None:
+                        continue
+                    _poison(self.kv, slots)
+                    self.tree.load_back(now.last_node, slots)
+                prefix = self.tree.prefix_of(m.last_node)
+                assert prefix.tier_len == 0 and prefix.cached_len == m.cached_len
+                assert torch.equal(
+                    pool_kv(self.kv, prefix.indices), expected_kv(key, 0, m.cached_len, extra)
+                )
+            assert self.tree.num_loaded_tokens - loaded_before <= plans[0].tier_len
 
         @precondition(lambda self: self.locks)
         @rule(which=st.integers(0, 1000))
