@@ -175,18 +175,26 @@ def file_tier(
 ) -> tuple[FileKVTier, bool]:
     """A file tier in directory ``path`` holding ``num_tokens`` tokens, and whether it was
     reopened (``True``: its bytes are the ones a previous server wrote for the same model and
-    layout; the owner restores what they hold). A mismatched or unreadable header discards the
-    old contents."""
+    layout; the owner restores what they hold). A mismatched or unreadable header, or a storage
+    file that is missing or not of the tier's size, discards the old contents and index."""
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     num_slots = _num_slots(num_tokens, layout.page_size)
     header = {"model_key": model_key, "num_slots": num_slots, "layout": asdict(layout)}
-    reopened = _read_header(directory) == header
-    if not reopened and (directory / STORAGE).exists():
-        logger.info("KV tier %s: written for another model or layout; discarding it", directory)
-        (directory / STORAGE).unlink()
-        (directory / INDEX).unlink(missing_ok=True)
     numel = layout.num_layers * 2 * num_slots * layout.num_kv_heads * layout.head_dim
+    nbytes = numel * torch.empty((), dtype=layout.torch_dtype).element_size()
+    storage_file = directory / STORAGE
+    same_header = _read_header(directory) == header
+    intact = storage_file.exists() and storage_file.stat().st_size == nbytes
+    reopened = same_header and intact
+    if not reopened:
+        if not same_header and storage_file.exists():
+            logger.info("KV tier %s: written for another model or layout; discarding it", directory)
+        elif same_header:
+            logger.info("KV tier %s: %s missing or cut short; discarding it", directory, STORAGE)
+        # an index names bytes of the old file: without them it would serve zeros
+        storage_file.unlink(missing_ok=True)
+        (directory / INDEX).unlink(missing_ok=True)
     flat = torch.from_file(
         str(directory / STORAGE), shared=True, size=numel, dtype=layout.torch_dtype
     )

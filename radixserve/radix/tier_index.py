@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import zipfile
 
 import numpy as np
 import torch
@@ -82,7 +83,7 @@ def restore_index(tree: TieredRadixCache) -> int:
             keys, slots = data["keys"], torch.from_numpy(data["slots"].copy())
             extra = json.loads(str(data["extra"]))
         restored = _restore(tree, parents, key_lens, keys, slots, extra)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
         logger.warning("KV tier %s: index unreadable (%s); starting empty", tier.path, e)
         restored = 0
     path.unlink(missing_ok=True)
@@ -99,6 +100,14 @@ def _restore(
 ) -> int:
     """Check the whole index first, then claim its slots in one call and build the nodes."""
     ps = tree.page_size
+    if (
+        keys.dtype != np.int32
+        or slots.dtype != torch.int64
+        or any(a.dtype.kind != "i" or a.ndim != 1 for a in (parents, key_lens, keys))
+        or not isinstance(extra, list)
+        or not all(e is None or isinstance(e, str) for e in extra)
+    ):
+        raise ValueError("index arrays have the wrong types")
     if not (len(parents) == len(key_lens) == len(extra)) or int(key_lens.sum()) != len(keys):
         raise ValueError("index arrays disagree")
     if len(slots) != len(keys) or len(torch.unique(slots)) != len(slots):
@@ -112,6 +121,17 @@ def _restore(
         or (key_lens % ps).any()
     ):
         raise ValueError("index entries are malformed")
+    pages = slots.view(-1, ps)  # every node is whole pages: each row is one page of one node
+    if (pages[:, 0] % ps).any() or (pages != pages[:, :1] + torch.arange(ps)).any():
+        raise ValueError("index slots are not whole pages")
+    children: set[tuple[int, str | None, bytes]] = set()
+    off = 0
+    for i, (parent, n) in enumerate(zip(parents.tolist(), key_lens.tolist(), strict=True)):
+        child = (parent, extra[i], keys[off : off + ps].tobytes())
+        if child in children or (parent >= 0 and extra[i] != extra[parent]):
+            raise ValueError("index entries overlap")  # two would be one node of the tree
+        children.add(child)
+        off += n
     tree.tier.claim(slots)
     nodes: list[TreeNode] = []
     off = 0

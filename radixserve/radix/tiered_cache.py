@@ -69,20 +69,19 @@ class TieredRadixCache(RadixCache):
         device = values[: len(values) - len(path)]
         return MatchResult(_cat(device), node, sum(len(n) for n in path))
 
-    def tier_len_of(self, node: TreeNode) -> int:
-        """Tokens of the path ending at ``node`` that are in the tier only, now (a match's
-        ``tier_len`` is what they were when it was made: another request may have loaded
-        part of them back since)."""
-        return sum(len(n) for n in self._tier_path(node))
-
-    def path_values(self, node: TreeNode) -> torch.Tensor:
-        """The pool slots of the path ending at ``node`` (all of it in the pool), root first."""
+    def prefix_of(self, node: TreeNode) -> MatchResult:
+        """What a match ending at ``node`` is now, without a walk. A locked match keeps its
+        length but may have gone stale: a load-back or an insert since (another admission of
+        the batch, a preempted request's release) may have brought part of its tier part into
+        the pool."""
         values = []
-        while node is not self._root:
-            assert node.value is not None, "a tier-only node on a path read from the pool"
-            values.append(node.value)
-            node = node.parent  # type: ignore[assignment]
-        return _cat(values[::-1])
+        n = node
+        while n is not self._root:
+            values.append(n.value)
+            n = n.parent  # type: ignore[assignment]
+        path = self._tier_path(node)
+        device = values[len(path) :][::-1]
+        return MatchResult(_cat(device), node, sum(len(n) for n in path))  # type: ignore[arg-type]
 
     def tier_size(self) -> int:
         """Tokens with a copy in the tier."""
@@ -275,7 +274,7 @@ class TieredRadixCache(RadixCache):
     def _evict_tier(self, num_tokens: int) -> None:
         """Forget tier copies with no copy below them, least recently used first, until
         ``num_tokens`` tier slots are free or none is left; a tier-only node goes with its copy."""
-        heap, aside = self._tier_lru, []
+        heap, aside = self._tier_lru, {}
         num_freed = 0
         while num_freed < num_tokens and heap:
             entry = heapq.heappop(heap)
@@ -286,14 +285,19 @@ class TieredRadixCache(RadixCache):
                 heapq.heappush(heap, (node.last_access_time, node.id, node))
                 continue
             if node.lock_ref or any(c.tier_value is not None for c in node.children.values()):
-                aside.append(entry)
+                aside[node.id] = entry
                 continue
             self.tier.forget(node.tier_value)
             num_freed += len(node)
             node.tier_value = None
+            parent = node.parent
+            assert parent is not None
             if node.value is None:  # tier-only, and with no child: it leaves the tree
                 self._unlink(node)
-        for entry in aside:
+            waiting = aside.pop(parent.id, None)  # set aside for this copy: it may go now
+            if waiting is not None:
+                heapq.heappush(heap, waiting)
+        for entry in aside.values():
             heapq.heappush(heap, entry)
 
     def _drop_subtree(self, node: TreeNode) -> None:

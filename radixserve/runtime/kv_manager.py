@@ -303,18 +303,17 @@ class KVManager:
         loaded back into new slots (``False``, nothing adopted, when they cannot be had)."""
         prefix = match.indices
         if match.tier_len:
-            # what is still in the tier only: an earlier admission of this batch may have
-            # loaded part of the same path back already (the lock kept all of it alive)
             tree = self.tiered
             assert tree is not None
-            need = tree.tier_len_of(match.last_node)
-            slots = self._alloc_or_evict(need) if need else None
-            if need and slots is None:
-                return False
-            if slots is not None:
-                tree.load_back(match.last_node, slots)
-            prefix = tree.path_values(match.last_node)
-            assert prefix.shape[0] == match.cached_len
+            # the plan's match may be stale: an admission adopted before this one, or a victim
+            # released since, may have loaded part of its tier part already
+            match = tree.prefix_of(match.last_node)
+            prefix = match.indices
+            if match.tier_len:
+                slots = self._alloc_or_evict(match.tier_len)
+                if slots is None:
+                    return False
+                prefix = torch.cat([prefix, tree.load_back(match.last_node, slots)])
         req.prefix_indices, req.last_node = prefix, match.last_node
         if req.prefix_len:
             self.req_to_token_pool.write(_row(req), 0, prefix)
