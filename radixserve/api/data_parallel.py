@@ -28,6 +28,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from types import FrameType
 
 from radixserve.config import ServerConfig
@@ -95,16 +96,29 @@ def router_available() -> bool:
     return importlib.util.find_spec("sglang_router") is not None
 
 
+def worker_server_configs(
+    config: ServerConfig, threads: int, ports: list[int]
+) -> list[ServerConfig]:
+    """Each worker's config: loopback on its port, ``threads`` torch threads, and a file KV tier
+    of its own (``<kv_tier_path>/dp<i>``: two workers mapping one file would overwrite each
+    other's KV; each gets a tier of ``--kv-tier-size``)."""
+    out = []
+    for i, port in enumerate(ports):
+        engine = dataclasses.replace(config.engine, num_threads=threads)
+        if engine.kv_tier_path is not None:
+            tier_path = str(Path(engine.kv_tier_path) / f"dp{i}")
+            engine = dataclasses.replace(engine, kv_tier_path=tier_path)
+        out.append(dataclasses.replace(config, engine=engine, host="127.0.0.1", port=port))
+    return out
+
+
 def serve_data_parallel(config: ServerConfig, dp: DataParallelConfig) -> int:
     """Start the workers and the router; supervise until a signal. Returns the exit code."""
     if not router_available():
         raise ValueError(INSTALL_HINT)
     threads = dp.threads_per_worker or max(1, (multiprocessing.cpu_count() or 1) // dp.dp_size)
-    engine = dataclasses.replace(config.engine, num_threads=threads)
     ports = free_ports(dp.dp_size)
-    worker_configs = [
-        dataclasses.replace(config, engine=engine, host="127.0.0.1", port=p) for p in ports
-    ]
+    worker_configs = worker_server_configs(config, threads, ports)
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     ctx = multiprocessing.get_context("spawn")
     workers: list[BaseProcess] = []

@@ -2,8 +2,15 @@
 
 Latencies are measured in the HTTP process as outputs arrive (:meth:`ServingMetrics.on_output`,
 the tokenizer manager's observer); scheduler-side numbers (running and waiting requests, KV
-token usage, cache hit rate, retractions, preemptions) come from the scheduler's stats, fetched
-when ``/metrics`` is scraped. Each server has its own registry.
+token usage, cache hit rate, retractions, preemptions, the KV tier's figures) come from the
+scheduler's stats, fetched when ``/metrics`` is scraped. Each server has its own registry.
+
+The KV tier (``docs/kv_tier.md``) uses SGLang's hierarchical-cache names, whichever store backs
+it (host memory or a file): ``hicache_host_total_tokens`` / ``hicache_host_used_tokens``
+(gauges), ``hicache_backup_tokens_total`` (pool -> tier writes), ``load_back_tokens_total``
+(tier -> pool), and radixserve's own ``swapped_out_tokens_total`` (swap preemption) and
+``cached_tokens_host_total`` (the tier's part of ``cached_tokens_total``, as in ``meta_info``'s
+``cached_tokens_details.host``; 0 without a tier). Without a tier the others are not exported.
 """
 
 from __future__ import annotations
@@ -50,15 +57,33 @@ class SchedulerStatsCollector:
             "cache_hit_rate": "Prompt tokens served from the prefix cache / all prompt tokens",
             "max_total_tokens": "KV slots in the pool",
             "num_cached_tokens_in_tree": "Tokens held by the radix cache",
+            "kv_tier_capacity_tokens": (
+                "hicache_host_total_tokens",
+                "KV tier capacity in tokens (host memory or file)",
+            ),
+            "kv_tier_used_tokens": (
+                "hicache_host_used_tokens",
+                "Tokens with a copy in the KV tier",
+            ),
         }
-        for key, doc in gauges.items():
+        for key, entry in gauges.items():
             if key in self.stats:
-                g = GaugeMetricFamily(f"{PREFIX}{key}", doc, labels=names)
+                name, doc = (key, entry) if isinstance(entry, str) else entry
+                g = GaugeMetricFamily(f"{PREFIX}{name}", doc, labels=names)
                 g.add_metric(values, float(self.stats[key]))
                 yield g
         counters = {
             "num_retractions": ("num_retracted_reqs", "Requests retracted in decode (no memory)"),
             "num_preemptions": ("num_preempted_reqs", "Requests preempted by priority"),
+            "kv_tier_written_tokens": (
+                "hicache_backup_tokens",
+                "Tokens written from the KV pool to the KV tier",
+            ),
+            "kv_tier_loaded_tokens": ("load_back_tokens", "Tokens loaded back from the KV tier"),
+            "num_swapped_out_tokens": (
+                "swapped_out_tokens",
+                "Tokens of preempted or retracted requests swapped out to the KV tier",
+            ),
         }
         for key, (name, doc) in counters.items():
             if key in self.stats:
@@ -115,6 +140,9 @@ class ServingMetrics:
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests")
         self.generation_tokens = counter("generation_tokens", "Generated tokens")
         self.cached_tokens = counter("cached_tokens", "Prompt tokens served from the cache")
+        self.cached_tokens_host = counter(
+            "cached_tokens_host", "Prompt tokens served from the cache by loading back the KV tier"
+        )
         self._requests = Counter(
             PREFIX + "num_requests",
             "Finished requests by finish reason",
@@ -138,6 +166,7 @@ class ServingMetrics:
             self.e2e.observe(now - state.created)
             self.prompt_tokens.inc(out.output.prompt_tokens)
             self.cached_tokens.inc(out.output.cached_tokens)
+            self.cached_tokens_host.inc(out.output.cached_tokens_tier)
             self._requests.labels(**self.labels, finish_reason=reason.openai_reason).inc()
 
     def update_scheduler_stats(self, stats: dict[str, Any]) -> None:

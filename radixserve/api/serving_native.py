@@ -2,7 +2,8 @@
 
 As in SGLang, a streamed event carries the text and output ids generated *so far* (cumulative),
 and a batch stream tags each event with its ``index``. ``meta_info`` has ``id``,
-``prompt_tokens``, ``completion_tokens``, ``cached_tokens``, ``finish_reason`` (``{"type":
+``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` (split in ``cached_tokens_details``:
+``device`` and ``host``, the KV tier's part), ``finish_reason`` (``{"type":
 "stop" | "length" | "abort", "matched": ...}``) and, with ``return_logprob``, lists of
 ``[logprob, token_id, text or None]``.
 """

@@ -17,6 +17,7 @@ from radixserve.bench.report import (
     ratios_text,
     runs_text,
     systems_table,
+    tier_table,
 )
 from radixserve.bench.systems import BenchOptions, run_all
 from radixserve.bench.workload import (
@@ -25,6 +26,7 @@ from radixserve.bench.workload import (
     make_multiturn,
     make_shared_prefix,
     num_requests,
+    trace_tokens,
 )
 
 
@@ -55,7 +57,12 @@ def run_benchmark(
         benchmark, sessions = "multiturn", make_multiturn(spec, *opts.token_range)
     else:
         benchmark, sessions = "shared-prefix", make_shared_prefix(spec, *opts.token_range)
-    print(f"{benchmark}: {shape_text(spec)}; {num_requests(sessions)} requests", flush=True)
+    trace = trace_tokens(sessions)
+    print(
+        f"{benchmark}: {shape_text(spec)}; {num_requests(sessions)} requests, "
+        f"{trace} distinct tokens",
+        flush=True,
+    )
     started, load_before = time.time(), os.getloadavg()
     result = run_all(opts, sessions)
     systems, calibration = result["systems"], result["calibration"]
@@ -68,6 +75,7 @@ def run_benchmark(
         "model": opts.model_path,
         "options": _jsonable(dataclasses.asdict(opts)),
         "num_requests": num_requests(sessions),
+        "trace_tokens": trace,
         "started_at": started,
         "duration_s": time.time() - started,
         "host": {
@@ -92,6 +100,9 @@ def run_benchmark(
     if opts.dp_size > 1:
         print()
         print(data_parallel_table(systems))
+    if opts.kv_tier is not None or opts.max_total_tokens is not None:
+        print()
+        print(tier_table(systems))
     print()
     print(ratios_text(report["ratios"]))
     json_path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")

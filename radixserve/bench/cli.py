@@ -24,6 +24,12 @@ def _range(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected N or LO-HI, got {text!r}") from None
 
 
+def _size(text: str) -> int:
+    from radixserve.api.cli import parse_size
+
+    return parse_size(text)
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     add = p.add_argument
     add("--quick", action="store_true", help="a tiny random model and a small trace (< 1 min)")
@@ -83,6 +89,28 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         metavar="ARG",
         help="with --dp-size: an extra sglang-router flag, e.g. "
         "--router-arg=--balance-abs-threshold=1 (repeatable)",
+    )
+    add(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the KV pool of the radixserve systems, in tokens (a pool smaller than the trace "
+        "evicts; adds the 'unbounded' baseline, radixserve with its default pool)",
+    )
+    add(
+        "--kv-tier",
+        default=None,
+        choices=("file", "host"),
+        help="also run radixserve+tier: the same pool with a KV tier under its tree (a file "
+        "tier in a temp dir, or host memory; docs/kv_tier.md)",
+    )
+    add(
+        "--kv-tier-size",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="the tier's size, e.g. 2GB or 512MiB (default: the runtime's, twice the pool)",
     )
     add("--seed", type=int, default=0)
     add("--out", default="bench_out", help="directory for the JSON and PNG")
@@ -175,6 +203,8 @@ def _run(args: argparse.Namespace) -> int:
         parallel = spec.max_concurrency
     policies = POLICY_SWEEP if args.policy == "sweep" else tuple(args.policy.split(","))
     default_baselines = "no-cache,hf,hf-kv" if args.bench_command == "multiturn" else "no-cache,hf"
+    if args.max_total_tokens is not None:
+        default_baselines = f"unbounded,{default_baselines}"
     chosen = args.baselines or default_baselines
     baselines = () if chosen == "none" else tuple(chosen.split(","))
     opts = BenchOptions(
@@ -194,8 +224,12 @@ def _run(args: argparse.Namespace) -> int:
         dp_size=args.dp_size,
         router_policies=tuple(args.router_policy.split(",")),
         router_args=tuple(args.router_arg),
+        max_total_tokens=args.max_total_tokens,
+        kv_tier=args.kv_tier,
+        kv_tier_bytes=args.kv_tier_size,
     )
     sweep = "-sweep" if len(policies) > 1 else (f"-dp{args.dp_size}" if args.dp_size > 1 else "")
+    sweep += "-tier" if args.kv_tier else ""
     name = args.name or f"{args.bench_command}-{shape}{sweep}"
     run_benchmark(spec, opts, Path(args.out), name)
     return 0

@@ -21,6 +21,14 @@ class Generated:
     num_output_tokens: int
     first_token_at: float | None  # time.perf_counter() of the first output token
     cached_tokens: int | None
+    # the part of cached_tokens loaded back from a KV tier (meta_info's
+    # cached_tokens_details.host, as in SGLang); None where the system does not say
+    cached_tokens_tier: int | None = None
+
+
+def _tier_part(meta: dict[str, Any]) -> int | None:
+    details = meta.get("cached_tokens_details")
+    return details.get("host") if isinstance(details, dict) else None
 
 
 class Client(Protocol):
@@ -54,7 +62,8 @@ class EngineClient:
                 first = time.perf_counter()
             output_ids.extend(chunk["output_ids"])  # the Engine streams deltas
             meta = chunk["meta_info"]
-        return Generated(output_ids, len(output_ids), first, meta.get("cached_tokens"))
+        cached = meta.get("cached_tokens")
+        return Generated(output_ids, len(output_ids), first, cached, _tier_part(meta))
 
     def stats(self) -> dict[str, Any] | None:
         return dict(self.engine.get_stats())
@@ -103,7 +112,8 @@ class HttpClient:
                     first = time.perf_counter()
                 last = event  # events are cumulative
         ids = list(last.get("output_ids", []))
-        return Generated(ids, len(ids), first, last.get("meta_info", {}).get("cached_tokens"))
+        meta = last.get("meta_info", {})
+        return Generated(ids, len(ids), first, meta.get("cached_tokens"), _tier_part(meta))
 
     def server_info(self) -> dict[str, Any]:
         response = self.http.get("/get_server_info")

@@ -86,6 +86,7 @@ def run_frontend(
                     sent_s=times[t][0] - start,
                     done_s=times[t][1] - start,
                     cached_tokens=meta.get("cached_tokens"),
+                    cached_tokens_tier=(meta.get("cached_tokens_details") or {}).get("host"),
                     num_output_tokens=meta.get("completion_tokens"),
                 )
             )

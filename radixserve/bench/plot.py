@@ -46,15 +46,13 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
             fontsize=7,
         )
     axes[0].set_title(f"throughput, same trace (ratio: {systems[0]['name']} / this)", fontsize=9)
-    _bars(
-        axes[1],
-        labels,
-        {
-            "achieved": [100 * (s["hit_rate"] or 0.0) for s in systems],
-            "optimal": [100 * s["optimal_hit_rate"] for s in systems],
-        },
-        "% of prompt tokens",
-    )
+    hits = {
+        "achieved": [100 * (s["hit_rate"] or 0.0) for s in systems],
+        "optimal": [100 * s["optimal_hit_rate"] for s in systems],
+    }
+    if any(s.get("kv_tier") for s in systems):  # the part of the hits a KV tier served
+        hits["from the KV tier"] = [100 * (s.get("tier_hit_rate") or 0.0) for s in systems]
+    _bars(axes[1], labels, hits, "% of prompt tokens")
     axes[1].set_title("prefix cache hit rate")
     _bars(
         axes[2],

@@ -27,6 +27,7 @@ class RequestRecord:
     done_s: float | None  # None: not timed per request (the frontend driver)
     first_token_s: float | None = None
     cached_tokens: int | None = None  # reported by the system (meta_info / usage)
+    cached_tokens_tier: int | None = None  # of those, loaded back from a KV tier
     num_output_tokens: int | None = None  # reported by the system (None: len(output_ids))
 
     @property
@@ -96,6 +97,7 @@ def summarize(
     stats = (extra or {}).get("server_stats")
     if cached is None and stats:  # no per-request counts: the scheduler's counters instead
         cached = int(stats["num_cached_prompt_tokens"])
+    tier = _tier_cached(records, stats)
     ttfts = [t for r in records if (t := r.ttft_s) is not None]
     tpots = [
         (r.done_s - r.first_token_s) / (r.num_output - 1)
@@ -117,6 +119,11 @@ def summarize(
         "latency_s": percentiles([t for r in records if (t := r.latency_s) is not None]),
         "cached_tokens": cached,
         "hit_rate": None if cached is None else cached / max(num_in, 1),
+        # the KV tier's part of the hits, and the prompt tokens the system computed (its
+        # scheduler's count: misses, and what a retraction recomputed)
+        "tier_cached_tokens": tier,
+        "tier_hit_rate": None if tier is None else tier / max(num_in, 1),
+        "prefill_tokens": None if not stats else int(stats["num_prefill_tokens"]),
         "optimal_cached_tokens": opt,
         "optimal_cached_per_request": opt_per_request,  # in the records' (completion) order
         "optimal_hit_rate": opt / max(num_in, 1),
@@ -126,3 +133,14 @@ def summarize(
     )
     out.update(extra or {})
     return out
+
+
+def _tier_cached(records: list[RequestRecord], stats: dict[str, Any] | None) -> int | None:
+    """Prompt tokens loaded back from a KV tier: per request where every one says, else the
+    scheduler's counter (None where neither is known)."""
+    reported = [r.cached_tokens_tier for r in records]
+    if records and all(c is not None for c in reported):
+        return sum(c or 0 for c in reported)
+    if stats and "num_cached_prompt_tokens_tier" in stats:
+        return int(stats["num_cached_prompt_tokens_tier"])
+    return None

@@ -20,6 +20,7 @@ from typing import Any
 
 from radixserve.bench.prefill_cost import saved_prefill_s
 
+CACHED_KINDS = ("radixserve", "data-parallel", "kv-tier", "unbounded")
 TIME_MODEL = (
     "T_ideal = T_nocache - sum_i (a*c_i + b*c_i^2); c_i: request i's optimal cached prefix "
     "tokens; t(n) = c0 + a*n + b*n^2: least-squares fit of max_new_tokens=1 latency at 4 prompt "
@@ -31,7 +32,7 @@ TIME_MODEL = (
 def compute_ratios(
     systems: list[dict[str, Any]], calibration: dict[str, Any] | None
 ) -> dict[str, Any]:
-    cached_runs = [s for s in systems if s.get("kind") in ("radixserve", "data-parallel")]
+    cached_runs = [s for s in systems if s.get("kind") in CACHED_KINDS]
     if not cached_runs:
         return {}
     base = cached_runs[0]
@@ -53,7 +54,41 @@ def compute_ratios(
     nocache = next((s for s in systems if s.get("kind") == "no-cache"), None)
     if nocache is not None and calibration is not None:
         ratios["ideal"] = ideal_ratio(base, nocache, calibration)
+    if tier := tier_recovery(systems):
+        ratios["kv_tier"] = tier
     return ratios
+
+
+def tier_recovery(systems: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How much of the hit rate the unbounded pool gets the KV tier recovers over the same
+    bounded pool without it: ``tier / unbounded`` and the share of the gap it closes."""
+    by_kind = {s.get("kind"): s for s in reversed(systems)}  # the first of each kind
+    bounded, tier = by_kind.get("radixserve"), by_kind.get("kv-tier")
+    if bounded is None or tier is None:
+        return None
+    out: dict[str, Any] = {
+        "bounded": bounded["name"],
+        "tier": tier["name"],
+        "max_total_tokens": tier.get("max_total_tokens"),
+        "hit_rate_bounded": bounded["hit_rate"],
+        "hit_rate_tier": tier["hit_rate"],
+        "tier_hit_rate": tier.get("tier_hit_rate"),
+        "prefill_tokens_bounded": bounded.get("prefill_tokens"),
+        "prefill_tokens_tier": tier.get("prefill_tokens"),
+        "throughput_tier_over_bounded": tier["requests_per_s"] / bounded["requests_per_s"],
+    }
+    unbounded = by_kind.get("unbounded")
+    if unbounded is not None and unbounded["hit_rate"] and tier["hit_rate"] is not None:
+        gap = unbounded["hit_rate"] - (bounded["hit_rate"] or 0.0)
+        out.update(
+            unbounded=unbounded["name"],
+            hit_rate_unbounded=unbounded["hit_rate"],
+            prefill_tokens_unbounded=unbounded.get("prefill_tokens"),
+            tier_over_unbounded=tier["hit_rate"] / unbounded["hit_rate"],
+            gap_closed=None if gap <= 0 else (tier["hit_rate"] - bounded["hit_rate"]) / gap,
+            throughput_tier_over_unbounded=tier["requests_per_s"] / unbounded["requests_per_s"],
+        )
+    return out
 
 
 def ideal_ratio(
@@ -79,6 +114,33 @@ def ideal_ratio(
         "cache_ratio": achieved,
         "cache_ratio_over_ideal": achieved / ideal,
     }
+
+
+def tier_table(systems: list[dict[str, Any]]) -> str:
+    """Pool size, KV tier and where the hits came from, per radixserve system."""
+    runs = [s for s in systems if s.get("kind") in CACHED_KINDS or s.get("kind") == "no-cache"]
+    header = ("system", "pool", "tier", "hit", "optimal", "from tier", "prefill tok", "req/s")
+    rows = [
+        (
+            s["name"],
+            str(s.get("pool_tokens") or s.get("max_total_tokens") or "default"),
+            _tier_text(s),
+            _pct(s["hit_rate"]),
+            _pct(s["optimal_hit_rate"]),
+            _pct(s.get("tier_hit_rate")),
+            "-" if s.get("prefill_tokens") is None else str(s["prefill_tokens"]),
+            f"{s['requests_per_s']:.2f}",
+        )
+        for s in runs
+    ]
+    return format_table(header, rows)
+
+
+def _tier_text(s: dict[str, Any]) -> str:
+    if not s.get("kv_tier"):
+        return "-"
+    capacity = s.get("kv_tier_capacity_tokens")
+    return s["kv_tier"] if capacity is None else f"{s['kv_tier']} {capacity}"
 
 
 def _ms(d: dict[str, float] | None, key: str) -> str:
@@ -178,6 +240,22 @@ def ratios_text(ratios: dict[str, Any]) -> str:
             f"hit rate {name}: {_pct(h['achieved'])} of prompt tokens, optimal "
             f"{_pct(h['optimal'])} ({'-' if over is None else f'{100 * over:.1f}%'} of optimal)"
         )
+    tier = ratios.get("kv_tier")
+    if tier:
+        lines.append(
+            f"kv tier: {tier['tier']} hits {_pct(tier['hit_rate_tier'])} "
+            f"({_pct(tier['tier_hit_rate'])} from the tier) on a pool of "
+            f"{tier['max_total_tokens'] or 'default'} tokens, {tier['bounded']} "
+            f"{_pct(tier['hit_rate_bounded'])}; throughput "
+            f"{tier['throughput_tier_over_bounded']:.2f}x"
+        )
+        if "hit_rate_unbounded" in tier:
+            gap = tier["gap_closed"]
+            lines.append(
+                f"  the unbounded pool hits {_pct(tier['hit_rate_unbounded'])}: the tier "
+                f"recovers {_pct(tier['tier_over_unbounded'])} of it "
+                f"({'-' if gap is None else _pct(gap)} of the gap the bounded pool leaves)"
+            )
     ideal = ratios.get("ideal")
     if ideal:
         lines.append(

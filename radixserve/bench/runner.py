@@ -22,6 +22,10 @@ from radixserve.bench.workload import Session, TokenSource, num_requests
 STAT_KEYS = (
     "num_prefill_tokens",
     "num_cached_prompt_tokens",
+    "num_cached_prompt_tokens_tier",
+    "kv_tier_written_tokens",
+    "kv_tier_loaded_tokens",
+    "num_swapped_out_tokens",
     "num_generated_tokens",
     "num_retractions",
     "num_preemptions",
@@ -67,6 +71,7 @@ def run_sessions(
                     if out.first_token_at is None
                     else out.first_token_at - start,
                     cached_tokens=out.cached_tokens,
+                    cached_tokens_tier=out.cached_tokens_tier,
                     num_output_tokens=out.num_output_tokens,
                 )
                 with lock:

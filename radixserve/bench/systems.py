@@ -1,10 +1,12 @@
 """Run the same sessions through every system of a benchmark, one system at a time.
 
-Systems, in order: radixserve once per schedule policy; radixserve with the radix cache
-disabled (with a prefill calibration after each of its runs, for the time model); Hugging
-Face transformers recomputing the history, and with its KV carried across turns; another
-OpenAI-compatible server. Each starts only after the previous one has stopped, so none
-competes for the cores.
+Systems, in order: radixserve once per schedule policy; with ``kv_tier``, radixserve over the
+same pool with a KV tier under its tree (``radixserve+tier``: a file tier in a temp dir, or host
+memory); with ``max_total_tokens``, radixserve with its default (unbounded) pool for reference;
+radixserve with the radix cache disabled (with a prefill calibration after each of its runs,
+for the time model); Hugging Face transformers recomputing the history, and with its KV carried
+across turns; another OpenAI-compatible server. Each starts only after the previous one has
+stopped, so none competes for the cores.
 
 With ``repeat`` > 1 each system replays the trace that many times back to back (its cache
 flushed in between) and reports the fastest run, with every run's wall time beside it: on a
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,9 +31,18 @@ from radixserve.bench.runner import calibrate_prefill, run_sessions, warmup
 from radixserve.bench.workload import Session, TokenSource
 from radixserve.config import SCHEDULE_POLICIES
 
-BASELINES = ("no-cache", "hf", "hf-kv")
+BASELINES = ("unbounded", "no-cache", "hf", "hf-kv")
 BACKENDS = ("engine", "http", "frontend")
-SERVER_INFO_KEYS = ("model_path", "dtype", "schedule_policy", "disable_radix_cache")
+KV_TIERS = ("file", "host")
+SERVER_INFO_KEYS = (
+    "model_path",
+    "dtype",
+    "schedule_policy",
+    "disable_radix_cache",
+    "max_total_tokens",
+    "kv_tier_path",
+    "enable_hierarchical_cache",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +63,9 @@ class BenchOptions:
     dp_size: int = 1  # > 1: radixserve serve --dp-size behind sglang-router, per router policy
     router_policies: tuple[str, ...] = ("cache_aware", "round_robin")
     router_args: tuple[str, ...] = ()  # passed to the router (radixserve serve --router-arg)
+    max_total_tokens: int | None = None  # the KV pool of the radixserve systems (None: default)
+    kv_tier: str | None = None  # "file" or "host": also run radixserve+tier (docs/kv_tier.md)
+    kv_tier_bytes: int | None = None  # the tier's size (None: the runtime's default, 2 pools)
 
     def __post_init__(self) -> None:
         if self.repeat < 1:
@@ -69,6 +84,14 @@ class BenchOptions:
             raise ValueError("--url needs --backend http or frontend")
         if self.dp_size > 1 and (self.backend != "http" or self.url is not None):
             raise ValueError("--dp-size starts its own router: use --backend http, no --url")
+        if self.kv_tier is not None and self.kv_tier not in KV_TIERS:
+            raise ValueError(f"kv_tier must be one of {KV_TIERS}, got {self.kv_tier!r}")
+        if self.kv_tier_bytes is not None and self.kv_tier is None:
+            raise ValueError("--kv-tier-size needs --kv-tier")
+        if (self.kv_tier or self.max_total_tokens) and (self.url or self.dp_size > 1):
+            raise ValueError("--kv-tier and --max-total-tokens start their own servers: no --url")
+        if "unbounded" in self.baselines and self.max_total_tokens is None:
+            raise ValueError("the unbounded baseline is the reference of --max-total-tokens")
 
 
 def _load() -> dict[str, float]:
@@ -97,22 +120,77 @@ def _fastest(
     return best, walls
 
 
+@dataclass(frozen=True, slots=True)
+class RadixSetup:
+    """How one radixserve system runs: its policy, cache, pool and KV tier."""
+
+    kind: str  # radixserve, kv-tier, unbounded, no-cache, data-parallel
+    policy: str
+    disable_cache: bool = False
+    router_policy: str | None = None
+    max_total_tokens: int | None = None
+    kv_tier: str | None = None  # file (in a temp dir) or host
+    kv_tier_bytes: int | None = None
+
+    @classmethod
+    def of(cls, opts: BenchOptions, kind: str, policy: str, **kw: Any) -> RadixSetup:
+        pool = None if kind == "unbounded" else opts.max_total_tokens
+        tier, size = (opts.kv_tier, opts.kv_tier_bytes) if kind == "kv-tier" else (None, None)
+        return cls(kind, policy, max_total_tokens=pool, kv_tier=tier, kv_tier_bytes=size, **kw)
+
+    def engine_kwargs(self, tier_dir: str | None) -> dict[str, Any]:
+        """The Engine's keyword arguments beyond the model, dtype and policy."""
+        kw: dict[str, Any] = {"disable_radix_cache": self.disable_cache}
+        if self.max_total_tokens is not None:
+            kw["max_total_tokens"] = self.max_total_tokens
+        if self.kv_tier == "file":
+            kw["kv_tier_path"] = tier_dir
+        elif self.kv_tier == "host":
+            kw["enable_hierarchical_cache"] = True
+        if self.kv_tier_bytes is not None:
+            kw["kv_tier_bytes"] = self.kv_tier_bytes
+        return kw
+
+    def serve_args(self, tier_dir: str | None) -> tuple[str, ...]:
+        """The same as ``radixserve serve`` flags (the cache switch aside)."""
+        args: tuple[str, ...] = ()
+        if self.max_total_tokens is not None:
+            args += ("--max-total-tokens", str(self.max_total_tokens))
+        if self.kv_tier == "file":
+            assert tier_dir is not None
+            args += ("--kv-tier-path", tier_dir)
+        elif self.kv_tier == "host":
+            args += ("--enable-hierarchical-cache",)
+        if self.kv_tier_bytes is not None:
+            args += ("--kv-tier-size", str(self.kv_tier_bytes))
+        return args
+
+
 def run_all(opts: BenchOptions, sessions: list[Session]) -> dict[str, Any]:
     """Every system's summary, and the no-cache run's prefill calibration (or None)."""
     systems: list[dict[str, Any]] = []
+    first = opts.policies[0]
     if opts.dp_size > 1:
         for rp in opts.router_policies:
             name = f"radixserve-dp{opts.dp_size}[{rp}]"
-            systems.append(_run_radixserve(opts, sessions, name, opts.policies[0], False, rp))
+            setup = RadixSetup.of(opts, "data-parallel", first, router_policy=rp)
+            systems.append(_run_radixserve(opts, sessions, name, setup))
     else:
         for policy in opts.policies:
             name = "radixserve" if len(opts.policies) == 1 else f"radixserve[{policy}]"
-            systems.append(_run_radixserve(opts, sessions, name, policy, disable_cache=False))
+            setup = RadixSetup.of(opts, "radixserve", policy)
+            systems.append(_run_radixserve(opts, sessions, name, setup))
+        if opts.kv_tier is not None:
+            name = "radixserve+tier" if len(opts.policies) == 1 else f"radixserve+tier[{first}]"
+            setup = RadixSetup.of(opts, "kv-tier", first)
+            systems.append(_run_radixserve(opts, sessions, name, setup))
+    if "unbounded" in opts.baselines:
+        setup = RadixSetup.of(opts, "unbounded", first)
+        systems.append(_run_radixserve(opts, sessions, "radixserve-unbounded", setup))
     calibration = None
     if "no-cache" in opts.baselines:
-        entry = _run_radixserve(
-            opts, sessions, "radixserve-no-cache", opts.policies[0], disable_cache=True
-        )
+        setup = RadixSetup.of(opts, "no-cache", first, disable_cache=True)
+        entry = _run_radixserve(opts, sessions, "radixserve-no-cache", setup)
         calibration = entry.pop("calibration")
         systems.append(entry)
     hf_modes = [(m, m == "hf-kv") for m in ("hf", "hf-kv") if m in opts.baselines]
@@ -159,28 +237,30 @@ def _warmup_source(opts: BenchOptions) -> TokenSource:
 
 
 def _run_radixserve(
-    opts: BenchOptions,
-    sessions: list[Session],
-    name: str,
-    policy: str,
-    disable_cache: bool,
-    router_policy: str | None = None,
+    opts: BenchOptions, sessions: list[Session], name: str, setup: RadixSetup
 ) -> dict[str, Any]:
+    policy, disable_cache = setup.policy, setup.disable_cache
     extra: dict[str, Any] = {
-        "kind": "no-cache" if disable_cache else "radixserve",
+        "kind": setup.kind,
         "policy": policy,
         "backend": opts.backend,
+        "max_total_tokens": setup.max_total_tokens,
     }
-    if router_policy is not None:
-        extra.update(kind="data-parallel", dp_size=opts.dp_size, router_policy=router_policy)
+    if setup.router_policy is not None:
+        extra.update(dp_size=opts.dp_size, router_policy=setup.router_policy)
+    if setup.kv_tier is not None:
+        extra.update(kv_tier=setup.kv_tier, kv_tier_bytes=setup.kv_tier_bytes)
     src = _warmup_source(opts)
-    with _client(opts, policy, disable_cache, router_policy) as (client, url):
+    with _client(opts, setup) as (client, url):
         warmup(client, src)
         if isinstance(client, HttpClient):  # what the server says it runs
             info = client.server_info()
             extra["server"] = {k: info.get(k) for k in SERVER_INFO_KEYS}
             extra["policy"] = info.get("schedule_policy", policy)
         extra.update(_load())
+        if (now := client.stats()) is not None:  # the pool (and tier) it got, in tokens
+            extra["pool_tokens"] = now.get("max_total_tokens")
+            extra["kv_tier_capacity_tokens"] = now.get("kv_tier_capacity_tokens")
 
         calibrations: list[dict[str, Any]] = []
 
@@ -217,10 +297,20 @@ def _finished_per_worker(client: Client) -> list[int] | None:
 
 
 @contextlib.contextmanager
-def _client(
-    opts: BenchOptions, policy: str, disable_cache: bool, router_policy: str | None = None
+def _client(opts: BenchOptions, setup: RadixSetup) -> Iterator[tuple[Client, str | None]]:
+    """The client of one radixserve system (and its URL over HTTP), stopped on exit; a file
+    tier lives in a temp dir removed afterwards."""
+    with contextlib.ExitStack() as stack:
+        tier_dir = None
+        if setup.kv_tier == "file":
+            tier_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="kv-tier-"))
+        yield stack.enter_context(_started(opts, setup, tier_dir))
+
+
+@contextlib.contextmanager
+def _started(
+    opts: BenchOptions, setup: RadixSetup, tier_dir: str | None
 ) -> Iterator[tuple[Client, str | None]]:
-    """The client of one radixserve system (and its URL over HTTP), stopped on exit."""
     if opts.backend == "engine":
         from radixserve.server.engine import Engine
 
@@ -228,8 +318,8 @@ def _client(
         engine = Engine(
             opts.model_path,
             dtype=opts.dtype,
-            schedule_policy=policy,
-            disable_radix_cache=disable_cache,
+            schedule_policy=setup.policy,
+            **setup.engine_kwargs(tier_dir),
             **threads,
         )
         try:
@@ -239,7 +329,7 @@ def _client(
             del engine
             gc.collect()
         return
-    if opts.url is not None and not disable_cache:
+    if opts.url is not None and setup.kind == "radixserve":
         http = HttpClient(opts.url)
         try:
             yield http, opts.url
@@ -248,14 +338,20 @@ def _client(
         return
     from radixserve.bench.servers import launched_server
 
-    extra_args: tuple[str, ...] = ()
+    router_policy = setup.router_policy
+    extra_args = setup.serve_args(tier_dir)
     if router_policy is not None:
         worker_threads = str(opts.num_threads or 1)
-        extra_args = ("--dp-size", str(opts.dp_size), "--router-policy", router_policy)
+        extra_args += ("--dp-size", str(opts.dp_size), "--router-policy", router_policy)
         extra_args += ("--threads-per-worker", worker_threads)
         extra_args += tuple(f"--router-arg={a}" for a in opts.router_args)
     with launched_server(
-        opts.model_path, opts.dtype, policy, disable_cache, opts.num_threads, extra_args
+        opts.model_path,
+        opts.dtype,
+        setup.policy,
+        setup.disable_cache,
+        opts.num_threads,
+        extra_args,
     ) as url:
         if router_policy is not None:
             from radixserve.api.data_parallel import wait_router_ready

@@ -183,6 +183,15 @@ def num_requests(sessions: list[Session]) -> int:
     return sum(len(s.turns) for s in sessions)
 
 
+def trace_tokens(sessions: list[Session]) -> int:
+    """The trace's distinct tokens, what a cache that never evicts holds at its end: each
+    distinct prefix once, every user message and answer (at its trace length). Size a pool as a
+    share of this (``--max-total-tokens``) to see eviction at work."""
+    prefixes = {tuple(s.prefix_ids) for s in sessions}
+    turns = sum(len(t.user_ids) + t.answer_len for s in sessions for t in s.turns)
+    return sum(len(p) for p in prefixes) + turns
+
+
 # the default shapes; flags override any field
 MULTITURN_SHAPES: dict[str, dict[str, Any]] = {
     # chat-like (PERF-NOTES: HF recompute 40.4 s, HF with KV carried 24.4 s)

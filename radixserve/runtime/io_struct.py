@@ -37,7 +37,8 @@ class ReqOutput:
     finish_reason: FinishReason | None
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int
+    cached_tokens: int  # prompt tokens served from the cache (pool and tier), all admissions
     new_logprobs: list[float] = field(default_factory=list)
     new_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     input_logprobs: list[float] | None = None  # prompt-token logprobs, in the first output only
+    cached_tokens_tier: int = 0  # the part of ``cached_tokens`` loaded back from the KV tier

@@ -51,6 +51,7 @@ def make_output(req: Req, new_token_ids: list[int], num_new_logprobs: int = 0) -
         prompt_tokens=req.prompt_len,
         completion_tokens=req.output_len,
         cached_tokens=req.cached_tokens,
+        cached_tokens_tier=req.cached_tokens_tier,
     )
     if req.return_logprob and num_new_logprobs:
         out.new_logprobs = req.output_logprobs[-num_new_logprobs:]

@@ -6,7 +6,8 @@ Engine and by the native HTTP route alike (the frontend parses one shape).
     {"text": str, "output_ids": [int],
      "meta_info": {"id", "finish_reason": None | {"type": "stop" | "length" | "abort",
                    "matched": int | str | None, "length" | "message"},
-                   "prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency",
+                   "prompt_tokens", "completion_tokens", "cached_tokens",
+                   "cached_tokens_details": {"device": int, "host": int}, "e2e_latency",
                    with return_logprob:
                    "output_token_logprobs": [[logprob, token_id, text | None]],
                    "output_top_logprobs": [[[logprob, token_id, text | None]]],
@@ -14,6 +15,9 @@ Engine and by the native HTTP route alike (the frontend parses one shape).
                    "input_token_logprobs": [[logprob | None, token_id, text | None]]}}
 
 A token's text is filled in only when the caller asks (``return_text_in_logprobs``).
+``cached_tokens`` is the total; ``cached_tokens_details`` splits it as SGLang's hierarchical cache
+does: ``device`` hit in the KV pool, ``host`` loaded back from the KV tier (host memory or a
+file tier alike; ``docs/kv_tier.md``).
 """
 
 from __future__ import annotations
@@ -68,6 +72,10 @@ class RequestResult:
     def cached_tokens(self) -> int:
         return 0 if self.last is None else self.last.cached_tokens
 
+    @property
+    def cached_tokens_tier(self) -> int:
+        return 0 if self.last is None else self.last.cached_tokens_tier
+
 
 def generate_result(
     result: RequestResult,
@@ -85,6 +93,10 @@ def generate_result(
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
         "cached_tokens": result.cached_tokens,
+        "cached_tokens_details": {
+            "device": result.cached_tokens - result.cached_tokens_tier,
+            "host": result.cached_tokens_tier,
+        },
         "e2e_latency": time.monotonic() - started,
     }
     if request.return_logprob:

@@ -42,3 +42,26 @@ def test_router_command_puts_the_router_on_the_public_address() -> None:
     assert "--worker-urls http://127.0.0.1:1 http://127.0.0.1:2" in joined
     assert "--log-level warn" in joined and cmd[-1] == "--balance-abs-threshold=8"
     assert len(set(data_parallel.free_ports(4))) == 4
+
+
+def test_each_worker_gets_a_file_tier_of_its_own(tmp_path, tiny_llama_dir) -> None:
+    """Two workers mapping one tier file would overwrite each other's KV: each gets its own."""
+    import torch
+
+    from radixserve.memory_pool.kv_tier import TierLayout, file_tier
+
+    argv = ["serve", "--model", str(tiny_llama_dir), "--dp-size", "2"]
+    argv += ["--kv-tier-path", str(tmp_path)]
+    config = cli.make_server_config(cli.build_parser().parse_args(argv))
+    workers = data_parallel.worker_server_configs(config, 1, [1001, 1002])
+    paths = [w.engine.kv_tier_path for w in workers]
+    assert [w.port for w in workers] == [1001, 1002] and all(
+        w.engine.num_threads == 1 for w in workers
+    )
+    assert len(set(paths)) == 2 and all(
+        p is not None and p.startswith(str(tmp_path)) for p in paths
+    )
+    layout = TierLayout(1, 1, 4, "torch.float32", 1)
+    tiers = [file_tier(p, layout, 8, "model")[0] for p in paths if p is not None]
+    tiers[0].storage.fill_(1.0)
+    assert torch.count_nonzero(tiers[1].storage) == 0  # worker 1's KV is untouched
