@@ -56,24 +56,18 @@ def test_tier_flags_reach_the_engine_config(tmp_path: Path) -> None:
     assert engine.kv_tier_write_policy == "write_through" and engine.preemption_mode == "swap"
 
 
+def serve_and_exit(model_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``radixserve serve`` with ``flags`` that must make it exit before serving."""
+    cmd = [sys.executable, "-m", "radixserve", "serve", "--model", str(model_dir), *flags]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
 def test_swap_without_a_tier_exits_with_a_message(api_model_dir: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "radixserve", "serve", "--model", str(api_model_dir)]
-        + ["--preemption-mode", "swap"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = serve_and_exit(api_model_dir, "--preemption-mode", "swap")
     assert proc.returncode != 0
     assert "needs a KV tier" in proc.stderr
 
 
 def test_a_bad_tier_size_is_refused_by_the_parser(api_model_dir: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "radixserve", "serve", "--model", str(api_model_dir)]
-        + ["--kv-tier-size", "lots"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = serve_and_exit(api_model_dir, "--kv-tier-size", "lots")
     assert proc.returncode == 2 and "not a size" in proc.stderr
