@@ -92,14 +92,20 @@ class RadixCache:
     def insert(
         self, key: TokenKey, value: torch.Tensor, extra_key: str | None = None
     ) -> InsertResult:
+        key_bytes, node, pos, values = self._walk_to_insert(key, value, extra_key)
+        return self._insert_after_walk(node, pos, values, key_bytes, value, extra_key, pos)
+
+    def _walk_to_insert(
+        self, key: TokenKey, value: torch.Tensor, extra_key: str | None
+    ) -> tuple[bytes, TreeNode, int, list[torch.Tensor]]:
+        """The key's bytes (its length checked against ``value``'s) and its walk."""
         key_bytes = _key_bytes(key)
         num_tokens = value.shape[0]  # len() of a tensor costs 6x more
         if len(key_bytes) != num_tokens * _TOKEN_BYTES:
             raise ValueError(
                 f"key ({len(key_bytes) // _TOKEN_BYTES}) and value ({num_tokens}) lengths differ"
             )
-        node, pos, values = self._walk(key_bytes, extra_key)
-        return self._insert_after_walk(node, pos, values, key_bytes, value, extra_key, pos)
+        return (key_bytes, *self._walk(key_bytes, extra_key))
 
     def _insert_after_walk(
         self,
@@ -134,7 +140,7 @@ class RadixCache:
 
     def evict(self, num_tokens: int) -> torch.Tensor:
         """Free unlocked leaves, least recently used first (ties: oldest node), until
-        ``num_tokens`` are freed or none is left; a parent left a leaf joins the order."""
+        ``num_tokens`` are freed or none is left (what becomes of each: ``_evict_leaf``)."""
         leaves = self._leaves
         freed: list[torch.Tensor] = []
         num_freed = 0
@@ -144,11 +150,16 @@ class RadixCache:
                 continue  # stale: locked, touched since, or no longer a leaf in the tree
             freed.append(leaf.value)  # type: ignore[arg-type]  # (in the pool)
             num_freed += len(leaf)
-            parent = self._delete_leaf(leaf)
-            if parent is not self._root and parent.is_leaf:
-                self._push_lru(parent)
+            self._evict_leaf(leaf)
         self._evictable_size -= num_freed
         return torch.cat(freed) if freed else _EMPTY_VALUE
+
+    def _evict_leaf(self, leaf: TreeNode) -> None:
+        """The pool took ``leaf``'s slots: it leaves the tree; a parent left a leaf joins the
+        order."""
+        parent = self._delete_leaf(leaf)
+        if parent is not self._root and parent.is_leaf:
+            self._push_lru(parent)
 
     def inc_lock_ref(self, node: TreeNode) -> int:
         delta = 0

@@ -29,6 +29,7 @@ caller's to free, as in :class:`RadixCache`.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 
 import torch
 
@@ -65,9 +66,7 @@ class TieredRadixCache(RadixCache):
     # ---- queries -------------------------------------------------------------------------
     def match_prefix(self, key: TokenKey, extra_key: str | None = None) -> MatchResult:
         node, _, values = self._walk(_key_bytes(key), extra_key)
-        path = self._tier_path(node)
-        device = values[: len(values) - len(path)]
-        return MatchResult(_cat(device), node, sum(len(n) for n in path))
+        return self._match_at(node, values)
 
     def prefix_of(self, node: TreeNode) -> MatchResult:
         """What a match ending at ``node`` is now, without a walk. A locked match keeps its
@@ -79,9 +78,7 @@ class TieredRadixCache(RadixCache):
         while n is not self._root:
             values.append(n.value)
             n = n.parent  # type: ignore[assignment]
-        path = self._tier_path(node)
-        device = values[len(path) :][::-1]
-        return MatchResult(_cat(device), node, sum(len(n) for n in path))  # type: ignore[arg-type]
+        return self._match_at(node, values[::-1])
 
     def tier_size(self) -> int:
         """Tokens with a copy in the tier."""
@@ -97,10 +94,7 @@ class TieredRadixCache(RadixCache):
     ) -> InsertResult:
         """As :meth:`RadixCache.insert`; tier-only nodes on the key's path take the caller's
         slots (they were computed again), and count as not present."""
-        key_bytes = _key_bytes(key)
-        if len(key_bytes) != value.shape[0] * 4:
-            raise ValueError(f"key ({len(key_bytes) // 4}) and value ({value.shape[0]}) differ")
-        node, pos, values = self._walk(key_bytes, extra_key)
+        key_bytes, node, pos, values = self._walk_to_insert(key, value, extra_key)
         path = self._tier_path(node)
         present = pos - sum(len(n) for n in path)
         if path:
@@ -113,28 +107,15 @@ class TieredRadixCache(RadixCache):
                 self._backup(last)
         return result
 
-    def evict(self, num_tokens: int) -> torch.Tensor:
-        """Free pool slots of unlocked pool leaves, least recently used first, until
-        ``num_tokens`` are freed or none is left; each leaf moves to the tier (written there
-        first if it has no copy), or is dropped with its tier subtree when the tier is full."""
-        freed: list[torch.Tensor] = []
-        num_freed = 0
-        while num_freed < num_tokens and self._lru:
-            t, _, leaf = heapq.heappop(self._lru)
-            if leaf.lock_ref or t != leaf.last_access_time or leaf not in self._leaves:
-                continue
-            value = leaf.value
-            assert value is not None
-            freed.append(value)
-            num_freed += len(leaf)
-            self._leaves.discard(leaf)
-            if leaf.tier_value is not None or self._backup(leaf):
-                leaf.value = None
-            else:
-                self._drop_subtree(leaf)
-            self._maybe_pool_leaf(leaf.parent)  # type: ignore[arg-type]
-        self._evictable_size -= num_freed
-        return torch.cat(freed) if freed else _EMPTY_VALUE
+    def _evict_leaf(self, leaf: TreeNode) -> None:
+        """The pool took ``leaf``'s slots: it moves to the tier (written there first if it has
+        no copy), or leaves the tree with its tier subtree when the tier has no room."""
+        self._leaves.discard(leaf)
+        if leaf.tier_value is not None or self._backup(leaf):
+            leaf.value = None
+        else:
+            self._drop_subtree(leaf)
+        self._maybe_pool_leaf(leaf.parent)  # type: ignore[arg-type]
 
     def load_back(self, node: TreeNode, slots: torch.Tensor) -> torch.Tensor:
         """Copy the tier part of the path ending at ``node`` (``MatchResult.tier_len`` tokens;
@@ -191,7 +172,7 @@ class TieredRadixCache(RadixCache):
         node = TreeNode(next(self._node_ids), key_bytes, None, parent, extra_key)
         node.tier_value = tier_slots
         parent.children[self._child_key(parent, extra_key, key_bytes)] = node
-        heapq.heappush(self._tier_lru, (node.last_access_time, node.id, node))
+        self._push_tier_lru(node)
         return node
 
     def reset(self) -> None:
@@ -219,6 +200,17 @@ class TieredRadixCache(RadixCache):
         assert all(id(n) in entries for n in nodes if n.tier_value is not None), "no tier entry"
 
     # ---- internals -----------------------------------------------------------------------
+    def _push_tier_lru(self, node: TreeNode) -> None:
+        """An entry for ``node``'s tier copy at its current access time."""
+        heapq.heappush(self._tier_lru, (node.last_access_time, node.id, node))
+
+    def _match_at(self, node: TreeNode, values: Sequence[torch.Tensor | None]) -> MatchResult:
+        """The match ending at ``node``, given the values of its path (root first; ``None`` for
+        the tier-only tail)."""
+        path = self._tier_path(node)
+        device = values[: len(values) - len(path)]
+        return MatchResult(_cat(device), node, sum(len(n) for n in path))  # type: ignore[arg-type]
+
     def _tier_path(self, node: TreeNode) -> list[TreeNode]:
         """The tier-only nodes ending at ``node``, top down."""
         path = []
@@ -244,7 +236,7 @@ class TieredRadixCache(RadixCache):
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         upper = super()._split(child, n)
         if upper.tier_value is not None:  # the upper part of a tier copy: its own LRU entry
-            heapq.heappush(self._tier_lru, (upper.last_access_time, upper.id, upper))
+            self._push_tier_lru(upper)
         return upper
 
     def _maybe_pool_leaf(self, node: TreeNode) -> None:
@@ -268,7 +260,7 @@ class TieredRadixCache(RadixCache):
             return False
         node.tier_value = tier_slots
         self.num_written_tokens += need
-        heapq.heappush(self._tier_lru, (node.last_access_time, node.id, node))
+        self._push_tier_lru(node)
         return True
 
     def _evict_tier(self, num_tokens: int) -> None:
@@ -282,7 +274,7 @@ class TieredRadixCache(RadixCache):
             if node.tier_value is None:
                 continue  # no copy any more: the entry goes
             if t != node.last_access_time:
-                heapq.heappush(heap, (node.last_access_time, node.id, node))
+                self._push_tier_lru(node)
                 continue
             if node.lock_ref or any(c.tier_value is not None for c in node.children.values()):
                 aside[node.id] = entry

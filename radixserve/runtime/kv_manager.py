@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -217,18 +218,21 @@ class KVManager:
             self.tree.dec_lock_ref(req.last_node)
         req.prefix_indices, req.last_node = new_prefix, result.last_node
 
-    def release(self, req: Req, insert: bool = True) -> None:
+    def release(self, req: Req, insert: bool = True) -> Any:
         """End the request's hold on its row: cache what it computed (``insert``), free what the
-        tree did not take, unlock its prefix, return the row (and drop a swap lock)."""
+        tree did not take, unlock its prefix, return the row (and drop a swap lock). Returns
+        the node the cached tokens end at (``None`` when nothing was inserted)."""
         self._drop_swap_lock(req)
         if req.req_pool_idx is None:
-            return
+            return None
         slots = self.row_slots(req)
         shared = req.prefix_len
         num_slots = slots.shape[0]  # len() of a tensor costs several times more
         aligned = num_slots - num_slots % self.page_size
+        node = None
         if insert:
-            present = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.extra_key).num_present
+            result = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.extra_key)
+            present, node = result.num_present, result.last_node
         else:
             present = aligned
         # [shared, present): duplicates of what the tree holds; [aligned, kv_len): partial page
@@ -240,6 +244,7 @@ class KVManager:
             self.tree.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx, req.prefix_indices, req.last_node, req.kv_len = None, None, None, 0
+        return node
 
     def send_back(self, req: Req, swap: bool) -> int:
         """Preemption and retraction: :meth:`swap_out` (``swap``) or :meth:`release`, caching
@@ -255,13 +260,8 @@ class KVManager:
         until it is admitted again and loads them back. Returns the tokens moved; without a
         tier it only releases."""
         tree = self.tiered
-        if tree is None or req.req_pool_idx is None:
-            self.release(req)
-            return 0
-        key = req.fill_ids[: req.kv_len].copy()
-        self.release(req)
-        node = tree.match_prefix(key, req.extra_key).last_node
-        if node is tree.root:
+        node = self.release(req)
+        if tree is None or node is None or node is tree.root:
             return 0
         tree.inc_lock_ref(node)
         req.swap_node = node
