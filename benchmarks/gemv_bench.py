@@ -23,12 +23,14 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from radixserve.config import EngineConfig
-from radixserve.models.kernels import MAX_M, CpuKernels, _ext
+from radixserve.models.kernels import MAX_M, CpuKernels, _ext, quantize_int8, torch_linear
 from radixserve.models.kernels.cpu_kernels import MIN_TASK_BYTES
 
 Route = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -140,6 +142,39 @@ def bench_shapes(args: argparse.Namespace, routes: dict[str, Route]) -> None:
         )
 
 
+def bench_int8(args: argparse.Namespace) -> None:
+    """96 cache-cold 4864x896 int8 weights (418 MB, like the bf16 table's 48): the kernel of each
+    variant (x quantized to Q8, int8 dot products) against torch (the weight widened per call,
+    then F.linear: fp32 where bf16 GEMMs are emulated, bf16 on AMX / AVX512-BF16 CPUs)."""
+    gen = torch.Generator().manual_seed(2)
+    weights = [quantize_int8(torch.randn(INTER, HIDDEN, generator=gen) * 0.02) for _ in range(96)]
+    nbytes = sum(q.numel() for q, _ in weights)
+    fp32 = KERNELS.gemm_in_fp32
+    routes: dict[str, Route] = {
+        "torch": lambda x, q, s: torch_linear(x, q, None, s, fp32_compute=fp32),
+    }
+    for name in dict.fromkeys([KERNELS.variant or "", *args.variants]):
+        module = _ext.load_variant(name) if name else None
+        if module is not None:
+            routes[f"kernel[{name}]"] = partial(_int8_kernel, module)
+    rows = []
+    for m in args.ms:
+        x = torch.randn(m, HIDDEN, generator=gen).to(torch.bfloat16)
+
+        def work(route: Route, x: torch.Tensor = x) -> None:
+            for q, s in weights:
+                route(x, q, s)
+
+        times = time_rounds(routes, work, args.rounds)
+        rows.append([f"M={m}"] + [fmt(nbytes, times[k]) for k in routes])
+    print_table("96 x 4864x896 int8: GB/s of int8 weight, median (best)", ["", *routes], rows)
+
+
+def _int8_kernel(module: Any, x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    y: torch.Tensor = module.try_linear(x, q, s, None, 1 << 30, MIN_TASK_BYTES)
+    return y
+
+
 def bench_decode_pass(args: argparse.Namespace) -> None:
     """All weights of one Qwen2.5-0.5B batch-1 decode step (988 MB), per route."""
     gen = torch.Generator().manual_seed(1)
@@ -195,6 +230,7 @@ def main() -> None:
     parser.add_argument("--no-compile", dest="compile", action="store_false")
     parser.add_argument("--no-fp32", dest="fp32", action="store_false")
     parser.add_argument("--no-decode", dest="decode", action="store_false")
+    parser.add_argument("--int8", action="store_true", help="add the int8-weight table")
     parser.add_argument(
         "--variants", nargs="*", default=[], choices=_ext.VARIANT_NAMES, help="extra routes"
     )
@@ -217,6 +253,8 @@ def main() -> None:
             routes[f"kernel[{name}]"] = route
     with torch.inference_mode():
         bench_shapes(args, routes)
+        if args.int8:
+            bench_int8(args)
         if args.decode:
             bench_decode_pass(args)
 

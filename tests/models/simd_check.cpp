@@ -118,6 +118,26 @@ int main() {
     expect_near("exp_nonpos", 0, got[0], want, 2e-6f);
   }
 
+  {  // int8 dot products: lane i = sum of the products of bytes 4i .. 4i + 3, exact
+    int8_t wq[Q], xq[Q];
+    for (int i = 0; i < Q; ++i) {
+      wq[i] = static_cast<int8_t>((i * 53 + 11) % 255 - 127);  // -127 .. 127, zeros too
+      xq[i] = static_cast<int8_t>(127 - (i * 97 + 5) % 255);
+    }
+    wq[0] = -127, xq[0] = -127, wq[1] = -127, xq[1] = -127;  // the largest pair: 2 * 127^2
+    wq[2] = 127, xq[2] = 127, wq[3] = 0;
+    alignas(64) int32_t got[W];
+    store(out, as_float(dot_q(prep_q(load_q(wq)), load_q(xq))));
+    std::memcpy(got, out, sizeof got);
+    for (int i = 0; i < W; ++i) {
+      int32_t want = 0;
+      for (int j = 4 * i; j < 4 * i + 4; ++j) want += wq[j] * xq[j];
+      expect(got[i] == want, "dot_q", i, got[i], want);
+    }
+    store(out, cvt_f(load_bits(got)));
+    for (int i = 0; i < W; ++i) expect(out[i] == static_cast<float>(got[i]), "cvt_f", i, out[i], got[i]);
+  }
+
 #if defined(RS_HAS_DPBF16)
   {  // VDPBF16PS: acc[i] + p[2i] * q[2i] + p[2i + 1] * q[2i + 1], exact on these small values
     bf16 p[2 * W], q2[2 * W];

@@ -1,8 +1,9 @@
 """Whole models on the CPU kernels of every ISA variant against the float32 torch reference.
 
 Each family's tiny checkpoint runs one EXTEND batch (two prompts) and one DECODE step, once with
-``TORCH_ONLY`` in float32 (the reference: F.linear, F.rms_norm, the torch-native backend, int8
-weights dequantized) and once on a variant's kernels. In float32 the two differ only by
+``TORCH_ONLY`` in float32 (the reference: F.linear, F.rms_norm, the torch-native backend; with
+int8 weights ``TORCH_Q8``, which also quantizes x per block of 32 as the kernel's int8 route does)
+and once on a variant's kernels. In float32 the two differ only by
 summation order (1e-4 of the largest logit). With bf16 storage (weights, activations and KV
 rounded to bf16, fp32 math in the kernels) the kernels may be off the float32 reference by at
 most 1.5x what torch's own bf16 path is off it (plus 1e-3).
@@ -19,7 +20,7 @@ from radixserve.memory_pool import KVCache, ReqToTokenPool
 from radixserve.models.attention.cpu_kernel import CpuKernelBackend
 from radixserve.models.attention.registry import create_attention_backend
 from radixserve.models.forward_batch import ForwardBatch
-from radixserve.models.kernels import TORCH_ONLY, CpuKernels
+from radixserve.models.kernels import TORCH_ONLY, TORCH_Q8, CpuKernels
 from radixserve.models.loader import load_model
 
 PROMPTS = [[5, 17, 3, 99, 42, 7, 7, 1, 250], [8, 4, 61, 33, 2, 90, 11, 13, 120, 64, 9, 5, 31, 77]]
@@ -64,7 +65,8 @@ def test_model_on_kernels_matches_torch_reference(
 ) -> None:
     path = tiny_model_dirs[family]
     dtype, quantization = case
-    ref, ref_backend = run_model(path, TORCH_ONLY, "float32", quantization)
+    reference = TORCH_Q8 if quantization == "int8" else TORCH_ONLY
+    ref, ref_backend = run_model(path, reference, "float32", quantization)
     assert ref_backend == "TorchNativeBackend"
     out, backend = run_model(path, variant_kernels, dtype, quantization)
     head_dim = load_model(path, "float32")[1].head_dim
@@ -77,5 +79,5 @@ def test_model_on_kernels_matches_torch_reference(
     if dtype == "float32":
         assert rel(out) <= 1e-4, f"max |diff| / max |ref| = {rel(out):.2e}"
     else:
-        torch_bf16 = rel(run_model(path, TORCH_ONLY, dtype, quantization)[0])
+        torch_bf16 = rel(run_model(path, reference, dtype, quantization)[0])
         assert rel(out) <= 1.5 * torch_bf16 + 1e-3, f"{rel(out):.2e} vs torch {torch_bf16:.2e}"

@@ -1,7 +1,9 @@
 """The skinny GEMM of every ISA variant against the float32 torch reference.
 
-Reference: F.linear in float32 on the same stored values (int8 weights dequantized, w * scale).
-The kernel widens every operand to fp32, accumulates in fp32 and rounds once, so bf16 outputs
+Reference: F.linear in float32 on the same stored values (int8 weights dequantized, w * scale;
+with int8 weights the kernel multiplies x quantized per block of 32, so the reference takes x
+through the same quantization, ``q8_reference``). The kernel accumulates in fp32 (exact int32
+within a block for int8) and rounds once, so bf16 outputs
 are within half a bf16 ulp of the result (2^-8 relative) plus fp32 summation-order noise; fp32
 outputs differ only by the summation order. Tolerance: |y - ref| <= rtol * |ref| + 1e-5 *
 (|x| @ |w|.T + |b|), rtol 2^-8 for bf16 and 1e-6 for fp32 outputs (the second term bounds
@@ -21,7 +23,9 @@ from radixserve.models.kernels import (
     TORCH_ONLY,
     CpuKernels,
     _ext,
+    q8_reference,
     quantize_int8,
+    quantize_rows_q8,
     torch_linear,
 )
 from radixserve.models.kernels.cpu_kernels import AMX_BF16_MAX_M
@@ -42,11 +46,13 @@ def _weights(
 
 
 def _assert_close(
-    y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+    y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, q8: bool = False
 ) -> None:
+    """``q8``: the kernel's int8 route, whose x is ``q8_reference(x)``."""
     bf = None if b is None else b.float()
-    ref = F.linear(x.float(), w, bf)
-    scale = F.linear(x.float().abs(), w.abs(), None if b is None else bf.abs())  # type: ignore[union-attr]
+    xr = q8_reference(x) if q8 else x.float()
+    ref = F.linear(xr, w, bf)
+    scale = F.linear(xr.abs(), w.abs(), None if b is None else bf.abs())  # type: ignore[union-attr]
     assert y.dtype == x.dtype and y.shape == ref.shape
     err = (y.float() - ref).abs()
     bound = RTOL[x.dtype] * ref.abs() + 1e-5 * scale + 1e-30
@@ -74,8 +80,34 @@ def test_skinny_matches_reference(
         b = torch.randn(n, generator=gen).to(x_dtype) if with_bias else None
         y = module.try_linear(x, wk, scale, b, MAX_M, 1)  # the kernel itself, 1-byte tasks
         assert y is not None
-        _assert_close(y, x, w, b)
-        _assert_close(variant_kernels.linear(x, wk, b, scale), x, w, b)  # the dispatching route
+        q8 = w_dtype == torch.int8
+        _assert_close(y, x, w, b, q8)
+        _assert_close(variant_kernels.linear(x, wk, b, scale), x, w, b, q8)  # dispatching route
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_int8_route_quantizes_x_like_the_reference(
+    variant_kernels: CpuKernels, x_dtype: torch.dtype
+) -> None:
+    """With the identity as int8 weight and scale 1, y is x's Q8 quantization dequantized: the
+    kernel's quantization (blocks, rounding half to even, zero blocks, a partial last block)
+    equals ``quantize_rows_q8`` value for value (fp32 y is exact; bf16 y rounds it once)."""
+    module = variant_kernels.module
+    assert module is not None
+    gen = torch.Generator().manual_seed(6)
+    for k, m in ((5, 1), (32, 3), (100, 9), (257, 2), (1000, 17)):
+        x = torch.randn(m, k, generator=gen) * torch.logspace(-3, 3, k)
+        x[0, : min(k, 40)] = 0.0  # an all-zero block
+        x[-1, -1] = 127.0 * 0.5  # ties: x * (1 / d) = 63.5 rounds to 64 (even)
+        x[-1, -2] = -127.0
+        x = x.to(x_dtype)
+        eye, one = torch.eye(k, dtype=torch.int8), torch.ones(k)
+        y = module.try_linear(x, eye, one, None, MAX_M, 1)
+        assert y is not None
+        want = q8_reference(x)
+        assert torch.equal(y, want.to(x_dtype)), (k, m)
+    q, d = quantize_rows_q8(torch.tensor([[0.5, -1.0, 0.25] + [0.0] * 30]))
+    assert q[0, :3].tolist() == [64, -127, 32] and q.shape == (1, 33) and d.shape == (1, 2)
 
 
 def test_layouts_3d_views_and_strides(variant_kernels: CpuKernels) -> None:
@@ -139,8 +171,11 @@ def test_torch_only_is_the_reference() -> None:
     x = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
     assert torch.equal(TORCH_ONLY.linear(x, w), F.linear(x, w))
     q, scale = quantize_int8(w)
-    deq = (q.float() * scale[:, None]).to(torch.bfloat16)
-    assert torch.equal(TORCH_ONLY.linear(x, q, None, scale), F.linear(x, deq))
+    want = (F.linear(x, q.to(torch.bfloat16)).float() * scale).to(torch.bfloat16)
+    assert torch.equal(TORCH_ONLY.linear(x, q, None, scale), want)  # the scales on the output
+    exact = F.linear(x.float(), q.float() * scale[:, None])
+    err = (TORCH_ONLY.linear(x.float(), q, None, scale) - exact).abs()
+    assert err.max() <= 1e-5 * exact.abs().max()
     err = (q.float() * scale[:, None] - w.float()).abs()
     assert (err <= scale[:, None] / 2 + 1e-7).all()  # round to nearest, per-channel scale
 
@@ -169,6 +204,8 @@ def test_variant_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_ext, "_flags_cache", [frozenset(avx512)])
     assert _ext.best_variant() == "avx512"
     monkeypatch.setattr(_ext, "_flags_cache", [frozenset(avx512 | {"avx512_bf16"})])
+    assert _ext.best_variant() == "avx512"  # its build also uses VNNI
+    monkeypatch.setattr(_ext, "_flags_cache", [frozenset(avx512 | {"avx512_bf16", "avx512_vnni"})])
     assert _ext.best_variant() == "avx512_bf16"
     assert _ext.best_variant("avx2") == "avx2"  # RADIXSERVE_CPU_ISA=avx2 forces the lower one
     with pytest.raises(ValueError, match="unknown CPU kernel variant"):

@@ -3,7 +3,22 @@
 :class:`CpuKernels` at construction; :data:`TORCH_ONLY` is the torch reference."""
 
 from radixserve.models.kernels.attention import AttentionKernel
-from radixserve.models.kernels.cpu_kernels import MAX_M, TORCH_ONLY, CpuKernels
-from radixserve.models.kernels.linear import quantize_int8, torch_linear
+from radixserve.models.kernels.cpu_kernels import MAX_M, TORCH_ONLY, TORCH_Q8, CpuKernels
+from radixserve.models.kernels.linear import (
+    q8_reference,
+    quantize_int8,
+    quantize_rows_q8,
+    torch_linear,
+)
 
-__all__ = ["AttentionKernel", "CpuKernels", "MAX_M", "TORCH_ONLY", "quantize_int8", "torch_linear"]
+__all__ = [
+    "AttentionKernel",
+    "CpuKernels",
+    "MAX_M",
+    "TORCH_ONLY",
+    "TORCH_Q8",
+    "q8_reference",
+    "quantize_int8",
+    "quantize_rows_q8",
+    "torch_linear",
+]

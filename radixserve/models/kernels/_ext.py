@@ -6,7 +6,8 @@ variant's ``-m`` flags (like llama.cpp's CPU variants or ATen's CPU capability d
 
 - ``avx2``: AVX2 + FMA + F16C (Haswell, Zen 1-3): 8 fp32 lanes;
 - ``avx512``: AVX-512 F/BW/VL/DQ (Skylake-X, Ice Lake, Zen 4): 16 lanes;
-- ``avx512_bf16``: the same plus ``-mavx512bf16`` (Cooper Lake, Sapphire Rapids, Zen 4);
+- ``avx512_bf16``: the same plus ``-mavx512bf16 -mavx512vnni`` (Cooper Lake, Sapphire Rapids,
+  Zen 4: each of them has both; VNNI runs the int8 dot products);
 - ``neon``: aarch64 Advanced SIMD (every 64-bit Arm CPU: Graviton, Ampere, Apple): 4 lanes.
 
 :func:`best_variant` picks the highest one the CPU's flags allow (at most a requested one, so an
@@ -43,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
 SOURCES = tuple(_DIR / n for n in ("gemv.cpp", "attention_kernel.cpp", "norm.cpp", "bindings.cpp"))
-HEADERS = (_DIR / "simd.h",)
+HEADERS = (_DIR / "simd.h", _DIR / "gemv_lanes.h")
 LDFLAGS = ("-fopenmp",)  # resolves to the libgomp torch already loaded (same soname)
 _AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c")
 _AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"})
@@ -62,7 +63,11 @@ class Variant:
 VARIANTS = (  # lowest first
     Variant("avx2", ("-mavx2", "-mfma", "-mf16c"), frozenset({"avx2", "fma", "f16c"})),
     Variant("avx512", _AVX512, _AVX512_FLAGS),
-    Variant("avx512_bf16", (*_AVX512, "-mavx512bf16"), _AVX512_FLAGS | {"avx512_bf16"}),
+    Variant(
+        "avx512_bf16",
+        (*_AVX512, "-mavx512bf16", "-mavx512vnni"),
+        _AVX512_FLAGS | {"avx512_bf16", "avx512_vnni"},
+    ),
     # NEON (asimd) is part of every aarch64 CPU: no flag to add
     Variant("neon", (), frozenset({"asimd"}), ("aarch64", "arm64")),
 )

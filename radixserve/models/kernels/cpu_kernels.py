@@ -6,8 +6,9 @@ model and the attention backend at construction; nothing is process-wide. :data:
 (the default everywhere) is the null object: every call is the plain torch reference.
 
 With a variant loaded, :meth:`linear` sends decode-shaped products (``M <= MAX_M`` rows) to the
-skinny GEMM of ``gemv.cpp`` (weights fp32, bf16 or int8, widened in registers, fp32
-accumulation) and :meth:`rms_norm` to ``norm.cpp``; larger products are compute-bound and go to
+skinny GEMM of ``gemv.cpp`` (fp32 or bf16 weights widened in registers, fp32 accumulation;
+int8 weights times ``x`` quantized to int8 per block of 32, like llama.cpp's Q8_0, exact int32
+products per block: :data:`TORCH_Q8` is that route's torch reference) and :meth:`rms_norm` to ``norm.cpp``; larger products are compute-bound and go to
 torch's GEMM, in float32 on CPUs without native bf16 (torch emulates bf16 GEMMs there 4x slower
 than fp32). On CPUs with AMX-BF16, bf16 weights go to torch's GEMM from ``AMX_BF16_MAX_M`` rows
 on: its AMX tiles outrun the kernel's vector FMAs from there.
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 from radixserve.models.kernels import _ext
 from radixserve.models.kernels.attention import AttentionKernel, attention_kernel
-from radixserve.models.kernels.linear import torch_linear
+from radixserve.models.kernels.linear import q8_reference, torch_linear
 
 MAX_M = 128
 """Most rows of ``x`` sent to the skinny GEMM; beyond it torch's GEMM (with the weight widened)
@@ -53,6 +54,7 @@ class CpuKernels:
     attention: bool = False  # the cpu_kernel attention backend may run
     gemm_in_fp32: bool = False  # large bf16 products run torch's GEMM in float32
     bf16_max_m: int = MAX_M  # most rows of x for the kernel with bf16 weights (AMX: fewer)
+    q8_reference: bool = False  # torch only: int8 products up to MAX_M rows see x as Q8
 
     @classmethod
     def build(
@@ -83,6 +85,8 @@ class CpuKernels:
                 y = self.module.try_linear(x, weight, scale, bias, max_m, MIN_TASK_BYTES)
                 if y is not None:
                     return y
+        if self.q8_reference and scale is not None and x.numel() <= MAX_M * x.shape[-1]:
+            return torch_linear(q8_reference(x), weight, bias, scale).to(x.dtype)
         return torch_linear(x, weight, bias, scale, fp32_compute=self.gemm_in_fp32)
 
     def rms_norm(
@@ -112,3 +116,8 @@ class CpuKernels:
 
 TORCH_ONLY = CpuKernels()
 """No kernels: every layer runs its torch reference path."""
+
+TORCH_Q8 = CpuKernels(q8_reference=True)
+"""No kernels, but the kernels' numerics in torch: int8 products of at most ``MAX_M`` rows
+multiply ``x`` quantized per block of 32 (``q8_reference``), as the skinny GEMM does. The
+reference of the kernels' int8 route in tests and ``benchmarks/int8_accuracy.py``."""

@@ -3,15 +3,17 @@
 //   y[m, n] = s[n] * sum_k x[m, k] * w[n, k] (+ bias[n]),  x [M, K], w [N, K] (PyTorch layout).
 //
 // w is stored as fp32, bf16 or int8 (then s holds fp32 per-output-channel scales; otherwise
-// s = 1); x, y and bias are fp32 or bf16. The weight is widened to fp32 in registers (simd.h),
-// x once up front (it is small), and the sums are fp32, rounded once at the end, so one source
-// serves AVX2+FMA and AVX-512 alike: decode is bound by the weight bytes streamed, which the
-// narrow storage cuts. On AVX512-BF16 CPUs, bf16 weights times bf16 x skip the widening: VDPBF16PS
-// multiplies the bf16 pairs themselves (exact products, fp32 sums; denormals flushed to zero).
+// s = 1); x, y and bias are fp32 or bf16. fp32 and bf16 weights are widened to fp32 in registers
+// and multiply x in fp32 (x prepared once up front: it is small); int8 weights multiply x
+// quantized to int8 per block of 32 (llama.cpp's Q8_0 activations), with exact int32 products
+// per block; see gemv_lanes.h for each way of reading the operands. Sums are fp32, rounded once
+// at the end, so one source serves AVX2+FMA, AVX-512 and NEON alike: decode is bound by the
+// weight bytes streamed, which the narrow storage cuts, as long as the instructions per weight
+// byte stay few (hence dot_q for int8: 4W products per instruction or two, no widening).
 // The weight is streamed once in its native row-major layout; every weight vector loaded is
 // reused for all M rows of x (which stay in L1/L2), so the kernel runs at memory bandwidth
-// until the FMA work of M rows catches up with it. Work is split over N with at::parallel_for
-// (PyTorch's own OpenMP pool, so torch.set_num_threads applies).
+// until the multiply-add work of M rows catches up with it. Work is split over N with
+// at::parallel_for (PyTorch's own OpenMP pool, so torch.set_num_threads applies).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -23,39 +25,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "gemv_lanes.h"
 #include "simd.h"
 
 namespace {
 
 using namespace rs;
-
-// How a tile reads its operands. Widen<WT>: both widened to fp32 vectors of W lanes, one FMA
-// per W products (every ISA, every weight type; x is fp32 by then). Pairs (AVX512-BF16 only):
-// bf16 weights and bf16 x read as 2W raw bf16 values, one VDPBF16PS per 2W products (simd.h).
-template <class WT>
-struct Widen {
-  using XS = float;  // x as the tile reads it
-  using VW = VF;
-  static constexpr int kStep = W;  // elements of K per vector
-  static VF load_w(const WT* p) { return load(p); }
-  static VF load_w_tail(const WT* p, int64_t n) { return load_tail(p, n); }
-  static VF load_x(const float* p) { return load(p); }
-  static VF load_x_tail(const float* p, int64_t n) { return load_tail(p, n); }
-  static VF madd(VF w, VF x, VF acc) { return fma(w, x, acc); }
-};
-
-#if defined(RS_HAS_DPBF16)
-struct Pairs {
-  using XS = bf16;
-  using VW = VB;
-  static constexpr int kStep = 2 * W;
-  static VB load_w(const bf16* p) { return load_pairs(p); }
-  static VB load_w_tail(const bf16* p, int64_t n) { return load_pairs_tail(p, n); }
-  static VB load_x(const bf16* p) { return load_pairs(p); }
-  static VB load_x_tail(const bf16* p, int64_t n) { return load_pairs_tail(p, n); }
-  static VF madd(VB w, VB x, VF acc) { return dot_pairs(w, x, acc); }
-};
-#endif
 
 // One register tile: R weight rows x MT rows of x over all of K; out[m * R + r] = dot(w[r], x[m]).
 // Small tiles keep U independent accumulator sets (alternating k steps) to hide FMA latency.
@@ -74,7 +49,7 @@ inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t 
     typename L::VW wv[R];
     for (int r = 0; r < R; ++r) wv[r] = L::load_w(w + r * ldw + k);
     for (int m = 0; m < MT; ++m) {
-      const auto xv = L::load_x(x + m * ldx + k);
+      const auto xv = L::load_x(x + m * ldx, k);
       VF* a = acc + u * T + m * R;
       for (int r = 0; r < R; ++r) a[r] = L::madd(wv[r], xv, a[r]);
     }
@@ -93,7 +68,7 @@ inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t 
     typename L::VW wv[R];
     for (int r = 0; r < R; ++r) wv[r] = L::load_w_tail(w + r * ldw + k, n);
     for (int m = 0; m < MT; ++m) {
-      const auto xv = L::load_x_tail(x + m * ldx + k, n);
+      const auto xv = L::load_x_tail(x + m * ldx, k, n);
       for (int r = 0; r < R; ++r) acc[m * R + r] = L::madd(wv[r], xv, acc[m * R + r]);
     }
   }
@@ -116,7 +91,7 @@ inline void dot_tile_upto(int64_t mt, const WT* w, int64_t ldw, const typename L
 // L: how tiles read the operands (above); XT: the dtype of y and bias.
 template <class L, class WT, class XT>
 struct Problem {
-  const typename L::XS* x;  // fp32 rows (Widen), or x's own bf16 rows (Pairs)
+  const typename L::XS* x;  // rows as the policy L reads them (gemv_lanes.h)
   int64_t ldx;
   const WT* w;
   int64_t ldw;
@@ -169,20 +144,24 @@ void run(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
 }
 
 // Tile choice: one row at a time against all of x is the most memory-friendly (a single
-// sequential stream per thread) while x stays in L1; otherwise R x 6 tiles cut the cache traffic
-// of re-reading x per weight row and widen each weight vector once for 6 rows of x (R = 4 with
-// the 32 registers of AVX-512 or NEON, 2 with AVX2's 16: R * 6 accumulators + R weight vectors).
+// sequential stream per thread) while x stays in L1; otherwise R x MT tiles cut the cache traffic
+// of re-reading x per weight row and ready each weight vector once for MT rows of x (R = 4 with
+// the 32 registers of AVX-512 or NEON, 2 with AVX2's 16: R * MT accumulators + R weight vectors;
+// MT = 6 for Widen, 4 for Q8, whose weight vectors take two registers on AVX2).
 constexpr int64_t kXL1Bytes = 32 * 1024;
 constexpr int kBigR = kVectorRegisters >= 32 ? 4 : 2;
 
-template <class L, class WT, class XT>
+bool one_row_tiles(int64_t M, int64_t K) {  // x as fp32 fits L1
+  return M <= 8 && M * K * static_cast<int64_t>(sizeof(float)) <= kXL1Bytes;
+}
+
+// BigMT = 0: a policy run in one-row tiles only (the caller checked one_row_tiles).
+template <int BigMT, class L, class WT, class XT>
 void dispatch(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
-  const int64_t x_bytes = p.M * p.K * static_cast<int64_t>(sizeof(typename L::XS));
-  if (p.M <= 8 && x_bytes <= kXL1Bytes) {
-    run<L, WT, XT, 1, 8>(p, min_task_bytes);
-  } else {
-    run<L, WT, XT, kBigR, 6>(p, min_task_bytes);
+  if constexpr (BigMT > 0) {
+    if (!one_row_tiles(p.M, p.K)) return run<L, WT, XT, kBigR, BigMT>(p, min_task_bytes);
   }
+  run<L, WT, XT, 1, 8>(p, min_task_bytes);
 }
 
 bool dense_cpu(const at::Tensor& t) {
@@ -231,7 +210,7 @@ at::Tensor run_typed(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
   sizes.back() = N;
   at::Tensor y = at::empty(sizes, x.options());
   const XT* xs = static_cast<const XT*>(x.data_ptr());
-  auto solve = [&](auto lanes, const auto* xl, int64_t ld) {
+  auto solve = [&](auto lanes, auto big_mt, const auto* xl, int64_t ld) {
     using L = decltype(lanes);
     const Problem<L, WT, XT> p{xl,
                                ld,
@@ -244,16 +223,23 @@ at::Tensor run_typed(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
                                M,
                                N,
                                K};
-    dispatch(p, std::max<int64_t>(1, min_task_bytes));
+    dispatch<decltype(big_mt)::value>(p, std::max<int64_t>(1, min_task_bytes));
   };
+  using OneRowOnly = std::integral_constant<int, 0>;
+  if constexpr (std::is_same_v<WT, int8_t>) {
+    std::vector<int8_t> xq;
+    const int64_t ld = prepare_q8(xs, ldx, M, K, xq);
+    solve(Q8{}, std::integral_constant<int, 4>{}, xq.data(), ld);
+    return y;
+  }
 #if defined(RS_HAS_DPBF16)
-  // Only where dispatch takes the one-row tiles (M <= 8): measured on a Sapphire Rapids-class
-  // CPU (2 cores, 4864x896 weights), Pairs streams 12.3 GB/s at M = 8 against Widen's 9.2, the
-  // same at M = 1 (memory-bound), and 3-15% less in the R x 6 tiles of M >= 16 (not explained:
-  // twice the multiply-adds per instruction bought nothing there).
+  // Measured on a Sapphire Rapids-class CPU (2 cores, 4864x896 weights): Pairs streams 12.3
+  // GB/s at M = 8 against Widen's 9.2, the same at M = 1 (memory-bound), and 3-15% less in the
+  // R x 6 tiles of M >= 16 (not explained: twice the multiply-adds per instruction bought
+  // nothing there), so it runs in the one-row tiles only.
   if constexpr (std::is_same_v<WT, bf16> && std::is_same_v<XT, bf16>) {
-    if (M <= 8 && M * K * static_cast<int64_t>(sizeof(float)) <= kXL1Bytes) {
-      solve(Pairs{}, xs, ldx);  // x read in place: no widening of either operand
+    if (one_row_tiles(M, K)) {
+      solve(Pairs{}, OneRowOnly{}, xs, ldx);  // x read in place: no widening of either operand
       return y;
     }
   }
@@ -261,7 +247,7 @@ at::Tensor run_typed(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
   std::vector<float> xbuf;
   int64_t ld = 0;
   const float* xf = widen_rows(xs, ldx, M, K, xbuf, ld);
-  solve(Widen<WT>{}, xf, ld);
+  solve(Widen<WT>{}, std::integral_constant<int, 6>{}, xf, ld);
   return y;
 }
 

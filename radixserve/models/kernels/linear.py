@@ -1,9 +1,13 @@
 """The torch reference of the dense layers, for weights stored narrower than they compute.
 
-:func:`torch_linear` is ``F.linear`` for fp32/bf16 weights and dequantizes int8 weights
-(:func:`quantize_int8`: symmetric, one fp32 scale per output channel) first; the skinny GEMM of
-``gemv.cpp`` (through :class:`~radixserve.models.kernels.cpu_kernels.CpuKernels`) computes the
-same products with the widening done in registers.
+:func:`torch_linear` is ``F.linear`` for fp32/bf16 weights and widens int8 weights
+(:func:`quantize_int8`: symmetric, one fp32 scale per output channel) first, applying the scales
+to the output. The skinny GEMM of ``gemv.cpp`` (through
+:class:`~radixserve.models.kernels.cpu_kernels.CpuKernels`, for decode-shaped products)
+computes the same fp32/bf16 products with the widening done in registers; with int8 weights it
+multiplies them by ``x`` quantized to int8 per block of 32 (:func:`quantize_rows_q8`, what
+llama.cpp's Q8_0 does to activations), so its reference is :func:`q8_reference` of ``x`` times
+the dequantized weight.
 """
 
 from __future__ import annotations
@@ -21,6 +25,30 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+Q8_BLOCK = 32
+"""Values of ``x`` per int8 scale in the kernel's int8 products (llama.cpp's Q8_0 block)."""
+
+
+def quantize_rows_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` ``[..., K]`` -> (int8 ``[..., K]``, fp32 scales ``[..., ceil(K / 32)]``), as the
+    kernel quantizes ``x`` (gemv_lanes.h ``quantize_row_q8``, the same fp32 operations): per
+    block of 32, ``d = max|x| / 127``, ``q = round_half_even(x * (1 / d))``, 0 where ``d = 0``."""
+    k = x.shape[-1]
+    blocks = F.pad(x.float(), (0, -k % Q8_BLOCK)).unflatten(-1, (-1, Q8_BLOCK))
+    d = blocks.abs().amax(-1) / 127.0
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(blocks * inv[..., None]).to(torch.int8)
+    return q.flatten(-2)[..., :k], d
+
+
+def q8_reference(x: torch.Tensor) -> torch.Tensor:
+    """What the kernel's int8 products see of ``x``: its Q8 quantization, dequantized (fp32)."""
+    q, d = quantize_rows_q8(x)
+    k = x.shape[-1]
+    full = F.pad(q.float(), (0, -k % Q8_BLOCK)).unflatten(-1, (-1, Q8_BLOCK)) * d[..., None]
+    return full.flatten(-2)[..., :k]
+
+
 def torch_linear(
     x: torch.Tensor,  # [..., in]
     weight: torch.Tensor,  # [out, in] fp32, bf16, fp16 or int8
@@ -30,8 +58,11 @@ def torch_linear(
 ) -> torch.Tensor:  # [..., out] in x's dtype
     """``(x @ weight.T) * scale + bias`` with torch ops. ``fp32_compute``: a bf16 product runs in
     float32 and is rounded once (for CPUs that emulate bf16 GEMMs slowly)."""
-    if scale is not None:
-        weight = weight * scale[:, None]  # int8 * fp32 promotes: one pass, fp32 out
+    if scale is not None:  # int8 weights: exact in bf16 and fp32; the scales go on the output
+        fp32 = fp32_compute or x.dtype == torch.float32
+        y = F.linear(x.float() if fp32 else x, weight.to(torch.float32 if fp32 else x.dtype))
+        y = y.float() * scale
+        return (y if bias is None else y + bias.float()).to(x.dtype)
     if fp32_compute and x.dtype == torch.bfloat16 and x.numel():
         b = None if bias is None else bias.float()
         return F.linear(x.float(), weight.float(), b).to(x.dtype)

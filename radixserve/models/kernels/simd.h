@@ -94,6 +94,32 @@ inline VF select_ge(VF x, VF lo, VF a, VF b) {  // x >= lo ? a : b
 inline float hsum(VF v) { return _mm512_reduce_add_ps(v); }
 inline float hmax(VF v) { return _mm512_reduce_max_ps(v); }
 
+// Raw bits of W 32-bit lanes (two bf16 values per lane, or four int8).
+inline VI load_bits(const void* p) { return _mm512_loadu_si512(p); }
+inline VF cvt_f(VI v) { return _mm512_cvtepi32_ps(v); }
+
+// int8 x int8 dot products: a VQ holds Q = 4W int8 values; lane i of dot_q(w, x) is the exact
+// int32 sum of the products of bytes 4i .. 4i + 3. Operands in [-127, 127] (-128 excluded: the
+// sign is moved onto x, whose magnitude then multiplies |w| as unsigned bytes). prep_q readies
+// a weight vector once for all the x rows it meets. With AVX512-VNNI one VPDPBUSD per 4W
+// products; without, VPMADDUBSW + VPMADDWD (pairs of products stay below 2^15: no saturation).
+constexpr int Q = 4 * W;
+using VQ = __m512i;
+struct QW {
+  __m512i abs;   // |w| as unsigned bytes
+  __mmask64 neg; // w < 0
+};
+inline VQ load_q(const int8_t* p) { return _mm512_loadu_si512(p); }
+inline QW prep_q(VQ w) { return {_mm512_abs_epi8(w), _mm512_movepi8_mask(w)}; }
+inline VI dot_q(const QW& w, VQ x) {
+  const __m512i xs = _mm512_mask_sub_epi8(x, w.neg, _mm512_setzero_si512(), x);  // x * sign(w)
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.abs, xs);
+#else
+  return _mm512_madd_epi16(_mm512_maddubs_epi16(w.abs, xs), _mm512_set1_epi16(1));
+#endif
+}
+
 #if defined(__AVX512BF16__)
 // bf16 x bf16 dot products without widening: VDPBF16PS takes 2W bf16 values of each operand
 // and adds the products of each pair of neighbours to one fp32 lane,
@@ -165,6 +191,24 @@ inline float hmax(VF v) {
   return _mm_cvtss_f32(s);
 }
 
+inline VI load_bits(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline VF cvt_f(VI v) { return _mm256_cvtepi32_ps(v); }
+
+// int8 x int8 dot products (see the AVX-512 block): VPSIGNB moves w's sign onto x, then
+// VPMADDUBSW (|w| unsigned x signed x, pairs summed to int16, below 2^15 for |values| <= 127)
+// and VPMADDWD (pairs of those to int32).
+constexpr int Q = 4 * W;
+using VQ = __m256i;
+struct QW {
+  __m256i abs, w;
+};
+inline VQ load_q(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline QW prep_q(VQ w) { return {_mm256_abs_epi8(w), w}; }
+inline VI dot_q(const QW& w, VQ x) {
+  const __m256i pairs = _mm256_maddubs_epi16(w.abs, _mm256_sign_epi8(x, w.w));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 
 #define RS_ISA_NAME "neon"
@@ -205,6 +249,24 @@ inline VI to_int(VF a) { return vcvtnq_s32_f32(a); }
 inline VF select_ge(VF x, VF lo, VF a, VF b) { return vbslq_f32(vcgeq_f32(x, lo), a, b); }
 inline float hsum(VF v) { return vaddvq_f32(v); }
 inline float hmax(VF v) { return vmaxvq_f32(v); }
+
+inline VI load_bits(const void* p) { return vld1q_s32(static_cast<const int32_t*>(p)); }
+inline VF cvt_f(VI v) { return vcvtq_f32_s32(v); }
+
+// int8 x int8 dot products (see the AVX-512 block): widening multiplies to int16, pairwise adds
+// to int32 (baseline NEON; no dot-product extension needed).
+constexpr int Q = 4 * W;
+using VQ = int8x16_t;
+struct QW {
+  int8x16_t w;
+};
+inline VQ load_q(const int8_t* p) { return vld1q_s8(p); }
+inline QW prep_q(VQ w) { return {w}; }
+inline VI dot_q(const QW& w, VQ x) {
+  const int32x4_t lo = vpaddlq_s16(vmull_s8(vget_low_s8(w.w), vget_low_s8(x)));
+  const int32x4_t hi = vpaddlq_s16(vmull_high_s8(w.w, x));
+  return vpaddq_s32(lo, hi);
+}
 
 #else
 #error "radixserve CPU kernels need AVX2+FMA, AVX-512 or aarch64 NEON (built by _ext.py)"
