@@ -133,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--quantization",
         choices=QUANTIZATIONS,
         default=_DEFAULTS.quantization,
-        help="weight-only quantization at load (int8: per output channel, dequantized in the "
-        "CPU kernels' registers)",
+        help="quantization at load (int8: weights per output channel; the CPU kernels multiply "
+        "them by activations quantized per block of 32, like llama.cpp's Q8_0)",
     )
     add("--device", default=_DEFAULTS.device, help="cpu, cuda or cuda:N")
     add(
