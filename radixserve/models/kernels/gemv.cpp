@@ -155,12 +155,16 @@ bool one_row_tiles(int64_t M, int64_t K) {  // x as fp32 fits L1
   return M <= 8 && M * K * static_cast<int64_t>(sizeof(float)) <= kXL1Bytes;
 }
 
-// BigMT = 0: a policy run in one-row tiles only (the caller checked one_row_tiles).
+// BigMT = 0: a policy run in one-row tiles only (the caller checked one_row_tiles). A single row
+// of x (batch-1 decode) takes 4 weight rows per tile: a row of K = 896 int8 weights is only 14
+// AVX-512 vectors, and per-row work (accumulator set-up, horizontal sums) outweighed them
+// (measured on AVX2, 1 thread, weights in L2: int8 20-23 vs 20 GMAC/s, bf16 13-14 vs 10-13).
 template <int BigMT, class L, class WT, class XT>
 void dispatch(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
   if constexpr (BigMT > 0) {
     if (!one_row_tiles(p.M, p.K)) return run<L, WT, XT, kBigR, BigMT>(p, min_task_bytes);
   }
+  if (p.M == 1) return run<L, WT, XT, 4, 1>(p, min_task_bytes);
   run<L, WT, XT, 1, 8>(p, min_task_bytes);
 }
 
