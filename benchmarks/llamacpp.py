@@ -119,6 +119,13 @@ def _convert_in_child(source: str, pads_normal: bool, argv: list[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+def _die_with_parent() -> None:
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class LlamaServer:
     """A ``llama-server`` on ``port`` (a context manager: started on enter, stopped on exit).
 
@@ -155,7 +162,8 @@ class LlamaServer:
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=self.env,
-            start_new_session=True,
+            start_new_session=True,  # a Ctrl-C reaches us, and we stop it
+            preexec_fn=_die_with_parent,  # and a killed bench leaves no server behind
         )
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -253,8 +261,14 @@ def main() -> None:
         print(f"llama-server at {server.url}: {' '.join(server.cmd)}", flush=True)
         if args.command == "check":
             sys.exit(0 if check(server, args.tokenizer_ids, args.vocab) else 1)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a background job ignores SIGINT
+            signal.signal(sig, _interrupt)
         with contextlib.suppress(KeyboardInterrupt):
             server.proc.wait()  # type: ignore[union-attr]
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # stops the server on the way out of ``with``
 
 
 if __name__ == "__main__":
