@@ -10,19 +10,28 @@ On a random model of Qwen2.5-0.5B's shape (written once with ``radixserve.models
   streaming bandwidth measured here with a big tensor sum).
 
 Every side (each ``--configs`` entry of radixserve: a dtype, ``+int8`` for int8 weights; each
-``--hf-dtypes`` entry of transformers) runs greedy steps in the same process, interleaved
+``--hf-dtypes`` entry of transformers; each ``--llama-gguf`` entry of llama.cpp, a llama-server
+of ``--threads`` threads driven over HTTP, see ``llama_side.py``) runs greedy steps interleaved
 repetition by repetition, so host noise hits all alike; each figure is the median over
 ``--reps`` repetitions, printed as soon as its row is measured. The header names the CPU kernel
 variant this machine runs. Example (short run)::
 
     python benchmarks/model_throughput.py --configs bfloat16 bfloat16+int8 --hf-dtypes float32 \
         --batch-sizes 1 8 --reps 2
+
+With llama.cpp (a GGUF given as ``TYPE=PATH``, or ``TYPE`` alone: converted on the fly to
+``<model-dir>-TYPE.gguf`` from ``$LLAMA_CPP_DIR``'s sources, see ``llamacpp.py``); the ratio
+columns then pair rs bfloat16 with llama bf16 and rs bfloat16+int8 with llama q8_0::
+
+    python benchmarks/model_throughput.py --configs bfloat16 bfloat16+int8 --hf-dtypes float32 \
+        --llama-server $LLAMA_CPP_DIR/build/bin/llama-server --llama-gguf bf16 q8_0 --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+import socket
 import statistics
 import sys
 import time
@@ -30,6 +39,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from llama_side import (
+    LlamaDecodeRun,
+    LlamaSide,
+    parse_ggufs,
+    ratio_cells,
+    ratio_columns,
+    ratio_header,
+)
 
 from radixserve.config import EngineConfig
 from radixserve.models.forward_batch import ForwardBatch
@@ -157,26 +174,71 @@ class DecodeRun:
         return (time.perf_counter() - start) / steps
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def llama_sides(args: argparse.Namespace, slots: int, ctx: int) -> list[LlamaSide]:
+    """One llama-server per ``--llama-gguf`` entry (converted first where no path is given)."""
+    if not args.llama_gguf:
+        return []
+    from llamacpp import convert, default_server, gguf_path, llama_cpp_dir
+
+    binary = args.llama_server or default_server(llama_cpp_dir())
+    threads = args.threads or torch.get_num_threads()
+    sides = []
+    for outtype, path in parse_ggufs(args.llama_gguf).items():
+        if path is None:
+            path = gguf_path(args.model_dir, outtype)
+            if not path.is_file():
+                print(f"converting {args.model_dir} to {path} ...")
+                convert(args.model_dir, outtype, path)
+        sides.append(LlamaSide(binary, outtype, path, free_port(), slots, threads, ctx))
+    return sides
+
+
 def run_all(args: argparse.Namespace, model_dir: Path, bandwidth: float) -> None:
     max_bs = max(args.batch_sizes, default=1)
-    ctx = max(args.prompt_len, args.context_len) + (args.reps + 1) * args.decode_steps + 8
+    # llama.cpp's sequences grow by 2 + decode_steps per repetition (see llama_side.py)
+    ctx = max(args.prompt_len, args.context_len) + (args.reps + 1) * (args.decode_steps + 2) + 8
     torch_linear = args.linear == "torch"
     ours = [OurSide(model_dir, c, max_bs, ctx, torch_linear) for c in args.configs]
     hf = [HFSide(model_dir, getattr(torch, d)) for d in args.hf_dtypes]
-    sides: list[OurSide | HFSide] = [*ours, *hf]
+    llama = llama_sides(args, max_bs, ctx)
+    try:
+        measure(args, ours, hf, llama, bandwidth)
+    finally:
+        for side in llama:
+            side.close()
+
+
+def measure(
+    args: argparse.Namespace,
+    ours: list[OurSide],
+    hf: list[HFSide],
+    llama: list[LlamaSide],
+    bandwidth: float,
+) -> None:
+    sides: list[OurSide | HFSide | LlamaSide] = [*ours, *hf, *llama]
     vocab = ours[0].runner.vocab_size
     gen = torch.Generator().manual_seed(0)
-    for side in ours:
-        nbytes = streamed_bytes(side.runner.model)
+    for rs in ours:
+        nbytes = streamed_bytes(rs.runner.model)
         print(
-            f"{side.name}: {side.runner.dtype}, attention {type(side.runner.attn_backend).__name__}"
+            f"{rs.name}: {rs.runner.dtype}, attention {type(rs.runner.attn_backend).__name__}"
             f", {nbytes / 1e6:.0f} MB read per step -> bound {bandwidth / nbytes:.1f} tok/s at b=1"
         )
-    print(f"{'tokens/s':24s}" + "".join(f"{s.name:>18s}" for s in sides) + "   rs/best HF")
+    for ls in llama:
+        print(f"{ls.name}: {' '.join(ls.server.cmd)}")
+    columns = ratio_columns(args.configs, len(hf), [s.outtype for s in llama])
+    names = "".join(f"{s.name:>18s}" for s in sides)
+    print(f"{'tokens/s':24s}{names}{ratio_header(columns)}")
 
     def report(name: str, values: list[float]) -> None:
-        ratio = [f"{v / max(values[len(ours) :]):.2f}x" for v in values[: len(ours)]] if hf else []
-        print(f"{name:24s}" + "".join(f"{v:18.1f}" for v in values) + "  " + " ".join(ratio))
+        cells = "".join(f"{v:18.1f}" for v in values)
+        print(f"{name:24s}{cells}{ratio_cells(columns, values)}")
 
     prompt = torch.randint(0, vocab, (1, args.prompt_len), generator=gen)
     for side in sides:  # warm-up
@@ -193,7 +255,12 @@ def run_all(args: argparse.Namespace, model_dir: Path, bandwidth: float) -> None
 
     for bs in args.batch_sizes:
         prompts = torch.randint(0, vocab, (bs, args.context_len), generator=gen)
-        runs = [DecodeRun(side, prompts) for side in sides]
+        runs = [
+            LlamaDecodeRun(side, prompts)
+            if isinstance(side, LlamaSide)
+            else DecodeRun(side, prompts)
+            for side in sides
+        ]
         for run in runs:  # warm-up
             run.step_time(1)
         times = [[] for _ in sides]
@@ -239,7 +306,17 @@ def main() -> None:
     parser.add_argument("--context-len", type=int, default=512)
     parser.add_argument("--decode-steps", type=int, default=16)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch's and llama.cpp's")
+    parser.add_argument(
+        "--llama-server", type=Path, default=None, help="default: $LLAMA_CPP_DIR/build/bin/..."
+    )
+    parser.add_argument(
+        "--llama-gguf",
+        nargs="*",
+        default=[],
+        metavar="TYPE[=PATH]",
+        help="llama.cpp sides: bf16, f32 or q8_0, each a GGUF path or converted if none",
+    )
     parser.add_argument(
         "--linear",
         choices=["kernel", "torch"],

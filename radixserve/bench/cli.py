@@ -41,6 +41,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
     add("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
     add(
+        "--quantization",
+        default=None,
+        choices=("int8",),
+        help="weight-only quantization of the radixserve systems (serve --quantization); the "
+        "HF baselines have none, so pick --baselines none or no-cache",
+    )
+    add(
         "--backend",
         default="engine",
         choices=("engine", "http", "frontend"),
@@ -210,6 +217,7 @@ def _run(args: argparse.Namespace) -> int:
     opts = BenchOptions(
         model_path=model,
         dtype=args.dtype,
+        quantization=args.quantization,
         backend=args.backend,
         url=args.url,
         policies=policies,

@@ -37,6 +37,7 @@ KV_TIERS = ("file", "host")
 SERVER_INFO_KEYS = (
     "model_path",
     "dtype",
+    "quantization",
     "schedule_policy",
     "disable_radix_cache",
     "max_total_tokens",
@@ -49,6 +50,7 @@ SERVER_INFO_KEYS = (
 class BenchOptions:
     model_path: str
     dtype: str = "bfloat16"
+    quantization: str | None = None  # of the radixserve systems: None or int8 (weight-only)
     backend: str = "engine"  # engine: in-process; http: raw /generate; frontend: RuntimeEndpoint
     url: str | None = None  # a running radixserve server for the cached runs (else one starts)
     policies: tuple[str, ...] = ("fcfs",)
@@ -92,6 +94,13 @@ class BenchOptions:
             raise ValueError("--kv-tier and --max-total-tokens start their own servers: no --url")
         if "unbounded" in self.baselines and self.max_total_tokens is None:
             raise ValueError("the unbounded baseline is the reference of --max-total-tokens")
+        if self.quantization is not None and {"hf", "hf-kv"} & set(self.baselines):
+            raise ValueError(
+                "the HF baselines have no int8 weights: --quantization needs --baselines "
+                "without hf and hf-kv (e.g. none or no-cache)"
+            )
+        if self.quantization is not None and self.url is not None:
+            raise ValueError("--quantization starts its own server: drop --url")
 
 
 def _load() -> dict[str, float]:
@@ -139,7 +148,7 @@ class RadixSetup:
         return cls(kind, policy, max_total_tokens=pool, kv_tier=tier, kv_tier_bytes=size, **kw)
 
     def engine_kwargs(self, tier_dir: str | None) -> dict[str, Any]:
-        """The Engine's keyword arguments beyond the model, dtype and policy."""
+        """The Engine's keyword arguments beyond the model, dtype, quantization and policy."""
         kw: dict[str, Any] = {"disable_radix_cache": self.disable_cache}
         if self.max_total_tokens is not None:
             kw["max_total_tokens"] = self.max_total_tokens
@@ -257,6 +266,9 @@ def _run_radixserve(
             info = client.server_info()
             extra["server"] = {k: info.get(k) for k in SERVER_INFO_KEYS}
             extra["policy"] = info.get("schedule_policy", policy)
+            extra["quantization"] = info.get("quantization")
+        elif isinstance(client, EngineClient):
+            extra["quantization"] = client.engine.config.quantization
         extra.update(_load())
         if (now := client.stats()) is not None:  # the pool (and tier) it got, in tokens
             extra["pool_tokens"] = now.get("max_total_tokens")
@@ -318,6 +330,7 @@ def _started(
         engine = Engine(
             opts.model_path,
             dtype=opts.dtype,
+            quantization=opts.quantization,
             schedule_policy=setup.policy,
             **setup.engine_kwargs(tier_dir),
             **threads,
@@ -340,6 +353,8 @@ def _started(
 
     router_policy = setup.router_policy
     extra_args = setup.serve_args(tier_dir)
+    if opts.quantization is not None:
+        extra_args += ("--quantization", opts.quantization)
     if router_policy is not None:
         worker_threads = str(opts.num_threads or 1)
         extra_args += ("--dp-size", str(opts.dp_size), "--router-policy", router_policy)
