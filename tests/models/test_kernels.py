@@ -28,7 +28,7 @@ from radixserve.models.kernels import (
     quantize_rows_q8,
     torch_linear,
 )
-from radixserve.models.kernels.cpu_kernels import AMX_BF16_MAX_M
+from radixserve.models.kernels.cpu_kernels import AMX_BF16_MAX_M, AMX_INT8_MAX_M
 
 RTOL = {torch.bfloat16: 2.0**-8, torch.float32: 1e-6}
 W_DTYPES = [torch.float32, torch.bfloat16, torch.int8]
@@ -220,8 +220,9 @@ def test_variant_selection(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_amx_cpus_send_taller_bf16_products_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With AMX-BF16, bf16 weights use the kernel up to AMX_BF16_MAX_M rows, torch's GEMM beyond;
-    fp32 and int8 weights keep MAX_M. The flag is faked: only the routing is checked here."""
+    """With AMX-BF16, bf16 weights use the kernel up to AMX_BF16_MAX_M rows, torch's GEMM beyond,
+    int8 weights up to AMX_INT8_MAX_M; fp32 weights keep MAX_M. The flag is faked: only the
+    routing is checked here."""
     variant = _ext.best_variant()
     if variant is None or _ext.load_variant(variant) is None:
         pytest.skip("this CPU runs no kernel variant")
@@ -229,8 +230,9 @@ def test_amx_cpus_send_taller_bf16_products_to_torch(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(_ext, "_flags_cache", [real | {"amx_bf16", "avx512_bf16"}])
     k = CpuKernels.build(variant)
     assert k.bf16_max_m == AMX_BF16_MAX_M < MAX_M and not k.gemm_in_fp32
+    assert k.int8_max_m == AMX_INT8_MAX_M < MAX_M
     monkeypatch.setattr(_ext, "_flags_cache", [real - {"amx_bf16"}])
-    assert CpuKernels.build(variant).bf16_max_m == MAX_M
+    assert CpuKernels.build(variant).bf16_max_m == CpuKernels.build(variant).int8_max_m == MAX_M
     assert k.module is not None
     gen = torch.Generator().manual_seed(5)
     w = torch.randn(40, 64, generator=gen).to(torch.bfloat16)
@@ -243,10 +245,12 @@ def test_amx_cpus_send_taller_bf16_products_to_torch(monkeypatch: pytest.MonkeyP
         assert torch.equal(
             k.linear(x32, w.float()), k.module.try_linear(x32, w.float(), None, None, MAX_M, 1)
         )
-        q, scale = quantize_int8(w.float())
-        assert torch.equal(
-            k.linear(x, q, None, scale), k.module.try_linear(x, q, scale, None, MAX_M, 1)
-        )
+    q, scale = quantize_int8(w.float())
+    for m in (AMX_INT8_MAX_M, AMX_INT8_MAX_M + 1):
+        x = torch.randn(m, 64, generator=gen).to(torch.bfloat16)
+        kernel = k.module.try_linear(x, q, scale, None, MAX_M, 1)
+        want = kernel if m <= AMX_INT8_MAX_M else torch_linear(x, q, None, scale)
+        assert torch.equal(k.linear(x, q, None, scale), want)
 
 
 def test_unavailable_extension_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,8 @@ int8 weights times ``x`` quantized to int8 per block of 32, like llama.cpp's Q8_
 products per block: :data:`TORCH_Q8` is that route's torch reference) and :meth:`rms_norm` to ``norm.cpp``; larger products are compute-bound and go to
 torch's GEMM, in float32 on CPUs without native bf16 (torch emulates bf16 GEMMs there 4x slower
 than fp32). On CPUs with AMX-BF16, bf16 weights go to torch's GEMM from ``AMX_BF16_MAX_M`` rows
-on: its AMX tiles outrun the kernel's vector FMAs from there.
+on and int8 weights (widened to bf16) from ``AMX_INT8_MAX_M``: its AMX tiles outrun the
+kernel's vector instructions from there.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ CPU (2 pinned cores, 48 4864x896 bf16 weights, GB/s of weight read, two runs): t
 12.4 / 7.0 / 4.5 / 3.4 / 1.4 at M = 1 / 8 / 16 / 24 / 32 / 64, F.linear 9.6 / 9.2-9.6 / 11.0 /
 10.1 / 8.3-9.1 / 6.2. With 16 here a 64-token prefill already ran at 1.6-3.5x HF there."""
 
+AMX_INT8_MAX_M = 16
+"""Most rows of ``x`` sent to the skinny GEMM with int8 weights on a CPU with AMX-BF16: beyond it
+torch widens the weight to bf16 (exact) and runs the AMX GEMM. Measured there (2 pinned cores,
+96 4864x896 int8 weights, GB/s of int8 read, gemv_bench --int8): the kernel (VNNI) 17.3 / 7.4 /
+2.2 / 1.2 / 0.5 at M = 1 / 8 / 32 / 64 / 128, torch 3.1 / 2.8 / 2.9 / 2.6 / 1.4."""
+
 MIN_TASK_BYTES = 64 * 1024
 """Weight bytes per thread task; a smaller product runs on one thread."""
 
@@ -54,6 +61,7 @@ class CpuKernels:
     attention: bool = False  # the cpu_kernel attention backend may run
     gemm_in_fp32: bool = False  # large bf16 products run torch's GEMM in float32
     bf16_max_m: int = MAX_M  # most rows of x for the kernel with bf16 weights (AMX: fewer)
+    int8_max_m: int = MAX_M  # the same with int8 weights
     q8_reference: bool = False  # torch only: int8 products up to MAX_M rows see x as Q8
 
     @classmethod
@@ -68,8 +76,15 @@ class CpuKernels:
         if module is None:
             return TORCH_ONLY
         amx = "amx_bf16" in _ext.cpu_flags()
-        bf16_max_m = AMX_BF16_MAX_M if amx else MAX_M
-        return cls(module, variant, dense, attention, not _ext.cpu_has_native_bf16(), bf16_max_m)
+        return cls(
+            module,
+            variant,
+            dense,
+            attention,
+            gemm_in_fp32=not _ext.cpu_has_native_bf16(),
+            bf16_max_m=AMX_BF16_MAX_M if amx else MAX_M,
+            int8_max_m=AMX_INT8_MAX_M if amx else MAX_M,
+        )
 
     def linear(
         self,
@@ -81,7 +96,9 @@ class CpuKernels:
         """``(x @ weight.T) * scale + bias``, through the skinny GEMM where it applies."""
         if self.module is not None and self.dense and x.is_cpu:
             if not torch.compiler.is_compiling():
-                max_m = self.bf16_max_m if weight.dtype == torch.bfloat16 else MAX_M
+                max_m = {torch.bfloat16: self.bf16_max_m, torch.int8: self.int8_max_m}.get(
+                    weight.dtype, MAX_M
+                )
                 y = self.module.try_linear(x, weight, scale, bias, max_m, MIN_TASK_BYTES)
                 if y is not None:
                     return y
