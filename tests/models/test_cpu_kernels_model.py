@@ -11,6 +11,7 @@ most 1.5x what torch's own bf16 path is off it (plus 1e-3).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,8 @@ def test_model_on_kernels_matches_torch_reference(
 ) -> None:
     path = tiny_model_dirs[family]
     dtype, quantization = case
-    reference = TORCH_Q8 if quantization == "int8" else TORCH_ONLY
+    q8 = replace(TORCH_Q8, int8_max_m=variant_kernels.int8_max_m)  # the same int8 routing
+    reference = q8 if quantization == "int8" else TORCH_ONLY
     ref, ref_backend = run_model(path, reference, "float32", quantization)
     assert ref_backend == "TorchNativeBackend"
     out, backend = run_model(path, variant_kernels, dtype, quantization)

@@ -62,7 +62,7 @@ class CpuKernels:
     gemm_in_fp32: bool = False  # large bf16 products run torch's GEMM in float32
     bf16_max_m: int = MAX_M  # most rows of x for the kernel with bf16 weights (AMX: fewer)
     int8_max_m: int = MAX_M  # the same with int8 weights
-    q8_reference: bool = False  # torch only: int8 products up to MAX_M rows see x as Q8
+    q8_reference: bool = False  # torch only: int8 products up to int8_max_m rows see x as Q8
 
     @classmethod
     def build(
@@ -102,7 +102,7 @@ class CpuKernels:
                 y = self.module.try_linear(x, weight, scale, bias, max_m, MIN_TASK_BYTES)
                 if y is not None:
                     return y
-        if self.q8_reference and scale is not None and x.numel() <= MAX_M * x.shape[-1]:
+        if self.q8_reference and scale is not None and x.numel() <= self.int8_max_m * x.shape[-1]:
             return torch_linear(q8_reference(x), weight, bias, scale).to(x.dtype)
         return torch_linear(x, weight, bias, scale, fp32_compute=self.gemm_in_fp32)
 
@@ -135,6 +135,7 @@ TORCH_ONLY = CpuKernels()
 """No kernels: every layer runs its torch reference path."""
 
 TORCH_Q8 = CpuKernels(q8_reference=True)
-"""No kernels, but the kernels' numerics in torch: int8 products of at most ``MAX_M`` rows
-multiply ``x`` quantized per block of 32 (``q8_reference``), as the skinny GEMM does. The
-reference of the kernels' int8 route in tests and ``benchmarks/int8_accuracy.py``."""
+"""No kernels, but the kernels' numerics in torch: int8 products of at most ``int8_max_m`` rows
+multiply ``x`` quantized per block of 32 (``q8_reference``), as the skinny GEMM does (give it
+the ``int8_max_m`` of the kernels it stands for: ``dataclasses.replace``). The reference of the
+kernels' int8 route in tests."""

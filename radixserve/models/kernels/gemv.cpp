@@ -156,15 +156,19 @@ bool one_row_tiles(int64_t M, int64_t K) {  // x as fp32 fits L1
 }
 
 // BigMT = 0: a policy run in one-row tiles only (the caller checked one_row_tiles). A single row
-// of x (batch-1 decode) takes 4 weight rows per tile: a row of K = 896 int8 weights is only 14
-// AVX-512 vectors, and per-row work (accumulator set-up, horizontal sums) outweighed them
-// (measured on AVX2, 1 thread, weights in L2: int8 20-23 vs 20 GMAC/s, bf16 13-14 vs 10-13).
+// of x (batch-1 decode) with weight rows of a page or more takes 4 weight rows per tile: fewer
+// horizontal sums and set-ups per weight byte. Shorter rows stay one per tile: four of them
+// interleave four streams within a page, which the prefetchers follow worse (AVX2, 1 thread,
+// cache-cold, GB/s of weight at 1 / 4 rows per tile: int8 896-wide 13.7 / 8.1, bf16 8.1 / 7.8;
+// 4864-wide int8 10.5 / 12.5, bf16 10.0 / 12.3).
 template <int BigMT, class L, class WT, class XT>
 void dispatch(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
   if constexpr (BigMT > 0) {
     if (!one_row_tiles(p.M, p.K)) return run<L, WT, XT, kBigR, BigMT>(p, min_task_bytes);
   }
-  if (p.M == 1) return run<L, WT, XT, 4, 1>(p, min_task_bytes);
+  if (p.M == 1 && p.K * static_cast<int64_t>(sizeof(WT)) >= 4096) {
+    return run<L, WT, XT, 4, 1>(p, min_task_bytes);
+  }
   run<L, WT, XT, 1, 8>(p, min_task_bytes);
 }
 
