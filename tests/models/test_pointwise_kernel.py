@@ -12,7 +12,7 @@ import torch
 
 from radixserve.memory_pool import KVCache
 from radixserve.models.kernels import TORCH_ONLY, CpuKernels
-from radixserve.models.kernels.pointwise import apply_rotary, silu_mul
+from radixserve.models.kernels.pointwise import apply_rotary, silu_mul, split_rope
 
 DTYPES = [torch.bfloat16, torch.float32]
 
@@ -78,6 +78,31 @@ def test_rotary_falls_back_for_what_it_cannot_take(variant_kernels: CpuKernels) 
         out = variant_kernels.rotary(x, c, s)
         assert torch.equal(x, before) and torch.equal(out, apply_rotary(x, c, s))
     assert torch.equal(TORCH_ONLY.rotary(x, cos, sin), apply_rotary(x, cos, sin))
+
+
+@pytest.mark.parametrize("heads,kv_heads,d", [(14, 2, 64), (4, 4, 128), (3, 1, 40)])
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_rope_matches_torch_bit_for_bit(
+    variant_kernels: CpuKernels,
+    heads: int,
+    kv_heads: int,
+    d: int,
+    qk_norm: bool,
+    dtype: torch.dtype,
+) -> None:
+    rows, cos, sin = _rotary_case(dtype, 3, heads + 2 * kv_heads - 3, d)
+    qkv = rows[1:]  # a storage offset
+    cos, sin = cos[1:], sin[1:]
+    gen = torch.Generator().manual_seed(1)
+    norm = (torch.rand(heads + kv_heads, d, generator=gen).to(dtype), 1e-6) if qk_norm else None
+    ref = split_rope(qkv.clone(), heads, kv_heads, cos, sin, norm)
+    ours = variant_kernels.split_rope(qkv, heads, kv_heads, cos, sin, norm)
+    for a, b in zip(ours, ref, strict=True):
+        assert a.shape == b.shape and torch.equal(a, b)
+    if not qk_norm:  # views of qkv, rotated in place
+        assert ours[0].data_ptr() == qkv.data_ptr()
+        assert ours[2].data_ptr() == qkv[:, (heads + kv_heads) * d :].data_ptr()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -169,6 +169,7 @@ def _build(variant: Variant) -> ModuleType:
         "try_rms_norm",
         "try_silu_mul",
         "try_rotary_",
+        "try_split_rope_",
         "try_store_kv",
     ):
         if not hasattr(module, fn):

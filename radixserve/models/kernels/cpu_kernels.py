@@ -26,7 +26,7 @@ from radixserve.memory_pool import KVCache
 from radixserve.models.kernels import _ext
 from radixserve.models.kernels.attention import AttentionKernel, attention_kernel
 from radixserve.models.kernels.linear import torch_linear
-from radixserve.models.kernels.pointwise import apply_rotary, silu_mul
+from radixserve.models.kernels.pointwise import apply_rotary, silu_mul, split_rope
 
 MAX_M = 128
 """Most rows of ``x`` sent to the skinny GEMM; beyond it torch's GEMM (with the weight widened)
@@ -131,6 +131,25 @@ class CpuKernels:
         if self._pointwise(x) and self.module.try_rotary_(x, cos, sin):  # type: ignore[union-attr]
             return x
         return apply_rotary(x, cos, sin)
+
+    def split_rope(
+        self,
+        qkv: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        qk_norm: tuple[torch.Tensor, float] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of ``qkv``, q and k rotated, as ``pointwise.split_rope`` (bit for bit). The
+        kernel rotates q and k in place in ``qkv`` and returns views of it (one call); with
+        ``qk_norm`` the norm runs in torch and :meth:`rotary` on its output."""
+        if qk_norm is None and self._pointwise(qkv):
+            done = self.module.try_split_rope_(qkv, heads, kv_heads, cos, sin)  # type: ignore[union-attr]
+            if done is not None:
+                q, k, v = done
+                return q, k, v
+        return split_rope(qkv, heads, kv_heads, cos, sin, qk_norm, self.rotary)
 
     def store_kv(
         self, kv_cache: KVCache, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor

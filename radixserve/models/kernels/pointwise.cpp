@@ -4,8 +4,9 @@
 //   silu_mul:  out = T(T(silu(gate)) * up) for gate_up = [gate | up], torch's
 //              F.silu(gate) * up with its two roundings (silu in fp32, x / (1 + exp(-x)));
 //   rotary_:   x = T(T(x * cos) + T(swap(x) * sin)) in place over the heads of each token, the
-//              three roundings of layers.apply_rotary (swap: the two halves exchanged, sin
-//              signed); bit-identical to it;
+//              three roundings of pointwise.apply_rotary (swap: the two halves exchanged, sin
+//              signed); bit-identical to it; split_rope_ does it over the q and k columns of a
+//              qkv projection and returns the views q, k, v (pointwise.split_rope);
 //   store_kv:  k_buf[slots[t]] = k[t], v_buf[slots[t]] = v[t] (KVCache.set_kv's index_put_).
 //
 // At batch 1 torch spends 10-40 us per call on each of these (operator dispatch, TensorIterator
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 
 #include "simd.h"
@@ -194,6 +196,25 @@ bool try_rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
         static_cast<const float*>(sin.data_ptr()));
   }
   return true;
+}
+
+// qkv [T, (H + 2 * KV) * d] (dense rows, any row stride; fp32 or bf16) -> views q [T, H, d],
+// k and v [T, KV, d] of it, q and k rotated in place as try_rotary_ does (d = cos.size(-1)).
+// nullopt (qkv untouched) when it does not apply.
+std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> try_split_rope_(
+    at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& cos,
+    const at::Tensor& sin) {
+  if (qkv.dim() != 2 || qkv.stride(1) != 1 || cos.dim() < 1 || heads < 1 || kv_heads < 1) {
+    return std::nullopt;
+  }
+  const int64_t n = qkv.size(0), d = cos.size(-1), row = qkv.stride(0);
+  if (qkv.size(1) != (heads + 2 * kv_heads) * d) return std::nullopt;
+  at::Tensor qk = qkv.as_strided({n, heads + kv_heads, d}, {row, d, 1});
+  if (!try_rotary_(qk, cos, sin)) return std::nullopt;
+  const int64_t off = qkv.storage_offset();
+  return std::make_tuple(qkv.as_strided({n, heads, d}, {row, d, 1}, off),
+                         qkv.as_strided({n, kv_heads, d}, {row, d, 1}, off + heads * d),
+                         qkv.as_strided({n, kv_heads, d}, {row, d, 1}, off + (heads + kv_heads) * d));
 }
 
 // k_buf[slots[t]] = k[t] and v_buf[slots[t]] = v[t] for k, v [T, kv_heads, d] (heads packed in

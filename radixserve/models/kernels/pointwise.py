@@ -3,6 +3,8 @@ in one call each, through :class:`~radixserve.models.kernels.cpu_kernels.CpuKern
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -19,3 +21,26 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)  # cat(x2, x1)
     return x * cos + swapped * sin
+
+
+def split_rope(
+    qkv: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    qk_norm: tuple[torch.Tensor, float] | None = None,
+    rotate: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = apply_rotary,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``qkv`` ``[num_tokens, (heads + 2 * kv_heads) * head_dim]`` -> q ``[num_tokens, heads,
+    head_dim]``, k and v ``[num_tokens, kv_heads, head_dim]``, q and k rotated (after Qwen3's
+    RMSNorm per head when ``qk_norm`` = (weight ``[heads + kv_heads, head_dim]``, eps)) by
+    ``rotate``; v is a view of ``qkv``."""
+    t, d = qkv.shape[0], cos.shape[-1]
+    qk = qkv[:, : (heads + kv_heads) * d].view(t, heads + kv_heads, d)
+    if qk_norm is not None:
+        weight, eps = qk_norm
+        qk = F.rms_norm(qk, (d,), None, eps) * weight
+    qk = rotate(qk, cos, sin)
+    v = qkv[:, (heads + kv_heads) * d :].view(t, kv_heads, d)
+    return qk[:, :heads], qk[:, heads:], v
