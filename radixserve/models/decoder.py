@@ -30,7 +30,6 @@ from radixserve.models.layers import (
     RMSNorm,
     RotaryEmbedding,
     SwiGLUMLP,
-    apply_rotary,
     empty_param,
 )
 from radixserve.models.model_config import ModelConfig
@@ -64,6 +63,7 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.tp = tp
+        self.kernels = kernels
         # this rank's heads: a share of the query heads and of the KV heads (or the one it reads)
         self.num_heads, self.head_dim = cfg.num_heads // tp.size, cfg.head_dim
         self.kv_head_start, self.num_kv_heads = tp.kv_heads(cfg.num_kv_heads)
@@ -100,16 +100,11 @@ class Attention(nn.Module):
         batch: ForwardBatch,
         backend: AttentionBackend,
     ) -> torch.Tensor:  # x [num_tokens, hidden] -> [num_tokens, hidden]
-        t = x.shape[0]
         qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
-        qk = qkv[:, : self.q_size + self.kv_size].view(
-            t, self.num_heads + self.num_kv_heads, self.head_dim
-        )
-        if self.qk_norm:
-            qk = F.rms_norm(qk, (self.head_dim,), None, self.eps) * self.qk_norm_weight
-        qk = apply_rotary(qk, cos, sin)  # [num_tokens, heads + kv_heads, head_dim]
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+        qk_norm = (self.qk_norm_weight, self.eps) if self.qk_norm else None
+        q, k, v = self.kernels.split_rope(
+            qkv, self.num_heads, self.num_kv_heads, cos, sin, qk_norm
+        )  # q [num_tokens, heads, head_dim], k and v [num_tokens, kv_heads, head_dim]
         if batch.is_decode:
             o = backend.forward_decode(q, k, v, self.layer_id, batch)
         else:

@@ -1,5 +1,8 @@
 """Building blocks of the decoder: linear, RMSNorm, rotary embedding, SwiGLU MLP.
 
+``apply_rotary`` (the torch reference of RoPE) lives in ``kernels/pointwise.py`` beside the
+kernel's and is re-exported here.
+
 Parameters are allocated uninitialised (``torch.empty``) in the target dtype and device; the
 loader fills them. Numerics follow transformers (the correctness oracle): RMSNorm computes in
 float32, RoPE multiplies in the activation dtype with cos/sin computed in float32.
@@ -10,12 +13,14 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixserve.models.kernels import TORCH_ONLY, CpuKernels, quantize_int8
+from radixserve.models.kernels.pointwise import apply_rotary
 from radixserve.models.model_config import RopeConfig
 from radixserve.models.parallel import SINGLE, TPGroup
+
+__all__ = ["Linear", "RMSNorm", "RotaryEmbedding", "SwiGLUMLP", "apply_rotary", "empty_param"]
 
 
 def empty_param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -148,8 +153,8 @@ def _yarn_inv_freq(dim: int, rope: RopeConfig) -> tuple[torch.Tensor, float]:
 class RotaryEmbedding(nn.Module):
     """Neox-style RoPE with cos/sin cached for positions ``0 .. max_positions - 1``.
 
-    :meth:`cos_sin` gathers the tables once per forward; :func:`apply_rotary` uses them in every
-    layer. ``sin`` is stored with its first half negated so that rotating needs one swap of the
+    :meth:`cos_sin` gathers the tables once per forward; :func:`apply_rotary` (or
+    :meth:`CpuKernels.rotary`) uses them in every layer. ``sin`` is stored with its first half negated so that rotating needs one swap of the
     two halves instead of ``cat(-x2, x1)`` (bit-identical to transformers' ``rotate_half``).
     """
 
@@ -183,13 +188,6 @@ class RotaryEmbedding(nn.Module):
         return self.cos_cache[positions].unsqueeze(1), self.sin_cache[positions].unsqueeze(1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[num_tokens, num_heads, head_dim]`` by the tables of :class:`RotaryEmbedding`."""
-    half = x.shape[-1] // 2
-    swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)  # cat(x2, x1)
-    return x * cos + swapped * sin
-
-
 class SwiGLUMLP(nn.Module):
     """``down(silu(gate(x)) * up(x))`` with gate and up merged into one ``[2 * inter, hidden]`` weight.
 
@@ -210,10 +208,11 @@ class SwiGLUMLP(nn.Module):
         super().__init__()
         self.inter = inter
         self.tp = tp
+        self.kernels = kernels
         self.gate_up_proj = Linear(hidden, 2 * inter, bias, dtype, device, kernels)
         self.down_proj = Linear(inter, hidden, bias and tp.rank == 0, dtype, device, kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
         gate_up = self.gate_up_proj(x)  # [num_tokens, 2 * inter]
-        out = self.down_proj(F.silu(gate_up[:, : self.inter]) * gate_up[:, self.inter :])
+        out = self.down_proj(self.kernels.silu_mul(gate_up))
         return self.tp.all_reduce(out)

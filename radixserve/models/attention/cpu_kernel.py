@@ -44,6 +44,7 @@ class CpuKernelBackend:
         self.kv_cache = kv_cache
         self.req_to_token = req_to_token_pool.req_to_token  # [rows, max_context_len] int32
         self.kernel = kernel
+        self.kernels = kernels
         self._batch: ForwardBatch | None = None
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
@@ -53,7 +54,7 @@ class CpuKernelBackend:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:
         assert batch is self._batch, "init_forward_metadata first"
-        self.kv_cache.set_kv(layer_id, batch.out_cache_loc, k, v)
+        self.kernels.store_kv(self.kv_cache, layer_id, batch.out_cache_loc, k, v)
         k_buf, v_buf = self.kv_cache.get_kv(layer_id)
         spec = self.spec
         return self.kernel(

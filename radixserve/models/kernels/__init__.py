@@ -1,5 +1,6 @@
 """Fast CPU kernels, one C++ source built per ISA variant (``_ext``): decode-shaped products
-(skinny GEMM over fp32/bf16/int8 weights), paged attention and RMSNorm. A model receives its
+(skinny GEMM over fp32/bf16/int8 weights), paged attention, RMSNorm and the pointwise operations
+of a layer (SiLU-and-mul, RoPE, the KV store). A model receives its
 :class:`CpuKernels` at construction; :data:`TORCH_ONLY` is the torch reference."""
 
 from radixserve.models.kernels.attention import AttentionKernel

@@ -1,8 +1,9 @@
 """Build and load the CPU kernels extension, one build per ISA variant, never raising.
 
-One C++ source set (``gemv.cpp``, ``attention_kernel.cpp``, ``norm.cpp``, written against the
-SIMD vocabulary of ``simd.h``, bound in ``bindings.cpp``) is compiled once per variant with that
-variant's ``-m`` flags (like llama.cpp's CPU variants or ATen's CPU capability dispatch):
+One C++ source set (``gemv.cpp``, ``attention_kernel.cpp``, ``norm.cpp``, ``pointwise.cpp``,
+written against the SIMD vocabulary of ``simd.h``, bound in ``bindings.cpp``) is compiled once
+per variant with that variant's ``-m`` flags (like llama.cpp's CPU variants or ATen's CPU
+capability dispatch):
 
 - ``avx2``: AVX2 + FMA + F16C (Haswell, Zen 1-3): 8 fp32 lanes;
 - ``avx512``: AVX-512 F/BW/VL/DQ (Skylake-X, Ice Lake, Zen 4): 16 lanes;
@@ -43,7 +44,10 @@ import torch
 logger = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
-SOURCES = tuple(_DIR / n for n in ("gemv.cpp", "attention_kernel.cpp", "norm.cpp", "bindings.cpp"))
+SOURCES = tuple(
+    _DIR / n
+    for n in ("gemv.cpp", "attention_kernel.cpp", "norm.cpp", "pointwise.cpp", "bindings.cpp")
+)
 HEADERS = (_DIR / "simd.h", _DIR / "gemv_lanes.h")
 LDFLAGS = ("-fopenmp",)  # resolves to the libgomp torch already loaded (same soname)
 _AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c")
@@ -164,7 +168,15 @@ def _build(variant: Variant) -> ModuleType:
             build_directory=build_dir,
             verbose=False,
         )
-    for fn in ("try_linear", "extend_attention", "try_rms_norm"):
+    for fn in (
+        "try_linear",
+        "extend_attention",
+        "try_rms_norm",
+        "try_silu_mul",
+        "try_rotary_",
+        "try_split_rope_",
+        "try_store_kv",
+    ):
         if not hasattr(module, fn):
             raise ImportError(f"{name} lacks {fn}")
     if module.isa != variant.name:

@@ -21,6 +21,17 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> try_rms_norm(
     const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& residual,
     double eps);
 
+std::optional<at::Tensor> try_silu_mul(const at::Tensor& gate_up);
+
+bool try_rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> try_split_rope_(
+    at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& cos,
+    const at::Tensor& sin);
+
+bool try_store_kv(at::Tensor& k_buf, at::Tensor& v_buf, const at::Tensor& slots,
+                  const at::Tensor& k, const at::Tensor& v);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("isa") = RS_ISA_NAME;
   m.def("try_linear", &try_linear, "(x @ w.T) * scale + bias for small M, or None if not applicable",
@@ -30,5 +41,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("try_rms_norm", &try_rms_norm,
         "(RMSNorm(x [+ residual]), x [+ residual]) for fp32/bf16 rows, or None if not applicable",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("try_silu_mul", &try_silu_mul,
+        "silu(gate) * up of gate_up = [gate | up] (fp32/bf16 rows), or None if not applicable",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("try_rotary_", &try_rotary_,
+        "rotate x [T, H, d] in place by cos and signed sin [T, d]; False if not applicable",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("try_split_rope_", &try_split_rope_,
+        "(q, k, v) views of qkv with q and k rotated in place, or None if not applicable",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("try_store_kv", &try_store_kv,
+        "k_buf[slots] = k, v_buf[slots] = v; False (nothing written) if not applicable",
         py::call_guard<py::gil_scoped_release>());
 }

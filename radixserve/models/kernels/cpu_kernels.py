@@ -8,7 +8,9 @@ model and the attention backend at construction; nothing is process-wide. :data:
 With a variant loaded, :meth:`linear` sends decode-shaped products (``M <= MAX_M`` rows) to the
 skinny GEMM of ``gemv.cpp`` (fp32 or bf16 weights widened in registers, fp32 accumulation;
 int8 weights times ``x`` quantized to int8 per block of 32, like llama.cpp's Q8_0, exact int32
-products per block: :data:`TORCH_Q8` is that route's torch reference) and :meth:`rms_norm` to ``norm.cpp``; larger products are compute-bound and go to
+products per block: :data:`TORCH_Q8` is that route's torch reference), :meth:`rms_norm` to
+``norm.cpp`` and :meth:`silu_mul`, :meth:`rotary` and :meth:`store_kv` (the small per-layer
+operations around them) to ``pointwise.cpp``; larger products are compute-bound and go to
 torch's GEMM, in float32 on CPUs without native bf16 (torch emulates bf16 GEMMs there 4x slower
 than fp32). On CPUs with AMX-BF16, bf16 weights go to torch's GEMM from ``AMX_BF16_MAX_M`` rows
 on and int8 weights (widened to bf16) from ``AMX_INT8_MAX_M``: its AMX tiles outrun the
@@ -23,9 +25,11 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
+from radixserve.memory_pool import KVCache
 from radixserve.models.kernels import _ext
 from radixserve.models.kernels.attention import AttentionKernel, attention_kernel
 from radixserve.models.kernels.linear import q8_reference, torch_linear
+from radixserve.models.kernels.pointwise import apply_rotary, silu_mul, split_rope
 
 MAX_M = 128
 """Most rows of ``x`` sent to the skinny GEMM; beyond it torch's GEMM (with the weight widened)
@@ -57,7 +61,7 @@ class CpuKernels:
 
     module: ModuleType | None = None  # the extension of `variant`; None: torch paths only
     variant: str | None = None  # "avx2", "avx512" or "avx512_bf16"
-    dense: bool = False  # linear layers and RMSNorm through the kernels
+    dense: bool = False  # linear layers, RMSNorm, SiLU-and-mul and RoPE through the kernels
     attention: bool = False  # the cpu_kernel attention backend may run
     gemm_in_fp32: bool = False  # large bf16 products run torch's GEMM in float32
     bf16_max_m: int = MAX_M  # most rows of x for the kernel with bf16 weights (AMX: fewer)
@@ -123,6 +127,62 @@ class CpuKernels:
                     return out, s
         s = x if residual is None else x + residual
         return F.rms_norm(s, (weight.shape[0],), weight, eps), s
+
+    def _pointwise(self, x: torch.Tensor) -> bool:
+        """Whether the pointwise kernels may take ``x``."""
+        return (
+            self.module is not None
+            and self.dense
+            and x.is_cpu
+            and not torch.compiler.is_compiling()
+        )
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of ``gate_up`` ``[num_tokens, 2 * inter]`` = ``[gate | up]``, with
+        the roundings of the torch reference (``pointwise.silu_mul``)."""
+        if self._pointwise(gate_up):
+            out = self.module.try_silu_mul(gate_up)  # type: ignore[union-attr]
+            if out is not None:
+                return out
+        return silu_mul(gate_up)
+
+    def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[num_tokens, heads, head_dim]`` rotated by ``cos`` and the signed ``sin``
+        (``[num_tokens, 1, head_dim]``), bit for bit as ``pointwise.apply_rotary``. The kernel
+        rotates ``x`` in place and returns it; the caller must not read ``x`` afterwards."""
+        if self._pointwise(x) and self.module.try_rotary_(x, cos, sin):  # type: ignore[union-attr]
+            return x
+        return apply_rotary(x, cos, sin)
+
+    def split_rope(
+        self,
+        qkv: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        qk_norm: tuple[torch.Tensor, float] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of ``qkv``, q and k rotated, as ``pointwise.split_rope`` (bit for bit). The
+        kernel rotates q and k in place in ``qkv`` and returns views of it (one call); with
+        ``qk_norm`` the norm runs in torch and :meth:`rotary` on its output."""
+        if qk_norm is None and self._pointwise(qkv):
+            done = self.module.try_split_rope_(qkv, heads, kv_heads, cos, sin)  # type: ignore[union-attr]
+            if done is not None:
+                q, k, v = done
+                return q, k, v
+        return split_rope(qkv, heads, kv_heads, cos, sin, qk_norm, self.rotary)
+
+    def store_kv(
+        self, kv_cache: KVCache, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """``kv_cache.set_kv(layer, slots, k, v)``, in one call where the kernel applies (KV of
+        ``k``'s dtype, slots in range)."""
+        if self.module is not None and self.attention and k.is_cpu:
+            k_buf, v_buf = kv_cache.get_kv(layer)
+            if self.module.try_store_kv(k_buf, v_buf, slots, k, v):
+                return
+        kv_cache.set_kv(layer, slots, k, v)
 
     def attention_kernel(self, dtype: torch.dtype, head_dim: int) -> AttentionKernel | None:
         """The paged attention kernel for KV of ``dtype`` and ``head_dim``, or ``None``."""

@@ -1,0 +1,248 @@
+// The small per-layer operations of a decode step around the projections, one call each, for
+// fp32 or bf16 rows (one source for every ISA, simd.h):
+//
+//   silu_mul:  out = T(T(silu(gate)) * up) for gate_up = [gate | up], torch's
+//              F.silu(gate) * up with its two roundings (silu in fp32, x / (1 + exp(-x)));
+//   rotary_:   x = T(T(x * cos) + T(swap(x) * sin)) in place over the heads of each token, the
+//              three roundings of pointwise.apply_rotary (swap: the two halves exchanged, sin
+//              signed); bit-identical to it; split_rope_ does it over the q and k columns of a
+//              qkv projection and returns the views q, k, v (pointwise.split_rope);
+//   store_kv:  k_buf[slots[t]] = k[t], v_buf[slots[t]] = v[t] (KVCache.set_kv's index_put_).
+//
+// At batch 1 torch spends 10-40 us per call on each of these (operator dispatch, TensorIterator
+// set-up, temporaries) for a few thousand values; here it is one call of a few us. Each returns
+// "not applicable" (nullopt / false) for shapes or dtypes it does not take, and the caller then
+// runs the torch path, which stays the reference.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+
+#include "simd.h"
+
+namespace {
+
+using namespace rs;
+
+// What these kernels need beyond simd.h's vocabulary: lane-wise division, and `opaque`, which
+// hides a value from the optimiser so that a product is rounded before it is added (GCC would
+// otherwise contract mul + add into one FMA, which torch's separate operations never do).
+#if defined(__AVX512F__)
+inline VF div(VF a, VF b) { return _mm512_div_ps(a, b); }
+inline VF opaque(VF v) {
+  asm("" : "+v"(v));
+  return v;
+}
+#elif defined(__AVX2__)
+inline VF div(VF a, VF b) { return _mm256_div_ps(a, b); }
+inline VF opaque(VF v) {
+  asm("" : "+x"(v));
+  return v;
+}
+#else
+inline VF div(VF a, VF b) { return vdivq_f32(a, b); }
+inline VF opaque(VF v) {
+  asm("" : "+w"(v));
+  return v;
+}
+#endif
+
+template <class T>
+inline VF load_n(const T* p, int64_t left) {
+  return left >= W ? load(p) : load_tail(p, left);
+}
+
+template <class T>
+inline void store_n(T* p, VF v, int64_t left) {
+  if (left >= W) {
+    store(p, v);
+  } else {
+    store_tail(p, v, left);
+  }
+}
+
+// v rounded to T and widened back: v itself for fp32 (kept from contraction), bf16
+// round-to-nearest-even otherwise (NaN lanes are kept as they are: any NaN stays a NaN).
+template <class T>
+inline VF round_to(VF v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return opaque(v);
+  } else {
+    const VI u = as_int(v);
+    const VI r = add_i(u, add_i(set1_i(0x7fff), and_i(srli(u, 16), set1_i(1))));
+    const VF rounded = as_float(slli(srli(r, 16), 16));
+    return select_ge(v, set1(-std::numeric_limits<float>::infinity()), rounded, v);
+  }
+}
+
+// silu(x) = x / (1 + exp(-x)), computed as x * e / (1 + e) with e = exp(-x) <= 1 for x < 0
+// (so exp_nonpos serves both signs; within ~2 ulp of torch's fp32 silu).
+inline VF silu(VF x) {
+  const VF z = zero();
+  const VF e = exp_nonpos(sub(z, max(x, sub(z, x))));  // exp(-|x|)
+  return div(select_ge(x, z, x, mul(x, e)), add(set1(1.0f), e));
+}
+
+bool cpu_dtype(const at::Tensor& t, at::ScalarType dtype) {
+  return t.device().is_cpu() && t.scalar_type() == dtype && !t.requires_grad();
+}
+
+template <class T>
+void silu_mul_rows(const T* in, T* out, int64_t rows, int64_t inter) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 65536 / inter), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const T* g = in + i * 2 * inter;
+      const T* u = g + inter;
+      T* o = out + i * inter;
+      for (int64_t c = 0; c < inter; c += W) {
+        const int64_t left = inter - c;
+        const VF s = round_to<T>(silu(load_n(g + c, left)));
+        store_n(o + c, mul(s, load_n(u + c, left)), left);
+      }
+    }
+  });
+}
+
+// One token: heads [nh][d] (rows `head_stride` apart), cos/sin [d].
+template <class T>
+void rotate_token(T* x, int64_t nh, int64_t head_stride, const T* cos, const T* sin,
+                  int64_t d) {
+  const int64_t half = d / 2;
+  for (int64_t h = 0; h < nh; ++h) {
+    T* a = x + h * head_stride;
+    T* b = a + half;
+    for (int64_t c = 0; c < half; c += W) {
+      const int64_t left = half - c;
+      const VF x1 = load_n(a + c, left), x2 = load_n(b + c, left);
+      const VF o1 = add(round_to<T>(mul(x1, load_n(cos + c, left))),
+                        round_to<T>(mul(x2, load_n(sin + c, left))));
+      const VF o2 = add(round_to<T>(mul(x2, load_n(cos + half + c, left))),
+                        round_to<T>(mul(x1, load_n(sin + half + c, left))));
+      store_n(a + c, o1, left);
+      store_n(b + c, o2, left);
+    }
+  }
+}
+
+template <class T>
+void copy_rows(const at::Tensor& src, at::Tensor& buf, const int64_t* slots, int64_t n) {
+  const int64_t row = buf.stride(0);
+  const auto* s = static_cast<const T*>(src.data_ptr());
+  auto* d = static_cast<T*>(buf.data_ptr());
+  for (int64_t t = 0; t < n; ++t) {
+    std::memcpy(d + slots[t] * row, s + t * src.stride(0), static_cast<size_t>(row) * sizeof(T));
+  }
+}
+
+// src [T, heads, d] whose heads are packed in each row, buf [slots, heads, d] dense, one dtype.
+bool kv_pair_fits(const at::Tensor& src, const at::Tensor& buf) {
+  return cpu_dtype(src, buf.scalar_type()) && src.dim() == 3 && buf.dim() == 3 &&
+         buf.is_contiguous() && src.size(1) == buf.size(1) && src.size(2) == buf.size(2) &&
+         src.stride(2) == 1 && src.stride(1) == src.size(2);
+}
+
+}  // namespace
+
+// gate_up [M, 2 * I] (contiguous, fp32 or bf16) -> silu(gate) * up [M, I]; nullopt otherwise.
+std::optional<at::Tensor> try_silu_mul(const at::Tensor& gate_up) {
+  const auto dtype = gate_up.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kBFloat16) return std::nullopt;
+  if (!cpu_dtype(gate_up, dtype) || !gate_up.is_contiguous() || gate_up.dim() != 2) {
+    return std::nullopt;
+  }
+  const int64_t rows = gate_up.size(0), inter = gate_up.size(1) / 2;
+  if (inter < 1 || gate_up.size(1) != 2 * inter) return std::nullopt;
+  at::Tensor out = at::empty({rows, inter}, gate_up.options());
+  if (dtype == at::kBFloat16) {
+    silu_mul_rows(static_cast<const bf16*>(gate_up.data_ptr()), static_cast<bf16*>(out.data_ptr()),
+                  rows, inter);
+  } else {
+    silu_mul_rows(static_cast<const float*>(gate_up.data_ptr()),
+                  static_cast<float*>(out.data_ptr()), rows, inter);
+  }
+  return out;
+}
+
+// Rotates x [T, H, d] in place (heads packed in each row, rows any stride; d even) by cos and
+// signed sin [T, ..., d] (contiguous, x's dtype). False (x untouched) when it does not apply.
+bool try_rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const auto dtype = x.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kBFloat16) return false;
+  if (!cpu_dtype(x, dtype) || !cpu_dtype(cos, dtype) || !cpu_dtype(sin, dtype)) return false;
+  if (x.dim() != 3 || !cos.is_contiguous() || !sin.is_contiguous()) return false;
+  const int64_t n = x.size(0), nh = x.size(1), d = x.size(2);
+  if (d < 2 || d % 2 != 0 || x.stride(2) != 1 || (nh > 1 && x.stride(1) < d)) return false;
+  if (cos.numel() != n * d || sin.numel() != n * d || cos.size(-1) != d || sin.size(-1) != d) {
+    return false;
+  }
+  const int64_t row = x.stride(0), hs = x.stride(1);
+  auto run = [&](auto* xp, const auto* cp, const auto* sp) {
+    at::parallel_for(0, n, std::max<int64_t>(1, 16384 / (nh * d)), [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) rotate_token(xp + t * row, nh, hs, cp + t * d, sp + t * d, d);
+    });
+  };
+  if (dtype == at::kBFloat16) {
+    run(static_cast<bf16*>(x.data_ptr()), static_cast<const bf16*>(cos.data_ptr()),
+        static_cast<const bf16*>(sin.data_ptr()));
+  } else {
+    run(static_cast<float*>(x.data_ptr()), static_cast<const float*>(cos.data_ptr()),
+        static_cast<const float*>(sin.data_ptr()));
+  }
+  return true;
+}
+
+// qkv [T, (H + 2 * KV) * d] (dense rows, any row stride; fp32 or bf16) -> views q [T, H, d],
+// k and v [T, KV, d] of it, q and k rotated in place as try_rotary_ does (d = cos.size(-1)).
+// nullopt (qkv untouched) when it does not apply.
+std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> try_split_rope_(
+    at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& cos,
+    const at::Tensor& sin) {
+  if (qkv.dim() != 2 || qkv.stride(1) != 1 || cos.dim() < 1 || heads < 1 || kv_heads < 1) {
+    return std::nullopt;
+  }
+  const int64_t n = qkv.size(0), d = cos.size(-1), row = qkv.stride(0);
+  if (qkv.size(1) != (heads + 2 * kv_heads) * d) return std::nullopt;
+  at::Tensor qk = qkv.as_strided({n, heads + kv_heads, d}, {row, d, 1});
+  if (!try_rotary_(qk, cos, sin)) return std::nullopt;
+  const int64_t off = qkv.storage_offset();
+  return std::make_tuple(qkv.as_strided({n, heads, d}, {row, d, 1}, off),
+                         qkv.as_strided({n, kv_heads, d}, {row, d, 1}, off + heads * d),
+                         qkv.as_strided({n, kv_heads, d}, {row, d, 1}, off + (heads + kv_heads) * d));
+}
+
+// k_buf[slots[t]] = k[t] and v_buf[slots[t]] = v[t] for k, v [T, kv_heads, d] (heads packed in
+// each row) into dense buffers [num_slots, kv_heads, d] of their dtype, slots int64 [T] in range.
+// False (nothing written) when it does not apply.
+bool try_store_kv(at::Tensor& k_buf, at::Tensor& v_buf, const at::Tensor& slots,
+                  const at::Tensor& k, const at::Tensor& v) {
+  const auto dtype = k_buf.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kBFloat16) return false;
+  if (!kv_pair_fits(k, k_buf) || !kv_pair_fits(v, v_buf) || v_buf.scalar_type() != dtype) {
+    return false;
+  }
+  if (k_buf.sizes() != v_buf.sizes() || k.size(0) != v.size(0)) return false;
+  const int64_t n = k.size(0), num_slots = k_buf.size(0);
+  if (!slots.device().is_cpu() || slots.scalar_type() != at::kLong || slots.dim() != 1 ||
+      slots.size(0) != n || !slots.is_contiguous()) {
+    return false;
+  }
+  const auto* s = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < n; ++t) {
+    if (s[t] < 0 || s[t] >= num_slots) return false;
+  }
+  if (dtype == at::kBFloat16) {
+    copy_rows<bf16>(k, k_buf, s, n);
+    copy_rows<bf16>(v, v_buf, s, n);
+  } else {
+    copy_rows<float>(k, k_buf, s, n);
+    copy_rows<float>(v, v_buf, s, n);
+  }
+  return true;
+}
