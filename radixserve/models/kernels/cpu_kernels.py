@@ -45,11 +45,13 @@ CPU (2 pinned cores, 48 4864x896 bf16 weights, GB/s of weight read, two runs): t
 12.4 / 7.0 / 4.5 / 3.4 / 1.4 at M = 1 / 8 / 16 / 24 / 32 / 64, F.linear 9.6 / 9.2-9.6 / 11.0 /
 10.1 / 8.3-9.1 / 6.2. With 16 here a 64-token prefill already ran at 1.6-3.5x HF there."""
 
-AMX_INT8_MAX_M = 16
+AMX_INT8_MAX_M = 32
 """Most rows of ``x`` sent to the skinny GEMM with int8 weights on a CPU with AMX-BF16: beyond it
 torch widens the weight to bf16 (exact) and runs the AMX GEMM. Measured there (2 pinned cores,
 96 4864x896 int8 weights, GB/s of int8 read, gemv_bench --int8): the kernel (VNNI) 17.3 / 7.4 /
-2.2 / 1.2 / 0.5 at M = 1 / 8 / 32 / 64 / 128, torch 3.1 / 2.8 / 2.9 / 2.6 / 1.4."""
+2.2 / 1.2 / 0.5 at M = 1 / 8 / 32 / 64 / 128, torch 3.1 / 2.8 / 2.9 / 2.6 / 1.4. Whole model,
+batch-32 decode with 16 here (torch's route): 88.8 tok/s against bf16's 164 (the widening of
+every weight, the lm_head's 136 MB included, per step), so 32 rows stay on the kernel."""
 
 MIN_TASK_BYTES = 64 * 1024
 """Weight bytes per thread task; a smaller product runs on one thread."""
