@@ -47,6 +47,14 @@ int main() {
   for (int i = 0; i < W; ++i) expect(out[i] == a[i] - b[i], "sub", i, out[i], a[i] - b[i]);
   store(out, mul(va, vb));
   for (int i = 0; i < W; ++i) expect(out[i] == a[i] * b[i], "mul", i, out[i], a[i] * b[i]);
+  store(out, div(va, vb));
+  for (int i = 0; i < W; ++i) expect(out[i] == a[i] / b[i], "div", i, out[i], a[i] / b[i]);
+  store(out, add(opaque(mul(va, vb)), vc));  // the product rounded: no FMA contraction
+  for (int i = 0; i < W; ++i) {
+    volatile float product = a[i] * b[i];  // stored: rounded, never contracted into an FMA
+    const float want = product + c[i];
+    expect(out[i] == want, "opaque", i, out[i], want);
+  }
   store(out, max(va, vb));
   for (int i = 0; i < W; ++i) expect(out[i] == std::fmax(a[i], b[i]), "max", i, out[i], 0);
   store(out, select_ge(va, vb, vc, zero()));

@@ -23,20 +23,6 @@ namespace {
 using namespace rs;
 
 template <class T>
-inline VF load_n(const T* p, int64_t left) {
-  return left >= W ? load(p) : load_tail(p, left);
-}
-
-template <class T>
-inline void store_n(T* p, VF v, int64_t left) {
-  if (left >= W) {
-    store(p, v);
-  } else {
-    store_tail(p, v, left);
-  }
-}
-
-template <class T>
 void norm_row(const T* x, const T* r, const T* w, T* out, T* sum, int64_t dim, float eps) {
   VF acc = zero();
   const T* src = x;

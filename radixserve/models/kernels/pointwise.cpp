@@ -31,43 +31,6 @@ namespace {
 
 using namespace rs;
 
-// What these kernels need beyond simd.h's vocabulary: lane-wise division, and `opaque`, which
-// hides a value from the optimiser so that a product is rounded before it is added (GCC would
-// otherwise contract mul + add into one FMA, which torch's separate operations never do).
-#if defined(__AVX512F__)
-inline VF div(VF a, VF b) { return _mm512_div_ps(a, b); }
-inline VF opaque(VF v) {
-  asm("" : "+v"(v));
-  return v;
-}
-#elif defined(__AVX2__)
-inline VF div(VF a, VF b) { return _mm256_div_ps(a, b); }
-inline VF opaque(VF v) {
-  asm("" : "+x"(v));
-  return v;
-}
-#else
-inline VF div(VF a, VF b) { return vdivq_f32(a, b); }
-inline VF opaque(VF v) {
-  asm("" : "+w"(v));
-  return v;
-}
-#endif
-
-template <class T>
-inline VF load_n(const T* p, int64_t left) {
-  return left >= W ? load(p) : load_tail(p, left);
-}
-
-template <class T>
-inline void store_n(T* p, VF v, int64_t left) {
-  if (left >= W) {
-    store(p, v);
-  } else {
-    store_tail(p, v, left);
-  }
-}
-
 // v rounded to T and widened back: v itself for fp32 (kept from contraction), bf16
 // round-to-nearest-even otherwise (NaN lanes are kept as they are: any NaN stays a NaN).
 template <class T>

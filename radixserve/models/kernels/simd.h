@@ -83,7 +83,12 @@ inline VF fma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
 inline VF add(VF a, VF b) { return _mm512_add_ps(a, b); }
 inline VF sub(VF a, VF b) { return _mm512_sub_ps(a, b); }
 inline VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+inline VF div(VF a, VF b) { return _mm512_div_ps(a, b); }
 inline VF max(VF a, VF b) { return _mm512_max_ps(a, b); }
+inline VF opaque(VF v) {  // v, hidden from the optimiser (see the note after the ISA blocks)
+  asm("" : "+v"(v));
+  return v;
+}
 inline VF round(VF a) {
   return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
@@ -172,7 +177,12 @@ inline VF fma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
 inline VF add(VF a, VF b) { return _mm256_add_ps(a, b); }
 inline VF sub(VF a, VF b) { return _mm256_sub_ps(a, b); }
 inline VF mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
+inline VF div(VF a, VF b) { return _mm256_div_ps(a, b); }
 inline VF max(VF a, VF b) { return _mm256_max_ps(a, b); }
+inline VF opaque(VF v) {
+  asm("" : "+x"(v));
+  return v;
+}
 inline VF round(VF a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline VI to_int(VF a) { return _mm256_cvtps_epi32(a); }
 inline VF select_ge(VF x, VF lo, VF a, VF b) {  // x >= lo ? a : b
@@ -243,7 +253,12 @@ inline VF fma(VF a, VF b, VF c) { return vfmaq_f32(c, a, b); }
 inline VF add(VF a, VF b) { return vaddq_f32(a, b); }
 inline VF sub(VF a, VF b) { return vsubq_f32(a, b); }
 inline VF mul(VF a, VF b) { return vmulq_f32(a, b); }
+inline VF div(VF a, VF b) { return vdivq_f32(a, b); }
 inline VF max(VF a, VF b) { return vmaxq_f32(a, b); }
+inline VF opaque(VF v) {
+  asm("" : "+w"(v));
+  return v;
+}
 inline VF round(VF a) { return vrndnq_f32(a); }
 inline VI to_int(VF a) { return vcvtnq_s32_f32(a); }
 inline VF select_ge(VF x, VF lo, VF a, VF b) { return vbslq_f32(vcgeq_f32(x, lo), a, b); }
@@ -272,6 +287,10 @@ inline VI dot_q(const QW& w, VQ x) {
 #error "radixserve CPU kernels need AVX2+FMA, AVX-512 or aarch64 NEON (built by _ext.py)"
 #endif
 
+// opaque(v) is v, hidden from the optimiser: a product passed through it is rounded before it is
+// added (GCC would otherwise contract mul + add into one FMA, which torch's separate operations
+// never do; pointwise.cpp's RoPE matches torch bit for bit through it).
+
 // bf16 stores round to nearest even (NaN -> the canonical quiet NaN), like c10::BFloat16.
 inline void store(bf16* p, VF v) {
   const VI u = as_int(v);
@@ -296,6 +315,17 @@ inline void store_tail(T* p, VF v, int64_t n) {
   alignas(64) T buf[W];
   store(buf, v);
   std::memcpy(p, buf, static_cast<size_t>(n) * sizeof(T));
+}
+
+// W elements, or the `left` < W that remain (zero-padded / stored alone).
+template <class T>
+inline VF load_n(const T* p, int64_t left) {
+  return left >= W ? load(p) : load_tail(p, left);
+}
+template <class T>
+inline void store_n(T* p, VF v, int64_t left) {
+  if (left >= W) return store(p, v);
+  store_tail(p, v, left);
 }
 
 // exp(x) for x <= 0 (Cephes' expf polynomial, ~1 ulp); 0 below -87.3 and for -inf.
