@@ -102,8 +102,13 @@ class CpuKernels:
         """``(x @ weight.T) * scale + bias``, through the skinny GEMM where it applies."""
         if self.module is not None and self.dense and x.is_cpu:
             if not torch.compiler.is_compiling():
-                max_m = {torch.bfloat16: self.bf16_max_m, torch.int8: self.int8_max_m}.get(
-                    weight.dtype, MAX_M
+                dtype = weight.dtype
+                max_m = (
+                    self.bf16_max_m
+                    if dtype == torch.bfloat16
+                    else self.int8_max_m
+                    if dtype == torch.int8
+                    else MAX_M
                 )
                 y = self.module.try_linear(x, weight, scale, bias, max_m, MIN_TASK_BYTES)
                 if y is not None:
