@@ -146,25 +146,35 @@ void run(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
 // Tile choice: one row at a time against all of x is the most memory-friendly (a single
 // sequential stream per thread) while x stays in L1; otherwise R x MT tiles cut the cache traffic
 // of re-reading x per weight row and ready each weight vector once for MT rows of x (R = 4 with
-// the 32 registers of AVX-512 or NEON, 2 with AVX2's 16: R * MT accumulators + R weight vectors;
-// MT = 6 for Widen, 4 for Q8, whose weight vectors take two registers on AVX2).
+// the 32 registers of AVX-512 or NEON: R * MT accumulators + R weight vectors). Widen: 4 x 6
+// there, 3 x 4 with AVX2's 16 registers (measured on Zen 3, 1 thread, 256x896 bf16 weights in L2,
+// GMAC/s at M = 16 / 64 / 128: 3 x 4 33.1 / 33.4 / 31.1, the former 2 x 6 30.6 / 28.3 / 26.8,
+// 3 x 3 27.9 / 31.4 / 30.1, 4 x 3 27.7 / 27.4 / 26.9); Q8: 4 x 4, and 2 x 4 on AVX2, whose
+// int8 weight vectors take two registers each.
 constexpr int64_t kXL1Bytes = 32 * 1024;
-constexpr int kBigR = kVectorRegisters >= 32 ? 4 : 2;
+constexpr bool kWideRegs = kVectorRegisters >= 32;
+template <int R, int MT>
+struct Tiles {  // R x MT tiles beyond the one-row ones; R = 0: one-row tiles only
+  static constexpr int r = R, mt = MT;
+};
+using WidenTiles = Tiles<kWideRegs ? 4 : 3, kWideRegs ? 6 : 4>;
+using Q8Tiles = Tiles<kWideRegs ? 4 : 2, 4>;
+using OneRowOnly = Tiles<0, 0>;
 
 bool one_row_tiles(int64_t M, int64_t K) {  // x as fp32 fits L1
   return M <= 8 && M * K * static_cast<int64_t>(sizeof(float)) <= kXL1Bytes;
 }
 
-// BigMT = 0: a policy run in one-row tiles only (the caller checked one_row_tiles). A single row
+// Big = OneRowOnly: a policy run in one-row tiles only (the caller checked one_row_tiles). A single row
 // of x (batch-1 decode) with weight rows of a page or more takes 4 weight rows per tile: fewer
 // horizontal sums and set-ups per weight byte. Shorter rows stay one per tile: four of them
 // interleave four streams within a page, which the prefetchers follow worse (AVX2, 1 thread,
 // cache-cold, GB/s of weight at 1 / 4 rows per tile: int8 896-wide 13.7 / 8.1, bf16 8.1 / 7.8;
 // 4864-wide int8 10.5 / 12.5, bf16 10.0 / 12.3).
-template <int BigMT, class L, class WT, class XT>
+template <class Big, class L, class WT, class XT>
 void dispatch(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
-  if constexpr (BigMT > 0) {
-    if (!one_row_tiles(p.M, p.K)) return run<L, WT, XT, kBigR, BigMT>(p, min_task_bytes);
+  if constexpr (Big::r > 0) {
+    if (!one_row_tiles(p.M, p.K)) return run<L, WT, XT, Big::r, Big::mt>(p, min_task_bytes);
   }
   if (p.M == 1 && p.K * static_cast<int64_t>(sizeof(WT)) >= 4096) {
     return run<L, WT, XT, 4, 1>(p, min_task_bytes);
@@ -218,7 +228,7 @@ at::Tensor run_typed(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
   sizes.back() = N;
   at::Tensor y = at::empty(sizes, x.options());
   const XT* xs = static_cast<const XT*>(x.data_ptr());
-  auto solve = [&](auto lanes, auto big_mt, const auto* xl, int64_t ld) {
+  auto solve = [&](auto lanes, auto big, const auto* xl, int64_t ld) {
     using L = decltype(lanes);
     const Problem<L, WT, XT> p{xl,
                                ld,
@@ -231,13 +241,12 @@ at::Tensor run_typed(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
                                M,
                                N,
                                K};
-    dispatch<decltype(big_mt)::value>(p, std::max<int64_t>(1, min_task_bytes));
+    dispatch<decltype(big)>(p, std::max<int64_t>(1, min_task_bytes));
   };
-  using OneRowOnly = std::integral_constant<int, 0>;
   if constexpr (std::is_same_v<WT, int8_t>) {
     std::vector<int8_t> xq;
     const int64_t ld = prepare_q8(xs, ldx, M, K, xq);
-    solve(Q8{}, std::integral_constant<int, 4>{}, xq.data(), ld);
+    solve(Q8{}, Q8Tiles{}, xq.data(), ld);
     return y;
   }
 #if defined(RS_HAS_DPBF16)
@@ -255,7 +264,7 @@ at::Tensor run_typed(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
   std::vector<float> xbuf;
   int64_t ld = 0;
   const float* xf = widen_rows(xs, ldx, M, K, xbuf, ld);
-  solve(Widen<WT>{}, std::integral_constant<int, 6>{}, xf, ld);
+  solve(Widen<WT>{}, WidenTiles{}, xf, ld);
   return y;
 }
 
