@@ -55,6 +55,8 @@ int main() {
     const float want = product + c[i];
     expect(out[i] == want, "opaque", i, out[i], want);
   }
+  store(out, abs(va));
+  for (int i = 0; i < W; ++i) expect(out[i] == std::fabs(a[i]), "abs", i, out[i], std::fabs(a[i]));
   store(out, max(va, vb));
   for (int i = 0; i < W; ++i) expect(out[i] == std::fmax(a[i], b[i]), "max", i, out[i], 0);
   store(out, select_ge(va, vb, vc, zero()));

@@ -247,24 +247,24 @@ at::Tensor run_typed(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
     std::vector<int8_t> xq;
     const int64_t ld = prepare_q8(xs, ldx, M, K, xq);
     solve(Q8{}, Q8Tiles{}, xq.data(), ld);
-    return y;
-  }
+  } else {
 #if defined(RS_HAS_DPBF16)
-  // Measured on a Sapphire Rapids-class CPU (2 cores, 4864x896 weights): Pairs streams 12.3
-  // GB/s at M = 8 against Widen's 9.2, the same at M = 1 (memory-bound), and 3-15% less in the
-  // R x 6 tiles of M >= 16 (not explained: twice the multiply-adds per instruction bought
-  // nothing there), so it runs in the one-row tiles only.
-  if constexpr (std::is_same_v<WT, bf16> && std::is_same_v<XT, bf16>) {
-    if (one_row_tiles(M, K)) {
-      solve(Pairs{}, OneRowOnly{}, xs, ldx);  // x read in place: no widening of either operand
-      return y;
+    // Measured on a Sapphire Rapids-class CPU (2 cores, 4864x896 weights): Pairs streams 12.3
+    // GB/s at M = 8 against Widen's 9.2, the same at M = 1 (memory-bound), and 3-15% less in
+    // the R x 6 tiles of M >= 16 (not explained: twice the multiply-adds per instruction bought
+    // nothing there), so it runs in the one-row tiles only.
+    if constexpr (std::is_same_v<WT, bf16> && std::is_same_v<XT, bf16>) {
+      if (one_row_tiles(M, K)) {
+        solve(Pairs{}, OneRowOnly{}, xs, ldx);  // x read in place: no widening of either operand
+        return y;
+      }
     }
-  }
 #endif
-  std::vector<float> xbuf;
-  int64_t ld = 0;
-  const float* xf = widen_rows(xs, ldx, M, K, xbuf, ld);
-  solve(Widen<WT>{}, WidenTiles{}, xf, ld);
+    std::vector<float> xbuf;
+    int64_t ld = 0;
+    const float* xf = widen_rows(xs, ldx, M, K, xbuf, ld);
+    solve(Widen<WT>{}, WidenTiles{}, xf, ld);
+  }
   return y;
 }
 

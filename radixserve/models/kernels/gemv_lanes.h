@@ -1,8 +1,8 @@
 // How the skinny GEMM's tiles (gemv.cpp) read their operands: one policy per way of turning a
 // weight vector and an x vector into fp32 products, and the one-off preparation of x each needs.
 //
-//   Widen<WT>  fp32, bf16 or int8 weights widened to fp32 vectors of W lanes, x fp32: one FMA per
-//              W products (every ISA, every weight type).
+//   Widen<WT>  fp32 or bf16 weights widened to fp32 vectors of W lanes, x fp32: one FMA per
+//              W products (every ISA).
 //   Pairs      (AVX512-BF16) bf16 weights times bf16 x as raw pairs, one VDPBF16PS per 2W.
 //   Q8         int8 weights times x quantized to int8 once per call, in blocks of 32 values
 //              with one fp32 scale each, as llama.cpp's Q8_0 quantizes activations: Q = 4W
@@ -95,7 +95,7 @@ void quantize_row_q8(const XT* x, int64_t K, int8_t* out) {
     for (int i = 0; i < kV; ++i) {
       const int64_t at = i * W;
       v[i] = at + W <= n ? load(x + b0 + at) : (at < n ? load_tail(x + b0 + at, n - at) : zero());
-      amax = max(amax, max(v[i], sub(zero(), v[i])));
+      amax = max(amax, abs(v[i]));
     }
     const float d = hmax(amax) / 127.0f;
     const VF id = set1(d > 0.0f ? 1.0f / d : 0.0f);

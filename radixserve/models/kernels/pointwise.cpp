@@ -38,9 +38,7 @@ inline VF round_to(VF v) {
   if constexpr (std::is_same_v<T, float>) {
     return opaque(v);
   } else {
-    const VI u = as_int(v);
-    const VI r = add_i(u, add_i(set1_i(0x7fff), and_i(srli(u, 16), set1_i(1))));
-    const VF rounded = as_float(slli(srli(r, 16), 16));
+    const VF rounded = as_float(slli(bf16_bits(v), 16));
     return select_ge(v, set1(-std::numeric_limits<float>::infinity()), rounded, v);
   }
 }
@@ -49,7 +47,7 @@ inline VF round_to(VF v) {
 // (so exp_nonpos serves both signs; within ~2 ulp of torch's fp32 silu).
 inline VF silu(VF x) {
   const VF z = zero();
-  const VF e = exp_nonpos(sub(z, max(x, sub(z, x))));  // exp(-|x|)
+  const VF e = exp_nonpos(sub(z, abs(x)));  // exp(-|x|)
   return div(select_ge(x, z, x, mul(x, e)), add(set1(1.0f), e));
 }
 

@@ -291,10 +291,18 @@ inline VI dot_q(const QW& w, VQ x) {
 // added (GCC would otherwise contract mul + add into one FMA, which torch's separate operations
 // never do; pointwise.cpp's RoPE matches torch bit for bit through it).
 
+inline VF abs(VF v) { return max(v, sub(zero(), v)); }
+
+// v rounded to bf16, nearest even, as bit patterns in the low 16 bits of each lane (a NaN lane
+// comes out as some bit pattern, not necessarily a NaN: callers deal with NaN).
+inline VI bf16_bits(VF v) {
+  const VI u = as_int(v);
+  return srli(add_i(u, add_i(set1_i(0x7fff), and_i(srli(u, 16), set1_i(1)))), 16);
+}
+
 // bf16 stores round to nearest even (NaN -> the canonical quiet NaN), like c10::BFloat16.
 inline void store(bf16* p, VF v) {
-  const VI u = as_int(v);
-  const VI rounded = srli(add_i(u, add_i(set1_i(0x7fff), and_i(srli(u, 16), set1_i(1)))), 16);
+  const VI rounded = bf16_bits(v);
   alignas(64) float f[W];
   store(f, v);
   bool nan = false;
