@@ -148,6 +148,20 @@ int main() {
     for (int i = 0; i < W; ++i) expect(out[i] == static_cast<float>(got[i]), "cvt_f", i, out[i], got[i]);
   }
 
+  {  // transpose: element (i, j) of a W x W block goes to (j, i)
+    VF blk[W];
+    float rows[W][W];
+    for (int i = 0; i < W; ++i) {
+      for (int j = 0; j < W; ++j) rows[i][j] = static_cast<float>(i * W + j);
+      blk[i] = load(rows[i]);
+    }
+    transpose(blk);
+    for (int i = 0; i < W; ++i) {
+      store(out, blk[i]);
+      for (int j = 0; j < W; ++j) expect(out[j] == rows[j][i], "transpose", i * W + j, out[j], rows[j][i]);
+    }
+  }
+
 #if defined(RS_HAS_DPBF16)
   {  // VDPBF16PS: acc[i] + p[2i] * q[2i] + p[2i + 1] * q[2i + 1], exact on these small values
     bf16 p[2 * W], q2[2 * W];

@@ -29,19 +29,25 @@ CASES = [("float32", None), ("bfloat16", None), ("float32", "int8"), ("bfloat16"
 
 
 def run_model(
-    path: Path, kernels: CpuKernels, dtype: str, quantization: str | None
+    path: Path,
+    kernels: CpuKernels,
+    dtype: str,
+    quantization: str | None,
+    prompts: list[list[int]] = PROMPTS,
 ) -> tuple[torch.Tensor, str]:
-    """Last-token logits of the EXTEND batch and of one DECODE step, stacked [4, vocab] fp32,
-    and the attention backend's class name."""
+    """Last-token logits of the EXTEND batch of ``prompts`` (two) and of one DECODE step,
+    stacked [4, vocab] fp32, and the attention backend's class name."""
     model, cfg = load_model(path, dtype, kernels=kernels, quantization=quantization)
-    kv = KVCache(cfg.num_layers, 64, cfg.num_kv_heads, cfg.head_dim, model.embed_tokens.dtype)
-    pool = ReqToTokenPool(2, 32)
+    longest = max(len(p) for p in prompts) + 2
+    dt = model.embed_tokens.dtype
+    kv = KVCache(cfg.num_layers, 2 * longest + 1, cfg.num_kv_heads, cfg.head_dim, dt)
+    pool = ReqToTokenPool(2, longest)
     backend = create_attention_backend(None, model.attention_spec, kv, pool, kernels)
-    lens = [len(p) for p in PROMPTS]
+    lens = [len(p) for p in prompts]
     slots = torch.arange(1, 1 + sum(lens))
     pool.req_to_token[0, : lens[0]] = slots[: lens[0]].int()
     pool.req_to_token[1, : lens[1]] = slots[lens[0] :].int()
-    batch = ForwardBatch.extend([t for p in PROMPTS for t in p], [0, 1], [0, 0], lens, slots)
+    batch = ForwardBatch.extend([t for p in prompts for t in p], [0, 1], [0, 0], lens, slots)
     with torch.inference_mode():
         backend.init_forward_metadata(batch)
         hidden = model(batch, backend)
@@ -66,14 +72,26 @@ def test_model_on_kernels_matches_torch_reference(
 ) -> None:
     path = tiny_model_dirs[family]
     dtype, quantization = case
-    q8 = replace(TORCH_Q8, int8_max_m=variant_kernels.int8_max_m)  # the same int8 routing
-    reference = q8 if quantization == "int8" else TORCH_ONLY
-    ref, ref_backend = run_model(path, reference, "float32", quantization)
-    assert ref_backend == "TorchNativeBackend"
-    out, backend = run_model(path, variant_kernels, dtype, quantization)
+    backend = check_against_reference(path, variant_kernels, dtype, quantization, PROMPTS)
     head_dim = load_model(path, "float32")[1].head_dim
     expect = CpuKernelBackend.__name__ if head_dim % 16 == 0 else "TorchNativeBackend"
     assert backend == expect
+
+
+def check_against_reference(
+    path: Path,
+    kernels: CpuKernels,
+    dtype: str,
+    quantization: str | None,
+    prompts: list[list[int]],
+) -> str:
+    """Runs the model on ``kernels`` and on its float32 torch reference, asserts the bounds of
+    the module docstring, and returns the kernels' attention backend name."""
+    q8 = replace(TORCH_Q8, int8_max_m=kernels.int8_max_m)  # the same int8 routing
+    reference = q8 if quantization == "int8" else TORCH_ONLY
+    ref, ref_backend = run_model(path, reference, "float32", quantization, prompts)
+    assert ref_backend == "TorchNativeBackend"
+    out, backend = run_model(path, kernels, dtype, quantization, prompts)
 
     def rel(x: torch.Tensor) -> float:
         return ((x - ref).abs().max() / ref.abs().max()).item()
@@ -81,5 +99,23 @@ def test_model_on_kernels_matches_torch_reference(
     if dtype == "float32":
         assert rel(out) <= 1e-4, f"max |diff| / max |ref| = {rel(out):.2e}"
     else:
-        torch_bf16 = rel(run_model(path, reference, dtype, quantization)[0])
+        torch_bf16 = rel(run_model(path, reference, dtype, quantization, prompts)[0])
         assert rel(out) <= 1.5 * torch_bf16 + 1e-3, f"{rel(out):.2e} vs torch {torch_bf16:.2e}"
+    return backend
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("case", CASES[1:], ids=lambda c: f"{c[0]}-{c[1] or 'dense'}")
+def test_long_prefill_on_packed_gemm(
+    variant_kernels: CpuKernels,
+    tiny_model_dirs: dict[str, Path],
+    family: str,
+    case: tuple[str, str | None],
+) -> None:
+    """A prefill of more rows than the skinny GEMM takes runs gemm.cpp's packed GEMM (forced
+    here on every variant; CpuKernels.build picks it on CPUs without native bf16), within the
+    same bounds as above."""
+    path = tiny_model_dirs[family]
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 250, (n,), generator=gen).tolist() for n in (70, 80)]
+    check_against_reference(path, replace(variant_kernels, gemm=True), *case, prompts)

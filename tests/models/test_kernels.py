@@ -28,7 +28,13 @@ from radixserve.models.kernels import (
     quantize_rows_q8,
     torch_linear,
 )
-from radixserve.models.kernels.cpu_kernels import AMX_BF16_MAX_M, AMX_INT8_MAX_M
+from radixserve.models.kernels.cpu_kernels import (
+    AMX_BF16_MAX_M,
+    AMX_INT8_MAX_M,
+    GEMM_BF16_MAX_M,
+    GEMM_INT8_MAX_M,
+    PACKED_GEMM_VARIANTS,
+)
 
 RTOL = {torch.bfloat16: 2.0**-8, torch.float32: 1e-6}
 W_DTYPES = [torch.float32, torch.bfloat16, torch.int8]
@@ -83,7 +89,9 @@ def test_skinny_matches_reference(
         q8 = w_dtype == torch.int8
         _assert_close(y, x, w, b, q8)
         routed = variant_kernels.linear(x, wk, b, scale)  # the dispatching route
-        if q8 and m > variant_kernels.int8_max_m:  # AMX CPUs: torch's GEMM (see TORCH_ONLY's test)
+        if q8 and m > variant_kernels.int8_max_m and variant_kernels.gemm:
+            _assert_close(routed, x, w, b)  # the packed GEMM: x not quantized
+        elif q8 and m > variant_kernels.int8_max_m:  # AMX CPUs: torch's GEMM (see TORCH_ONLY's)
             fp32 = variant_kernels.gemm_in_fp32
             assert torch.equal(routed, torch_linear(x, wk, b, scale, fp32_compute=fp32))
         else:
@@ -156,7 +164,13 @@ def test_what_the_kernel_declines_goes_to_torch(variant_kernels: CpuKernels) -> 
     k = variant_kernels
     big = torch.randn(MAX_M + 1, 64, generator=gen).to(torch.bfloat16)  # M > MAX_M
     ref_big = F.linear(big.float(), w.float()).to(torch.bfloat16)
-    assert torch.equal(k.linear(big, w), ref_big if k.gemm_in_fp32 else F.linear(big, w))
+    if k.gemm:  # the packed GEMM (tested below)
+        assert torch.equal(
+            k.linear(big, w), k.module.try_linear(big, w, None, None, MAX_M, 1, True)
+        )
+    else:
+        assert torch.equal(k.linear(big, w), ref_big if k.gemm_in_fp32 else F.linear(big, w))
+    assert torch.equal(k.linear(big.float(), w.float()), F.linear(big.float(), w.float()))
     w16, x16 = w.half(), x.half()
     assert torch.equal(k.linear(x16, w16), F.linear(x16, w16))  # fp16
     q, scale = quantize_int8(w.float())
@@ -200,6 +214,70 @@ def test_threads_split_is_deterministic(variant_kernels: CpuKernels) -> None:
     assert torch.equal(one, many)  # each output element is summed in one fixed order
 
 
+# (N, K): N around the tile width (16 columns on AVX2, 32 with AVX-512), K from 1 to more than
+# one pass (gemm.cpp KC = 8192); M: just past MAX_M, a partial last tile, past one round of rows
+# (MB = 1024).
+GEMM_SHAPES = [(1, 1), (16, 7), (33, 100), (70, 257), (301, 896)]
+GEMM_MS = [MAX_M + 1, 150, 1031]
+
+
+@pytest.mark.parametrize("w_dtype", W_DTYPES, ids=str)
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_packed_gemm_matches_reference(
+    variant_kernels: CpuKernels, x_dtype: torch.dtype, w_dtype: torch.dtype
+) -> None:
+    """gemm.cpp (more rows than the skinny GEMM takes) against F.linear in float32 on the same
+    stored values; x is not quantized there, whatever the weight."""
+    module = variant_kernels.module
+    assert module is not None
+    gen = torch.Generator().manual_seed(7)
+    cases = [*itertools.product(GEMM_SHAPES, GEMM_MS[:2]), ((40, 8200), 131), ((20, 64), 1031)]
+    for ((n, k), m), with_bias in itertools.product(cases, (False, True)):
+        x = torch.randn(m, k, generator=gen).to(x_dtype)
+        wk, scale, w = _weights(n, k, w_dtype, gen)
+        b = torch.randn(n, generator=gen).to(x_dtype) if with_bias else None
+        y = module.try_linear(x, wk, scale, b, MAX_M, 1, True)
+        assert y is not None
+        _assert_close(y, x, w, b)
+        assert module.try_linear(x, wk, scale, b, MAX_M, 1) is None  # without gemm: torch's
+
+
+def test_packed_gemm_layouts_routing_and_threads(variant_kernels: CpuKernels) -> None:
+    """Strided and 3-D x, the route CpuKernels.linear takes (bf16 and int8 weights on CPUs
+    without native bf16; fp32 weights stay with torch), and a result independent of the thread
+    count (each output element is summed by one tile in one order)."""
+    k = variant_kernels
+    assert k.module is not None
+    gen = torch.Generator().manual_seed(8)
+    w = (torch.randn(90, 300, generator=gen) * 0.05).to(torch.bfloat16)
+    for x in (
+        torch.randn(140, 400, generator=gen)[:, 50:350],  # row stride 400
+        torch.randn(2, 70, 300, generator=gen),  # 3-D, M = 140
+    ):
+        y = k.module.try_linear(x, w, None, None, MAX_M, 1, True)
+        _assert_close(y, x, w.float(), None)
+    x = torch.randn(MAX_M + 20, 300, generator=gen).to(torch.bfloat16)
+    want = k.module.try_linear(x, w, None, None, MAX_M, 1, True) if k.gemm else None
+    assert k.gemm == (not _ext.cpu_has_native_bf16() and k.variant in PACKED_GEMM_VARIANTS)
+    if want is not None:
+        assert torch.equal(k.linear(x, w), want)
+        q, scale = quantize_int8(w.float())
+        assert torch.equal(
+            k.linear(x, q, None, scale), k.module.try_linear(x, q, scale, None, MAX_M, 1, True)
+        )
+    x32 = x.float()
+    assert torch.equal(k.linear(x32, w.float()), F.linear(x32, w.float()))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = k.module.try_linear(x, w, None, None, MAX_M, 1, True)
+        torch.set_num_threads(max(2, before))
+        many = k.module.try_linear(x, w, None, None, MAX_M, 1, True)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, many)
+
+
 def test_variant_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_ext.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(_ext, "_flags_cache", [frozenset({"sse2", "avx2", "fma", "f16c"})])
@@ -237,7 +315,9 @@ def test_amx_cpus_send_taller_bf16_products_to_torch(monkeypatch: pytest.MonkeyP
     assert k.bf16_max_m == AMX_BF16_MAX_M < MAX_M and not k.gemm_in_fp32
     assert k.int8_max_m == AMX_INT8_MAX_M < MAX_M
     monkeypatch.setattr(_ext, "_flags_cache", [real - {"amx_bf16"}])
-    assert CpuKernels.build(variant).bf16_max_m == CpuKernels.build(variant).int8_max_m == MAX_M
+    plain = CpuKernels.build(variant)  # no AMX: the packed GEMM's rows, or MAX_M without it
+    want = (GEMM_BF16_MAX_M, GEMM_INT8_MAX_M) if plain.gemm else (MAX_M, MAX_M)
+    assert (plain.bf16_max_m, plain.int8_max_m) == want and not k.gemm
     assert k.module is not None
     gen = torch.Generator().manual_seed(5)
     w = torch.randn(40, 64, generator=gen).to(torch.bfloat16)

@@ -1,9 +1,9 @@
 """Build and load the CPU kernels extension, one build per ISA variant, never raising.
 
-One C++ source set (``gemv.cpp``, ``attention_kernel.cpp``, ``norm.cpp``, ``pointwise.cpp``,
-written against the SIMD vocabulary of ``simd.h``, bound in ``bindings.cpp``) is compiled once
-per variant with that variant's ``-m`` flags (like llama.cpp's CPU variants or ATen's CPU
-capability dispatch):
+One C++ source set (``gemv.cpp``, ``gemm.cpp``, ``attention_kernel.cpp``, ``norm.cpp``,
+``pointwise.cpp``, written against the SIMD vocabulary of ``simd.h``, bound in
+``bindings.cpp``) is compiled once per variant with that variant's ``-m`` flags (like
+llama.cpp's CPU variants or ATen's CPU capability dispatch):
 
 - ``avx2``: AVX2 + FMA + F16C (Haswell, Zen 1-3): 8 fp32 lanes;
 - ``avx512``: AVX-512 F/BW/VL/DQ (Skylake-X, Ice Lake, Zen 4): 16 lanes;
@@ -46,9 +46,16 @@ logger = logging.getLogger(__name__)
 _DIR = Path(__file__).parent
 SOURCES = tuple(
     _DIR / n
-    for n in ("gemv.cpp", "attention_kernel.cpp", "norm.cpp", "pointwise.cpp", "bindings.cpp")
+    for n in (
+        "gemv.cpp",
+        "gemm.cpp",
+        "attention_kernel.cpp",
+        "norm.cpp",
+        "pointwise.cpp",
+        "bindings.cpp",
+    )
 )
-HEADERS = (_DIR / "simd.h", _DIR / "gemv_lanes.h")
+HEADERS = (_DIR / "simd.h", _DIR / "gemv_lanes.h", _DIR / "gemm.h")
 LDFLAGS = ("-fopenmp",)  # resolves to the libgomp torch already loaded (same soname)
 _AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c")
 _AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"})

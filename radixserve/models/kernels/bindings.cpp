@@ -10,7 +10,7 @@
 std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
                                      const std::optional<at::Tensor>& scale,
                                      const std::optional<at::Tensor>& bias, int64_t max_m,
-                                     int64_t min_task_bytes);
+                                     int64_t min_task_bytes, bool gemm);
 
 at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                             const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
@@ -34,7 +34,10 @@ bool try_store_kv(at::Tensor& k_buf, at::Tensor& v_buf, const at::Tensor& slots,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("isa") = RS_ISA_NAME;
-  m.def("try_linear", &try_linear, "(x @ w.T) * scale + bias for small M, or None if not applicable",
+  m.def("try_linear", &try_linear,
+        "(x @ w.T) * scale + bias (M <= max_m, or any M with gemm), or None if not applicable",
+        py::arg("x"), py::arg("w"), py::arg("scale"), py::arg("bias"), py::arg("max_m"),
+        py::arg("min_task_bytes"), py::arg("gemm") = false,
         py::call_guard<py::gil_scoped_release>());
   m.def("extend_attention", &extend_attention,
         "paged causal attention of an fp32 or bf16 EXTEND batch",

@@ -10,11 +10,12 @@ skinny GEMM of ``gemv.cpp`` (fp32 or bf16 weights widened in registers, fp32 acc
 int8 weights times ``x`` quantized to int8 per block of 32, like llama.cpp's Q8_0, exact int32
 products per block: :data:`TORCH_Q8` is that route's torch reference), :meth:`rms_norm` to
 ``norm.cpp`` and :meth:`silu_mul`, :meth:`rotary` and :meth:`store_kv` (the small per-layer
-operations around them) to ``pointwise.cpp``; larger products are compute-bound and go to
-torch's GEMM, in float32 on CPUs without native bf16 (torch emulates bf16 GEMMs there 4x slower
-than fp32). On CPUs with AMX-BF16, bf16 weights go to torch's GEMM from ``AMX_BF16_MAX_M`` rows
-on and int8 weights (widened to bf16) from ``AMX_INT8_MAX_M``: its AMX tiles outrun the
-kernel's vector instructions from there.
+operations around them) to ``pointwise.cpp``. Larger products are compute-bound: on CPUs
+without native bf16, bf16 and int8 weights go to the packed GEMM of ``gemm.cpp`` (fp32 FMAs,
+the weights widened in its packing) from ``GEMM_BF16_MAX_M`` / ``GEMM_INT8_MAX_M`` rows on,
+fp32 weights to torch's GEMM beyond ``MAX_M``; elsewhere torch's GEMM takes them all. On CPUs with AMX-BF16, bf16 weights go to torch's GEMM from
+``AMX_BF16_MAX_M`` rows on and int8 weights (widened to bf16) from ``AMX_INT8_MAX_M``: its AMX
+tiles outrun the kernel's vector instructions from there.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from radixserve.models.kernels.linear import q8_reference, torch_linear
 from radixserve.models.kernels.pointwise import apply_rotary, silu_mul, split_rope
 
 MAX_M = 128
-"""Most rows of ``x`` sent to the skinny GEMM; beyond it torch's GEMM (with the weight widened)
-is used. Measured on the AVX2 host (0.5B shape, bf16, 2 threads, quiet): a 64-token prefill ran
-at 45 tok/s with 32 here (the fp32 GEMM widens every weight per call), 105 with 64 and 99 with
+"""Most rows of ``x`` sent to the skinny GEMM; beyond it the packed GEMM or torch's (see the
+module docstring). Measured on the AVX2 host (0.5B shape, bf16, 2 threads, quiet): a 64-token
+prefill ran at 45 tok/s with 32 here (the fp32 GEMM widens every weight per call), 105 with 64 and 99 with
 128; a 200-token prefill at 75 with 64 and 97 with 128. Batch-32 decode streams each weight
 once."""
 
@@ -53,6 +54,20 @@ torch widens the weight to bf16 (exact) and runs the AMX GEMM. Measured there (2
 batch-32 decode with 16 here (torch's route): 88.8 tok/s against bf16's 164 (the widening of
 every weight, the lm_head's 136 MB included, per step), so 32 rows stay on the kernel."""
 
+GEMM_BF16_MAX_M = 24
+"""Most rows of ``x`` sent to the skinny GEMM with bf16 weights where the packed GEMM takes the
+taller products. Measured on the AVX2 host (2 threads, 0.5B-shape weights 9728x896, 896x4864,
+1152x896, GFLOP/s skinny / packed): M = 16: 125-141 / 112-130; 32: 129-137 / 136-149; 64:
+133-137 / 162-172; 128: 121-138 / 172-178."""
+
+GEMM_INT8_MAX_M = 48
+"""The same with int8 weights, whose skinny route (x as Q8, int8 products) is faster: M = 32:
+146-173 / 148-151; 64: 151-170 / 168-174; 128: 149-173 / 176-179."""
+
+PACKED_GEMM_VARIANTS = frozenset({"avx2"})
+"""Variants whose packed GEMM is measured and used (on CPUs without native bf16); the others are
+built and tested with it but keep torch's GEMM until measured on their CPUs."""
+
 MIN_TASK_BYTES = 64 * 1024
 """Weight bytes per thread task; a smaller product runs on one thread."""
 
@@ -66,7 +81,8 @@ class CpuKernels:
     dense: bool = False  # linear layers, RMSNorm, SiLU-and-mul and RoPE through the kernels
     attention: bool = False  # the cpu_kernel attention backend may run
     gemm_in_fp32: bool = False  # large bf16 products run torch's GEMM in float32
-    bf16_max_m: int = MAX_M  # most rows of x for the kernel with bf16 weights (AMX: fewer)
+    gemm: bool = False  # larger bf16/int8 products run gemm.cpp's packed GEMM, not torch's
+    bf16_max_m: int = MAX_M  # most rows of x for the skinny GEMM with bf16 weights
     int8_max_m: int = MAX_M  # the same with int8 weights
     q8_reference: bool = False  # torch only: int8 products up to int8_max_m rows see x as Q8
 
@@ -82,14 +98,17 @@ class CpuKernels:
         if module is None:
             return TORCH_ONLY
         amx = "amx_bf16" in _ext.cpu_flags()
+        native_bf16 = _ext.cpu_has_native_bf16()
+        gemm = not native_bf16 and variant in PACKED_GEMM_VARIANTS
         return cls(
             module,
             variant,
             dense,
             attention,
-            gemm_in_fp32=not _ext.cpu_has_native_bf16(),
-            bf16_max_m=AMX_BF16_MAX_M if amx else MAX_M,
-            int8_max_m=AMX_INT8_MAX_M if amx else MAX_M,
+            gemm_in_fp32=not native_bf16,
+            gemm=gemm,
+            bf16_max_m=AMX_BF16_MAX_M if amx else GEMM_BF16_MAX_M if gemm else MAX_M,
+            int8_max_m=AMX_INT8_MAX_M if amx else GEMM_INT8_MAX_M if gemm else MAX_M,
         )
 
     def linear(
@@ -110,7 +129,8 @@ class CpuKernels:
                     if dtype == torch.int8
                     else MAX_M
                 )
-                y = self.module.try_linear(x, weight, scale, bias, max_m, MIN_TASK_BYTES)
+                gemm = self.gemm and dtype != torch.float32
+                y = self.module.try_linear(x, weight, scale, bias, max_m, MIN_TASK_BYTES, gemm)
                 if y is not None:
                     return y
         if self.q8_reference and scale is not None and x.numel() <= self.int8_max_m * x.shape[-1]:

@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gemm.h"
 #include "gemv_lanes.h"
 #include "simd.h"
 
@@ -286,15 +287,16 @@ bool is_vector(const at::Tensor& t, int64_t n, at::ScalarType dtype) {
 
 }  // namespace
 
-// y [..., N] = (x [..., K] @ w [N, K]^T) * scale [N] (+ bias [N]) when 1 <= M = x.numel() / K
-// <= max_m and the tensors suit the kernel: x (and bias) fp32 or bf16, w fp32 or bf16 (no
-// scale) or int8 (fp32 scale required), dense CPU tensors, no autograd; otherwise None, and the
-// caller uses its torch path. Tasks of at least min_task_bytes of weight are spread over torch's
-// intra-op threads.
+// y [..., N] = (x [..., K] @ w [N, K]^T) * scale [N] (+ bias [N]) when the tensors suit the
+// kernels: x (and bias) fp32 or bf16, w fp32 or bf16 (no scale) or int8 (fp32 scale required),
+// dense CPU tensors, no autograd, and 1 <= M = x.numel() / K <= max_m (the skinny GEMM; tasks
+// of at least min_task_bytes of weight are spread over torch's intra-op threads) or, with
+// `gemm`, any larger M (gemm.cpp's packed GEMM); otherwise None, and the caller uses its torch
+// path.
 std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
                                      const std::optional<at::Tensor>& scale,
                                      const std::optional<at::Tensor>& bias, int64_t max_m,
-                                     int64_t min_task_bytes) {
+                                     int64_t min_task_bytes, bool gemm) {
   const auto xt = x.scalar_type(), wt = w.scalar_type();
   if (xt != at::kFloat && xt != at::kBFloat16) return std::nullopt;
   if (wt == at::kChar ? !scale.has_value() : (wt != at::kFloat && wt != at::kBFloat16) ||
@@ -305,7 +307,7 @@ std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
   const int64_t N = w.size(0), K = w.size(1);
   if (N < 1 || K < 1 || x.size(-1) != K) return std::nullopt;
   const int64_t M = x.numel() / K;
-  if (M < 1 || M > max_m) return std::nullopt;
+  if (M < 1 || (M > max_m && !gemm)) return std::nullopt;
   if (w.stride(1) != 1 && K > 1) return std::nullopt;
   if (scale.has_value() && !is_vector(*scale, N, at::kFloat)) return std::nullopt;
   if (bias.has_value() && !is_vector(*bias, N, xt)) return std::nullopt;
@@ -314,6 +316,7 @@ std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
   }
   const int64_t ldx = row_stride(x, K);
   if (ldx < 0) return std::nullopt;
+  if (M > max_m) return packed_gemm(x, ldx, w, scale, bias, M);
   return xt == at::kBFloat16 ? run_weight<bf16>(x, ldx, w, scale, bias, M, min_task_bytes)
                              : run_weight<float>(x, ldx, w, scale, bias, M, min_task_bytes);
 }

@@ -103,6 +103,18 @@ inline float hmax(VF v) { return _mm512_reduce_max_ps(v); }
 inline VI load_bits(const void* p) { return _mm512_loadu_si512(p); }
 inline VF cvt_f(VI v) { return _mm512_cvtepi32_ps(v); }
 
+// v[i][j] <-> v[j][i] (see the AVX2 block); here through memory (not measured: this build is
+// not run where the packed GEMM is tuned).
+inline void transpose(VF (&v)[W]) {
+  alignas(64) float m[W][W];
+  for (int i = 0; i < W; ++i) _mm512_store_ps(m[i], v[i]);
+  for (int i = 0; i < W; ++i) {
+    alignas(64) float col[W];
+    for (int j = 0; j < W; ++j) col[j] = m[j][i];
+    v[i] = _mm512_load_ps(col);
+  }
+}
+
 // int8 x int8 dot products: a VQ holds Q = 4W int8 values; lane i of dot_q(w, x) is the exact
 // int32 sum of the products of bytes 4i .. 4i + 3. Operands in [-127, 127] (-128 excluded: the
 // sign is moved onto x, whose magnitude then multiplies |w| as unsigned bytes). prep_q readies
@@ -204,6 +216,26 @@ inline float hmax(VF v) {
 inline VI load_bits(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline VF cvt_f(VI v) { return _mm256_cvtepi32_ps(v); }
 
+// The W x W block v (v[i] its row i) transposed in registers: v[i][j] <-> v[j][i]. 8 x 8:
+// interleave pairs of rows, then pairs of pairs, then swap 128-bit halves (24 shuffles).
+inline void transpose(VF (&v)[W]) {
+  VF t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    v[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
 // int8 x int8 dot products (see the AVX-512 block): VPSIGNB moves w's sign onto x, then
 // VPMADDUBSW (|w| unsigned x signed x, pairs summed to int16, below 2^15 for |values| <= 127)
 // and VPMADDWD (pairs of those to int32).
@@ -267,6 +299,15 @@ inline float hmax(VF v) { return vmaxvq_f32(v); }
 
 inline VI load_bits(const void* p) { return vld1q_s32(static_cast<const int32_t*>(p)); }
 inline VF cvt_f(VI v) { return vcvtq_f32_s32(v); }
+
+// v[i][j] <-> v[j][i] (see the AVX2 block): 4 x 4 with two TRN1/TRN2 levels.
+inline void transpose(VF (&v)[W]) {
+  const float32x4x2_t a = vtrnq_f32(v[0], v[1]), b = vtrnq_f32(v[2], v[3]);
+  v[0] = vcombine_f32(vget_low_f32(a.val[0]), vget_low_f32(b.val[0]));
+  v[1] = vcombine_f32(vget_low_f32(a.val[1]), vget_low_f32(b.val[1]));
+  v[2] = vcombine_f32(vget_high_f32(a.val[0]), vget_high_f32(b.val[0]));
+  v[3] = vcombine_f32(vget_high_f32(a.val[1]), vget_high_f32(b.val[1]));
+}
 
 // int8 x int8 dot products (see the AVX-512 block): widening multiplies to int16, pairwise adds
 // to int32 (baseline NEON; no dot-product extension needed).
