@@ -148,6 +148,16 @@ int main() {
     for (int i = 0; i < W; ++i) expect(out[i] == static_cast<float>(got[i]), "cvt_f", i, out[i], got[i]);
   }
 
+  {  // any_nan: one NaN lane anywhere (also infinities, which are not NaN)
+    for (int lane = 0; lane < W; ++lane) {
+      float f[W];
+      for (int i = 0; i < W; ++i) f[i] = i == lane ? std::nanf("") : (i % 2 ? INFINITY : a[i]);
+      expect(any_nan(load(f)), "any_nan", lane, 0, 1);
+      f[lane] = -INFINITY;
+      expect(!any_nan(load(f)), "any_nan (none)", lane, 1, 0);
+    }
+  }
+
   {  // transpose: element (i, j) of a W x W block goes to (j, i)
     VF blk[W];
     float rows[W][W];

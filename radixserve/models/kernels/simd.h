@@ -98,6 +98,7 @@ inline VF select_ge(VF x, VF lo, VF a, VF b) {  // x >= lo ? a : b
 }
 inline float hsum(VF v) { return _mm512_reduce_add_ps(v); }
 inline float hmax(VF v) { return _mm512_reduce_max_ps(v); }
+inline bool any_nan(VF v) { return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0; }
 
 // Raw bits of W 32-bit lanes (two bf16 values per lane, or four int8).
 inline VI load_bits(const void* p) { return _mm512_loadu_si512(p); }
@@ -212,6 +213,7 @@ inline float hmax(VF v) {
   s = _mm_max_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+inline bool any_nan(VF v) { return _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0; }
 
 inline VI load_bits(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline VF cvt_f(VI v) { return _mm256_cvtepi32_ps(v); }
@@ -296,6 +298,7 @@ inline VI to_int(VF a) { return vcvtnq_s32_f32(a); }
 inline VF select_ge(VF x, VF lo, VF a, VF b) { return vbslq_f32(vcgeq_f32(x, lo), a, b); }
 inline float hsum(VF v) { return vaddvq_f32(v); }
 inline float hmax(VF v) { return vmaxvq_f32(v); }
+inline bool any_nan(VF v) { return vmaxvq_u32(vmvnq_u32(vceqq_f32(v, v))) != 0; }
 
 inline VI load_bits(const void* p) { return vld1q_s32(static_cast<const int32_t*>(p)); }
 inline VF cvt_f(VI v) { return vcvtq_f32_s32(v); }
@@ -343,12 +346,9 @@ inline VI bf16_bits(VF v) {
 
 // bf16 stores round to nearest even (NaN -> the canonical quiet NaN), like c10::BFloat16.
 inline void store(bf16* p, VF v) {
-  const VI rounded = bf16_bits(v);
+  if (!any_nan(v)) return store_halves(p, bf16_bits(v));
   alignas(64) float f[W];
   store(f, v);
-  bool nan = false;
-  for (int i = 0; i < W; ++i) nan |= f[i] != f[i];
-  if (!nan) return store_halves(p, rounded);
   for (int i = 0; i < W; ++i) p[i] = float_to_bf16(f[i]);
 }
 
