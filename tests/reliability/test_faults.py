@@ -27,15 +27,22 @@ def stream_lines(
     body: dict[str, Any],
     out: list[Any],
     opened: threading.Semaphore | None = None,
+    first: threading.Semaphore | None = None,
 ) -> None:
     """POST a streaming completion; appends (status, data lines) or the exception. Releases
-    ``opened`` once the response has started (the server holds the request)."""
+    ``opened`` once the response has started (the server holds the request) and ``first`` once
+    its first data line (a generated token) has arrived."""
     try:
         with httpx.Client(base_url=server.url, timeout=60) as c:
             with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
                 if opened is not None:
                     opened.release()
-                lines = [line for line in resp.iter_lines() if line]
+                lines = []
+                for line in resp.iter_lines():
+                    if line:
+                        lines.append(line)
+                        if first is not None and len(lines) == 1:
+                            first.release()
             out.append((resp.status_code, lines))
     except Exception as exc:
         out.append(exc)
@@ -43,17 +50,6 @@ def stream_lines(
 
 def pids_of(server: Server) -> dict[str, int]:
     return dict(httpx.get(server.url + "/get_server_info", timeout=30).json()["pids"])
-
-
-def wait_running(server: Server, num: int, timeout: float = 20.0) -> None:
-    """Until the scheduler runs ``num`` requests (and has generated for them)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = httpx.get(server.url + "/get_server_info", timeout=30).json()["scheduler"]
-        if info["num_running_reqs"] >= num and info["num_generated_tokens"] > 0:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{num} requests were not running after {timeout} s: {info}")
 
 
 def alive(pid: int) -> bool:
@@ -78,13 +74,17 @@ def test_a_dead_child_ends_the_server(rel_model_dir: Path, tmp_path: Path, child
                 resp = c.post("/v1/completions", json={"prompt": "x", "n": 16, **LONG})
                 plain.append((resp.status_code, resp.json()))
 
+        first = threading.Semaphore(0)
+        stream = (srv, {"prompt": "y", **LONG}, results, None, first)
         threads = [
-            threading.Thread(target=stream_lines, args=(srv, {"prompt": "y", **LONG}, results)),
+            threading.Thread(target=stream_lines, args=stream),
             threading.Thread(target=non_stream),
         ]
         for t in threads:
             t.start()
-        wait_running(srv, 2)  # both are generating now (a fixed sleep let a fast host finish)
+        # kill once tokens flow: polling the scheduler's state first took 2 s on a fast host,
+        # by when all 17 sequences of 900 tokens could be done
+        assert first.acquire(timeout=60), "the stream produced no token"
         os.kill(pids[child], signal.SIGKILL)
         killed = time.monotonic()
         srv.proc.wait(timeout=15)
