@@ -55,7 +55,7 @@ SOURCES = tuple(
         "bindings.cpp",
     )
 )
-HEADERS = (_DIR / "simd.h", _DIR / "gemv_lanes.h", _DIR / "gemm.h")
+HEADERS = (_DIR / "simd.h", _DIR / "gemv_lanes.h", _DIR / "linear.h")
 LDFLAGS = ("-fopenmp",)  # resolves to the libgomp torch already loaded (same soname)
 _AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c")
 _AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"})

@@ -36,7 +36,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "gemm.h"
+#include "linear.h"
 #include "simd.h"
 
 namespace {
@@ -116,19 +116,6 @@ void pack_x(const XT* x, int64_t ldx, int64_t m0, int64_t mr, int64_t K, float* 
   }
 }
 
-template <class WT, class XT>
-struct Gemm {
-  const XT* x;
-  int64_t ldx;
-  const WT* w;
-  int64_t ldw;
-  const float* scale;  // [N] for int8 weights; nullptr: none
-  const XT* bias;      // nullptr: none
-  XT* y;
-  int64_t ldy;
-  int64_t M, N, K;
-};
-
 // A buffer kept between calls (grown when a product needs more: a fresh multi-MB buffer per
 // call costs its page faults). Not zero-filled: every value is written before it is read.
 class Scratch {
@@ -154,7 +141,7 @@ class Scratch {
 // dtype. A tile is rows m.. (mr of them) x columns n.. (nr).
 template <class WT, class XT>
 struct Merge {
-  const Gemm<WT, XT>& g;
+  const Linear<WT, XT>& g;
   bool first, last;
   float* sums;  // [MR][NR]; unused when first and last
   int64_t m, n;
@@ -182,7 +169,7 @@ struct Merge {
 
 // Columns [n0, n1) for the rows of x packed in xp (tiles of MR rows from row m0, rows in all).
 template <class WT, class XT>
-void run_task(const Gemm<WT, XT>& g, const float* xp, int64_t m0, int64_t rows, int64_t n0,
+void run_task(const Linear<WT, XT>& g, const float* xp, int64_t m0, int64_t rows, int64_t n0,
               int64_t n1, Scratch& wbuf, Scratch& sbuf) {
   const int64_t passes = (g.K + KC - 1) / KC, kstep = (g.K + passes - 1) / passes;
   const int64_t tiles = (rows + MR - 1) / MR;
@@ -208,7 +195,7 @@ void run_task(const Gemm<WT, XT>& g, const float* xp, int64_t m0, int64_t rows, 
 }
 
 template <class WT, class XT>
-void run(const Gemm<WT, XT>& g) {
+void run(const Linear<WT, XT>& g) {
   const int64_t panels = (g.N + NR - 1) / NR;
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), panels));
   thread_local Scratch xbuf;
@@ -232,45 +219,14 @@ void run(const Gemm<WT, XT>& g) {
   }
 }
 
-template <class WT, class XT>
-at::Tensor run_typed(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
-                     const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& bias,
-                     int64_t M) {
-  const int64_t N = w.size(0), K = w.size(1);
-  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
-  sizes.back() = N;
-  at::Tensor y = at::empty(sizes, x.options());
-  const Gemm<WT, XT> g{static_cast<const XT*>(x.data_ptr()),
-                       ldx,
-                       static_cast<const WT*>(w.data_ptr()),
-                       N > 1 ? w.stride(0) : K,
-                       scale.has_value() ? scale->data_ptr<float>() : nullptr,
-                       bias.has_value() ? static_cast<const XT*>(bias->data_ptr()) : nullptr,
-                       static_cast<XT*>(y.data_ptr()),
-                       N,
-                       M,
-                       N,
-                       K};
-  run(g);
-  return y;
-}
-
-template <class XT>
-at::Tensor run_weight(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
-                      const std::optional<at::Tensor>& scale,
-                      const std::optional<at::Tensor>& bias, int64_t M) {
-  switch (w.scalar_type()) {
-    case at::kFloat: return run_typed<float, XT>(x, ldx, w, scale, bias, M);
-    case at::kBFloat16: return run_typed<bf16, XT>(x, ldx, w, scale, bias, M);
-    default: return run_typed<int8_t, XT>(x, ldx, w, scale, bias, M);
-  }
-}
-
 }  // namespace
 
 at::Tensor packed_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
                        const std::optional<at::Tensor>& scale,
                        const std::optional<at::Tensor>& bias, int64_t M) {
-  return x.scalar_type() == at::kBFloat16 ? run_weight<bf16>(x, ldx, w, scale, bias, M)
-                                          : run_weight<float>(x, ldx, w, scale, bias, M);
+  at::Tensor y;
+  rs::with_dtypes(w.scalar_type(), x.scalar_type(), [&](auto wt, auto xt) {
+    run(rs::linear_operands<decltype(wt), decltype(xt)>(x, ldx, w, scale, bias, M, y));
+  });
+  return y;
 }

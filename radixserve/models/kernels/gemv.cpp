@@ -25,8 +25,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "gemm.h"
 #include "gemv_lanes.h"
+#include "linear.h"
 #include "simd.h"
 
 namespace {
@@ -220,28 +220,15 @@ const float* widen_rows(const XT* x, int64_t ldx, int64_t M, int64_t K, std::vec
   }
 }
 
+// The skinny GEMM of checked operands o (x as stored: fp32 or bf16), x read by the policy its
+// weight type takes.
 template <class WT, class XT>
-at::Tensor run_typed(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
-                     const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& bias,
-                     int64_t M, int64_t min_task_bytes) {
-  const int64_t N = w.size(0), K = w.size(1);
-  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
-  sizes.back() = N;
-  at::Tensor y = at::empty(sizes, x.options());
-  const XT* xs = static_cast<const XT*>(x.data_ptr());
+void run_typed(const Linear<WT, XT>& o, int64_t min_task_bytes) {
+  const XT* xs = o.x;
+  const int64_t ldx = o.ldx, M = o.M, K = o.K;
   auto solve = [&](auto lanes, auto big, const auto* xl, int64_t ld) {
     using L = decltype(lanes);
-    const Problem<L, WT, XT> p{xl,
-                               ld,
-                               static_cast<const WT*>(w.data_ptr()),
-                               N > 1 ? w.stride(0) : K,
-                               scale.has_value() ? scale->data_ptr<float>() : nullptr,
-                               bias.has_value() ? static_cast<const XT*>(bias->data_ptr()) : nullptr,
-                               static_cast<XT*>(y.data_ptr()),
-                               N,
-                               M,
-                               N,
-                               K};
+    const Problem<L, WT, XT> p{xl, ld, o.w, o.ldw, o.scale, o.bias, o.y, o.ldy, o.M, o.N, K};
     dispatch<decltype(big)>(p, std::max<int64_t>(1, min_task_bytes));
   };
   if constexpr (std::is_same_v<WT, int8_t>) {
@@ -257,7 +244,7 @@ at::Tensor run_typed(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
     if constexpr (std::is_same_v<WT, bf16> && std::is_same_v<XT, bf16>) {
       if (one_row_tiles(M, K)) {
         solve(Pairs{}, OneRowOnly{}, xs, ldx);  // x read in place: no widening of either operand
-        return y;
+        return;
       }
     }
 #endif
@@ -265,18 +252,6 @@ at::Tensor run_typed(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
     int64_t ld = 0;
     const float* xf = widen_rows(xs, ldx, M, K, xbuf, ld);
     solve(Widen<WT>{}, WidenTiles{}, xf, ld);
-  }
-  return y;
-}
-
-template <class XT>
-at::Tensor run_weight(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
-                      const std::optional<at::Tensor>& scale,
-                      const std::optional<at::Tensor>& bias, int64_t M, int64_t min_task_bytes) {
-  switch (w.scalar_type()) {
-    case at::kFloat: return run_typed<float, XT>(x, ldx, w, scale, bias, M, min_task_bytes);
-    case at::kBFloat16: return run_typed<bf16, XT>(x, ldx, w, scale, bias, M, min_task_bytes);
-    default: return run_typed<int8_t, XT>(x, ldx, w, scale, bias, M, min_task_bytes);
   }
 }
 
@@ -317,6 +292,11 @@ std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
   const int64_t ldx = row_stride(x, K);
   if (ldx < 0) return std::nullopt;
   if (M > max_m) return packed_gemm(x, ldx, w, scale, bias, M);
-  return xt == at::kBFloat16 ? run_weight<bf16>(x, ldx, w, scale, bias, M, min_task_bytes)
-                             : run_weight<float>(x, ldx, w, scale, bias, M, min_task_bytes);
+  at::Tensor y;
+  rs::with_dtypes(wt, xt, [&](auto w_type, auto x_type) {
+    using WT = decltype(w_type);
+    using XT = decltype(x_type);
+    run_typed(rs::linear_operands<WT, XT>(x, ldx, w, scale, bias, M, y), min_task_bytes);
+  });
+  return y;
 }
