@@ -168,7 +168,9 @@ int main() {
     transpose(blk);
     for (int i = 0; i < W; ++i) {
       store(out, blk[i]);
-      for (int j = 0; j < W; ++j) expect(out[j] == rows[j][i], "transpose", i * W + j, out[j], rows[j][i]);
+      for (int j = 0; j < W; ++j) {
+        expect(out[j] == rows[j][i], "transpose", i * W + j, out[j], rows[j][i]);
+      }
     }
   }
 

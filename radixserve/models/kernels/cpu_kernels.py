@@ -13,9 +13,10 @@ products per block: :data:`TORCH_Q8` is that route's torch reference), :meth:`rm
 operations around them) to ``pointwise.cpp``. Larger products are compute-bound: on CPUs
 without native bf16, bf16 and int8 weights go to the packed GEMM of ``gemm.cpp`` (fp32 FMAs,
 the weights widened in its packing) from ``GEMM_BF16_MAX_M`` / ``GEMM_INT8_MAX_M`` rows on,
-fp32 weights to torch's GEMM beyond ``MAX_M``; elsewhere torch's GEMM takes them all. On CPUs with AMX-BF16, bf16 weights go to torch's GEMM from
-``AMX_BF16_MAX_M`` rows on and int8 weights (widened to bf16) from ``AMX_INT8_MAX_M``: its AMX
-tiles outrun the kernel's vector instructions from there.
+fp32 weights to torch's GEMM beyond ``MAX_M``; elsewhere torch's GEMM takes them all. On CPUs
+with AMX-BF16, bf16 weights go to torch's GEMM from ``AMX_BF16_MAX_M`` rows on and int8
+weights (widened to bf16) from ``AMX_INT8_MAX_M``: its AMX tiles outrun the kernel's vector
+instructions from there.
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ from radixserve.models.kernels.pointwise import apply_rotary, silu_mul, split_ro
 
 MAX_M = 128
 """Most rows of ``x`` sent to the skinny GEMM; beyond it the packed GEMM or torch's (see the
-module docstring). Measured on the AVX2 host (0.5B shape, bf16, 2 threads, quiet): a 64-token
-prefill ran at 45 tok/s with 32 here (the fp32 GEMM widens every weight per call), 105 with 64 and 99 with
-128; a 200-token prefill at 75 with 64 and 97 with 128. Batch-32 decode streams each weight
-once."""
+module docstring). Measured on the AVX2 host before the packed GEMM (0.5B shape, bf16, 2
+threads, quiet): a 64-token prefill ran at 45 tok/s with 32 here (torch's fp32 GEMM, widening
+every weight per call), 105 with 64 and 99 with 128; a 200-token prefill at 75 with 64 and 97
+with 128. Batch-32 decode streams each weight once."""
 
 AMX_BF16_MAX_M = 8
 """Most rows of ``x`` sent to the skinny GEMM with bf16 weights on a CPU with AMX-BF16 (Sapphire

@@ -26,15 +26,12 @@
 // between calls.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <new>
 #include <optional>
-#include <type_traits>
-#include <vector>
 
 #include "linear.h"
 #include "simd.h"
@@ -186,7 +183,8 @@ void run_task(const Linear<WT, XT>& g, const float* xp, int64_t m0, int64_t rows
         prefetch_w(g.w, g.ldw, n + NR, std::min<int64_t>(NR, n1 - n - NR), 0, kstep);
       }
       for (int64_t t = 0; t < tiles; ++t) {
-        const Merge<WT, XT> out{g, pc == 0, pc + kc == g.K, sp + t * MR * NR, m0 + t * MR, n};
+        float* const sums = sp ? sp + t * MR * NR : nullptr;
+        const Merge<WT, XT> out{g, pc == 0, pc + kc == g.K, sums, m0 + t * MR, n};
         const int64_t mr = std::min<int64_t>(MR, rows - t * MR);
         tile(kc, xp + t * MR * g.K + pc * MR, wp, [&](VF(&acc)[MR][NV]) { out(acc, mr, nr); });
       }
