@@ -89,19 +89,10 @@ inline void dot_tile_upto(int64_t mt, const WT* w, int64_t ldw, const typename L
   dot_tile<L, WT, R, MT>(w, ldw, x, ldx, K, out);
 }
 
-// L: how tiles read the operands (above); XT: the dtype of y and bias.
+// L: how tiles read the operands (gemv_lanes.h): x's rows as L reads them; XT: the dtype of y
+// and bias.
 template <class L, class WT, class XT>
-struct Problem {
-  const typename L::XS* x;  // rows as the policy L reads them (gemv_lanes.h)
-  int64_t ldx;
-  const WT* w;
-  int64_t ldw;
-  const float* scale;  // [N] for int8 weights; nullptr: none
-  const XT* bias;      // nullptr: none
-  XT* y;
-  int64_t ldy;
-  int64_t M, N, K;
-};
+using Problem = Linear<WT, XT, typename L::XS>;
 
 // R output columns starting at n0, all M rows, in the fewest tiles of at most MT rows, of
 // near-equal heights (M = 8 as 4 + 4, not 6 + 2: a short tile wastes the weight it re-reads).
@@ -229,7 +220,7 @@ void run_typed(const Linear<WT, XT>& o, int64_t min_task_bytes) {
   auto solve = [&](auto lanes, auto big, const auto* xl, int64_t ld) {
     using L = decltype(lanes);
     const Problem<L, WT, XT> p{xl, ld, o.w, o.ldw, o.scale, o.bias, o.y, o.ldy, o.M, o.N, K};
-    dispatch<decltype(big)>(p, std::max<int64_t>(1, min_task_bytes));
+    dispatch<decltype(big), L, WT, XT>(p, std::max<int64_t>(1, min_task_bytes));
   };
   if constexpr (std::is_same_v<WT, int8_t>) {
     std::vector<int8_t> xq;

@@ -16,10 +16,11 @@
 namespace rs {
 
 // x [M, K] (rows ldx apart), w [N, K] (rows ldw apart), scale [N] (int8 w) or nullptr, bias
-// [N] or nullptr, y [M, N] (rows ldy apart).
-template <class WT, class XT>
+// [N] or nullptr, y [M, N] (rows ldy apart). XS: what x's rows are made of, XT (as stored) unless
+// a kernel prepared them (gemv.cpp's policies read widened or Q8 rows).
+template <class WT, class XT, class XS = XT>
 struct Linear {
-  const XT* x;
+  const XS* x;
   int64_t ldx;
   const WT* w;
   int64_t ldw;
