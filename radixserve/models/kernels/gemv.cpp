@@ -35,7 +35,8 @@ using namespace rs;
 
 // One register tile: R weight rows x MT rows of x over all of K; out[m * R + r] = dot(w[r], x[m]).
 // Small tiles keep U independent accumulator sets (alternating k steps) to hide FMA latency.
-// Each cache line of the rows it streams is prefetched two row blocks ahead, once per line.
+// With L::kPrefetch > 0, each cache line of the rows it streams is prefetched that many row
+// blocks ahead, once per line.
 template <class L, class WT, int R, int MT>
 inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t ldx, int64_t K,
                      float* out) {
@@ -57,8 +58,10 @@ inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t 
   };
   int64_t k = 0;
   for (; k + S * V <= K; k += S * V) {
-    for (int l = 0; l < S * V; l += kLine) {
-      for (int r = 0; r < R; ++r) prefetch(w + (2 * R + r) * ldw + k + l);
+    if constexpr (L::kPrefetch > 0) {
+      for (int l = 0; l < S * V; l += kLine) {
+        for (int r = 0; r < R; ++r) prefetch(w + (L::kPrefetch * R + r) * ldw + k + l);
+      }
     }
 #pragma GCC unroll 16
     for (int j = 0; j < S; ++j) step(j % U, k + j * V);
