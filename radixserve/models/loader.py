@@ -15,6 +15,7 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from radixserve.models.decoder import DecoderForCausalLM
+from radixserve.models.huge_pages import move_to_huge_pages
 from radixserve.models.kernels import TORCH_ONLY, CpuKernels
 from radixserve.models.kernels._ext import best_variant, cpu_has_native_bf16
 from radixserve.models.model_config import ModelConfig
@@ -102,7 +103,8 @@ def load_model(
     ``max_positions`` bounds the RoPE table (default: ``max_position_embeddings``); ``kernels``
     is the CPU kernel choice of every layer; ``quantization="int8"`` quantizes the weights
     after loading (weight-only, per output channel); ``tp``: the tensor-parallel rank to build
-    (each keeps only its slice of the weights). Raises ``ValueError`` for a missing
+    (each keeps only its slice of the weights). On the CPU the weights end in one buffer of
+    transparent huge pages where the system allows it (``huge_pages.py``). Raises ``ValueError`` for a missing
     directory/config/weights, an unsupported architecture, dtype or quantization, or weights
     that do not match the config.
     """
@@ -123,4 +125,6 @@ def load_model(
         model.load_weights(iter_weights(files, progress))
         if quantization == "int8":
             model.quantize_int8()
+        if device.type == "cpu":
+            move_to_huge_pages(model)  # decode streams the weights: fewer TLB misses
     return model.eval(), config
