@@ -35,7 +35,7 @@ using namespace rs;
 
 // One register tile: R weight rows x MT rows of x over all of K; out[m * R + r] = dot(w[r], x[m]).
 // Small tiles keep U independent accumulator sets (alternating k steps) to hide FMA latency.
-// With L::kPrefetch > 0, each cache line of the rows it streams is prefetched that many row
+// With P = L::prefetch(MT) > 0, each cache line of the rows it streams is prefetched P row
 // blocks ahead, once per line.
 template <class L, class WT, int R, int MT>
 inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t ldx, int64_t K,
@@ -45,6 +45,7 @@ inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t 
   constexpr int V = L::kStep;
   constexpr int kLine = 64 / static_cast<int>(sizeof(WT));  // weight elements per line
   constexpr int S = U * V >= kLine ? U : kLine / V;           // steps per iteration
+  constexpr int P = L::prefetch(MT);
   VF acc[U * T];
   for (int i = 0; i < U * T; ++i) acc[i] = zero();
   auto step = [&](int u, int64_t k) {
@@ -58,9 +59,9 @@ inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t 
   };
   int64_t k = 0;
   for (; k + S * V <= K; k += S * V) {
-    if constexpr (L::kPrefetch > 0) {
+    if constexpr (P > 0) {
       for (int l = 0; l < S * V; l += kLine) {
-        for (int r = 0; r < R; ++r) prefetch(w + (L::kPrefetch * R + r) * ldw + k + l);
+        for (int r = 0; r < R; ++r) prefetch(w + (P * R + r) * ldw + k + l);
       }
     }
 #pragma GCC unroll 16
@@ -148,16 +149,21 @@ void run(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
 // int8 weight vectors take two registers each.
 constexpr int64_t kXL1Bytes = 32 * 1024;
 constexpr bool kWideRegs = kVectorRegisters >= 32;
-template <int R, int MT>
-struct Tiles {  // R x MT tiles beyond the one-row ones; R = 0: one-row tiles only
-  static constexpr int r = R, mt = MT;
+// R x MT tiles beyond the one-row ones (R = 0: one-row tiles only), which take x of at most
+// OneRowMaxM rows (and while it fits L1). Widen: 4 rows; from 5 the R x MT tiles stream more
+// (Zen 3, 2 threads, a decode pass of bf16 weights, GB/s one-row / R x MT tiles: M = 4 19.5 /
+// 19.2, 6 13.2 / 14.7, 8 10.0-10.5 / 10.8-12.7), while Q8's one-row tiles stay ahead to M = 8
+// (M = 8: 7.4-8.0 / 6.8-6.9).
+template <int R, int MT, int OneRowMaxM = 8>
+struct Tiles {
+  static constexpr int r = R, mt = MT, one_row_max_m = OneRowMaxM;
 };
-using WidenTiles = Tiles<kWideRegs ? 4 : 3, kWideRegs ? 6 : 4>;
+using WidenTiles = Tiles<kWideRegs ? 4 : 3, kWideRegs ? 6 : 4, 4>;
 using Q8Tiles = Tiles<kWideRegs ? 4 : 2, 4>;
 using OneRowOnly = Tiles<0, 0>;
 
-bool one_row_tiles(int64_t M, int64_t K) {  // x as fp32 fits L1
-  return M <= 8 && M * K * static_cast<int64_t>(sizeof(float)) <= kXL1Bytes;
+bool one_row_tiles(int64_t M, int64_t K, int64_t max_m) {  // x as fp32 fits L1
+  return M <= max_m && M * K * static_cast<int64_t>(sizeof(float)) <= kXL1Bytes;
 }
 
 // Big = OneRowOnly: a policy run in one-row tiles only (the caller checked one_row_tiles). A single row
@@ -169,7 +175,9 @@ bool one_row_tiles(int64_t M, int64_t K) {  // x as fp32 fits L1
 template <class Big, class L, class WT, class XT>
 void dispatch(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
   if constexpr (Big::r > 0) {
-    if (!one_row_tiles(p.M, p.K)) return run<L, WT, XT, Big::r, Big::mt>(p, min_task_bytes);
+    if (!one_row_tiles(p.M, p.K, Big::one_row_max_m)) {
+      return run<L, WT, XT, Big::r, Big::mt>(p, min_task_bytes);
+    }
   }
   if (p.M == 1 && p.K * static_cast<int64_t>(sizeof(WT)) >= 4096) {
     return run<L, WT, XT, 4, 1>(p, min_task_bytes);
@@ -236,7 +244,7 @@ void run_typed(const Linear<WT, XT>& o, int64_t min_task_bytes) {
     // the R x 6 tiles of M >= 16 (not explained: twice the multiply-adds per instruction bought
     // nothing there), so it runs in the one-row tiles only.
     if constexpr (std::is_same_v<WT, bf16> && std::is_same_v<XT, bf16>) {
-      if (one_row_tiles(M, K)) {
+      if (one_row_tiles(M, K, OneRowOnly::one_row_max_m)) {
         solve(Pairs{}, OneRowOnly{}, xs, ldx);  // x read in place: no widening of either operand
         return;
       }
