@@ -9,13 +9,14 @@ thing for every allocation behind its ``THP_MEM_ALLOC_ENABLE`` environment varia
 for it for the weights only, the memory that is streamed.)
 
 The buffer is a private anonymous ``mmap`` advised ``MADV_HUGEPAGE`` (a shared one would be
-shmem, which THP leaves alone by default). That works under the kernel's
-``madvise`` and ``always`` THP modes. Where the advice is refused (``never`` mode, a kernel
-without THP, a platform without ``madvise``), the weights stay where they are.
+shmem, which THP leaves alone by default). That works under the kernel's ``madvise`` and
+``always`` THP modes. Where the advice is refused (``never`` mode, a kernel without THP, a
+platform without ``madvise``), the weights stay where they are.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 
 import torch
@@ -61,29 +62,37 @@ def _tensors(module: nn.Module) -> list[tuple[str, torch.Tensor, bool]]:
 def move_to_huge_pages(model: nn.Module) -> int:
     """Copy every parameter and buffer of ``model`` that is the whole of its CPU storage (and
     the only kind of view of it the model holds) into one huge-page buffer and point the
-    modules at the copies. Each storage is copied once, so tied weights stay tied. Returns the bytes moved; 0 when nothing was (no such tensor, or the
-    system refused huge pages). Call it after loading and quantizing, before serving."""
-    every = [(module, *entry) for module in model.modules() for entry in _tensors(module)]
-    # A storage that some tensor views only in part stays: moving it would split the aliases.
-    pinned = {t.untyped_storage().data_ptr() for *_, t, _ in every if not _movable(t)}
-    owned = [  # keyed by the storage's address, taken before anything moves
-        (module, name, t, is_param, key)
-        for module, name, t, is_param in every
-        if _movable(t) and (key := t.untyped_storage().data_ptr()) not in pinned
-    ]
+    modules at the copies. Each storage is copied once, so tied weights stay tied, and each
+    old one is freed once the last module holding it points at the copy (the peak is the
+    weights plus about one tensor). Returns the bytes moved; 0 when nothing was (no such
+    tensor, or the system refused huge pages). Call it after loading and quantizing."""
+    entries = []  # (module, name, is a parameter, storage address): no tensor is held here
+    pinned = set()  # storages that some tensor views only in part: moving them would split it
+    sizes: dict[int, int] = {}
+    for module in model.modules():
+        for name, t, is_param in _tensors(module):
+            key = t.untyped_storage().data_ptr()
+            if _movable(t):
+                entries.append((module, name, is_param, key))
+                sizes[key] = t.untyped_storage().nbytes()
+            else:
+                pinned.add(key)
     offsets: dict[int, int] = {}  # storage address -> its offset in the buffer
     total = 0
-    for _, _, t, _, key in owned:
-        if key not in offsets:
+    for key, nbytes in sizes.items():
+        if key not in pinned:
             offsets[key] = total
-            total += -(-t.untyped_storage().nbytes() // ALIGN) * ALIGN
+            total += -(-nbytes // ALIGN) * ALIGN
     buffer = huge_page_buffer(total)
     if buffer is None:
         return 0
     copied: set[int] = set()
-    for module, name, t, is_param, key in owned:
+    for module, name, is_param, key in entries:
+        if key not in offsets:
+            continue
+        t = getattr(module, name)  # a tied Parameter seen before already points at its copy
         start = offsets[key]
-        copy = buffer[start : start + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+        copy = buffer[start : start + sizes[key]].view(t.dtype).view(t.shape)
         if key not in copied:
             copy.copy_(t)
             copied.add(key)
@@ -91,4 +100,15 @@ def move_to_huge_pages(model: nn.Module) -> int:
             t.data = copy  # the same Parameter object: every module that ties it sees the copy
         else:
             setattr(module, name, copy)
+    _return_freed_heap()
     return total
+
+
+def _return_freed_heap() -> None:
+    """Hand the heap pages the old copies leave free back to the system (glibc's
+    ``malloc_trim``). Tensors of up to 32 MiB live on glibc's heap, which keeps freed pages
+    mapped: after moving the int8 weights of a 0.5B model the process held 190 MB more than
+    before, and none after this. Elsewhere (no glibc) it does nothing."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)

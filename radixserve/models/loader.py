@@ -104,9 +104,9 @@ def load_model(
     is the CPU kernel choice of every layer; ``quantization="int8"`` quantizes the weights
     after loading (weight-only, per output channel); ``tp``: the tensor-parallel rank to build
     (each keeps only its slice of the weights). On the CPU the weights end in one buffer of
-    transparent huge pages where the system allows it (``huge_pages.py``). Raises ``ValueError`` for a missing
-    directory/config/weights, an unsupported architecture, dtype or quantization, or weights
-    that do not match the config.
+    transparent huge pages where the system allows it (``huge_pages.py``). Raises
+    ``ValueError`` for a missing directory/config/weights, an unsupported architecture, dtype
+    or quantization, or weights that do not match the config.
     """
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(
