@@ -13,6 +13,7 @@ reordering error; a wrong element is off by O(|ref|)).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -199,18 +200,23 @@ def test_torch_only_is_the_reference() -> None:
     assert (err <= scale[:, None] / 2 + 1e-7).all()  # round to nearest, per-channel scale
 
 
+def on_one_and_many_threads(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fn()`` on 1 intra-op thread, then on at least 2 (torch's count restored after)."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = fn()
+        torch.set_num_threads(max(2, before))
+        return one, fn()
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_threads_split_is_deterministic(variant_kernels: CpuKernels) -> None:
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(1000, 896, generator=gen).to(torch.bfloat16)
     x = torch.randn(4, 896, generator=gen).to(torch.bfloat16)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = variant_kernels.linear(x, w)
-        torch.set_num_threads(max(2, before))
-        many = variant_kernels.linear(x, w)
-    finally:
-        torch.set_num_threads(before)
+    one, many = on_one_and_many_threads(lambda: variant_kernels.linear(x, w))
     assert torch.equal(one, many)  # each output element is summed in one fixed order
 
 
@@ -267,14 +273,9 @@ def test_packed_gemm_layouts_routing_and_threads(variant_kernels: CpuKernels) ->
         )
     x32 = x.float()
     assert torch.equal(k.linear(x32, w.float()), F.linear(x32, w.float()))
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = k.module.try_linear(x, w, None, None, MAX_M, 1, True)
-        torch.set_num_threads(max(2, before))
-        many = k.module.try_linear(x, w, None, None, MAX_M, 1, True)
-    finally:
-        torch.set_num_threads(before)
+    one, many = on_one_and_many_threads(
+        lambda: k.module.try_linear(x, w, None, None, MAX_M, 1, True)
+    )
     assert torch.equal(one, many)
 
 
