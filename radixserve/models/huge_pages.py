@@ -67,7 +67,7 @@ def move_to_huge_pages(model: nn.Module) -> int:
     weights plus about one tensor). Returns the bytes moved; 0 when nothing was (no such
     tensor, or the system refused huge pages). Call it after loading and quantizing."""
     entries = []  # (module, name, is a parameter, storage address): no tensor is held here
-    pinned = set()  # storages that some tensor views only in part: moving them would split it
+    pinned = set()  # storages some tensor views only in part: a move would split the aliases
     sizes: dict[int, int] = {}
     for module in model.modules():
         for name, t, is_param in _tensors(module):

@@ -150,7 +150,7 @@ void run(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
 constexpr int64_t kXL1Bytes = 32 * 1024;
 constexpr bool kWideRegs = kVectorRegisters >= 32;
 // R x MT tiles beyond the one-row ones (R = 0: one-row tiles only), which take x of at most
-// OneRowMaxM rows (and while it fits L1). Widen: 4 rows; from 5 the R x MT tiles stream more
+// OneRowMaxM rows (and while it fits L1). Widen: 4 rows; beyond, the R x MT tiles stream more
 // (Zen 3, 2 threads, a decode pass of bf16 weights, GB/s one-row / R x MT tiles: M = 4 19.5 /
 // 19.2, 6 13.2 / 14.7, 8 10.0-10.5 / 10.8-12.7), while Q8's one-row tiles stay ahead to M = 8
 // (M = 8: 7.4-8.0 / 6.8-6.9).
