@@ -17,37 +17,12 @@ from tqdm.auto import tqdm
 from radixserve.models.decoder import DecoderForCausalLM
 from radixserve.models.huge_pages import move_to_huge_pages
 from radixserve.models.kernels import TORCH_ONLY, CpuKernels
-from radixserve.models.kernels._ext import best_variant, cpu_has_native_bf16
 from radixserve.models.model_config import ModelConfig
+from radixserve.models.numerics import resolve_dtype
 from radixserve.models.parallel import SINGLE, TPGroup
 from radixserve.models.registry import get_model_class
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 QUANTIZATIONS = ("int8",)
-
-
-def resolve_dtype(
-    name: str | torch.dtype, device: torch.device | str, kernels: CpuKernels | None = None
-) -> torch.dtype:
-    """``float32`` / ``bfloat16`` / ``float16`` / ``auto`` -> a torch dtype.
-
-    ``auto`` is bfloat16 on CUDA, on CPUs with native bf16 (2-3x float32 GEMM there) and on CPUs
-    whose dense kernels widen bf16 storage in registers (``kernels.dense``; without ``kernels``:
-    any CPU with a kernel variant), where decode streams half the bytes of float32; float32 on
-    other CPUs. ``ValueError`` for any other name.
-    """
-    if isinstance(name, torch.dtype):
-        return name
-    if name == "auto":
-        if torch.device(device).type == "cuda" or cpu_has_native_bf16():
-            return torch.bfloat16
-        widened = kernels.dense if kernels is not None else best_variant() is not None
-        return torch.bfloat16 if widened else torch.float32
-    if name not in _DTYPES:
-        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {name!r}")
-    return _DTYPES[name]
 
 
 def safetensors_files(model_dir: str | Path) -> list[Path]:

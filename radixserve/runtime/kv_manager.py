@@ -22,78 +22,20 @@ with the overlap loop it runs while the previous batch computes).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from radixserve.config import EngineConfig
-from radixserve.memory_pool import (
-    KVCache,
-    ReqToTokenPool,
-    TokenToKVPoolAllocator,
-    num_slots_for_budget,
-)
-from radixserve.models.kernels import CpuKernels
-from radixserve.models.model_config import ModelConfig
-from radixserve.models.parallel import check_tp_shapes, local_num_kv_heads
+from radixserve.memory_pool import KVCache, ReqToTokenPool, TokenToKVPoolAllocator
 from radixserve.policy import Admission
 from radixserve.radix import PrefixCache
 from radixserve.radix.base import MatchResult
 from radixserve.radix.tier_index import save_index
 from radixserve.radix.tiered_cache import TieredRadixCache
-from radixserve.runtime.model_runner import cpu_kernels_for, model_dtype
+from radixserve.runtime.kv_layout import KVLayout
 from radixserve.runtime.prefix_cache_builder import build_prefix_cache
 from radixserve.types import Req
-
-
-@dataclass(frozen=True, slots=True)
-class KVLayout:
-    """What sizes the pools: the model's KV shape (one tensor-parallel rank's KV heads), the
-    dtype, the device, the context length."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-    device: torch.device
-    max_context_len: int
-
-    @classmethod
-    def from_config(cls, config: EngineConfig, cpu_kernels: CpuKernels | None = None) -> KVLayout:
-        """Read the checkpoint's ``config.json`` (no weights). The dtype is the model's, which
-        under ``auto`` depends on the CPU kernels (default: ``cpu_kernels_for(config)``)."""
-        if config.model_path is None:
-            raise ValueError("the engine needs config.model_path (a local checkpoint directory)")
-        mc = ModelConfig.from_dir(config.model_path)
-        check_tp_shapes(mc, config.tp_size)
-        kernels = cpu_kernels if cpu_kernels is not None else cpu_kernels_for(config)
-        return cls(
-            mc.num_layers,
-            local_num_kv_heads(mc.num_kv_heads, config.tp_size),
-            mc.head_dim,
-            model_dtype(config, kernels),
-            torch.device(config.device),
-            config.max_context_len or mc.max_position_embeddings,
-        )
-
-
-def num_kv_slots(config: EngineConfig, layout: KVLayout) -> int:
-    """Slots of the pool: ``max_total_tokens`` usable slots rounded up to whole pages plus the
-    reserved padding page, or as many as ``kv_cache_bytes`` holds."""
-    page = config.page_size
-    if config.max_total_tokens is not None:
-        if config.max_total_tokens < 1:
-            raise ValueError("max_total_tokens must be >= 1")
-        return (-(-config.max_total_tokens // page) + 1) * page
-    return num_slots_for_budget(
-        config.kv_cache_bytes,
-        layout.num_layers,
-        layout.num_kv_heads,
-        layout.head_dim,
-        layout.dtype,
-        page,
-    )
 
 
 class KVManager:
@@ -115,17 +57,8 @@ class KVManager:
     def build(cls, config: EngineConfig, layout: KVLayout | None = None) -> KVManager:
         """The pools of ``config``'s model: K/V buffers, request rows, the allocator, the tree."""
         layout = layout or KVLayout.from_config(config)
-        slots = num_kv_slots(config, layout)
-        kv_cache = KVCache(
-            layout.num_layers,
-            slots,
-            layout.num_kv_heads,
-            layout.head_dim,
-            layout.dtype,
-            layout.device,
-        )
-        rows = ReqToTokenPool(config.max_running_requests, layout.max_context_len, layout.device)
-        allocator = TokenToKVPoolAllocator(slots, config.page_size, layout.device)
+        kv_cache, rows = layout.build_pools(config)
+        allocator = TokenToKVPoolAllocator(kv_cache.num_slots, config.page_size, layout.device)
         return cls(rows, allocator, build_prefix_cache(config, kv_cache), kv_cache)
 
     # ---- queries -------------------------------------------------------------------------

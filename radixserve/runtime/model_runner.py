@@ -21,8 +21,9 @@ from radixserve.config import EngineConfig
 from radixserve.memory_pool import KVCache, ReqToTokenPool
 from radixserve.models.attention.registry import create_attention_backend
 from radixserve.models.forward_batch import ForwardBatch
-from radixserve.models.kernels import TORCH_ONLY, CpuKernels
-from radixserve.models.loader import load_model, resolve_dtype
+from radixserve.models.kernels import CpuKernels
+from radixserve.models.loader import load_model
+from radixserve.models.numerics import cpu_kernels_for, model_dtype
 from radixserve.models.parallel import SINGLE, TPGroup
 from radixserve.runtime.tp_batch import BatchSender
 from radixserve.runtime.tp_ranks import TensorParallelRanks
@@ -42,23 +43,6 @@ class LogitsOutput:
 
     next_token_logits: torch.Tensor
     input_token_logprobs: list[torch.Tensor | None] | None = None
-
-
-def cpu_kernels_for(config: EngineConfig) -> CpuKernels:
-    """The CPU kernels a model of ``config`` runs with: this CPU's best variant (built or
-    loaded now, not on the first step), or the torch paths (CUDA, switched off, no compiler)."""
-    if torch.device(config.device).type != "cpu":
-        return TORCH_ONLY
-    return CpuKernels.build(
-        config.cpu_isa,
-        dense=not config.disable_cpu_linear_kernel,
-        attention=not config.disable_cpu_attention_kernel,
-    )
-
-
-def model_dtype(config: EngineConfig, cpu_kernels: CpuKernels) -> torch.dtype:
-    """The one dtype of the weights and the KV cache (``auto`` depends on the kernels)."""
-    return resolve_dtype(config.dtype, config.device, cpu_kernels)
 
 
 class ModelRunner:

@@ -2,8 +2,9 @@
 
 Rank 0 is the process of the scheduler (the Engine's, or the server's scheduler process). It
 starts ranks ``1 .. tp_size - 1`` with ``torch.multiprocessing`` (spawn: a fresh interpreter
-each, running :func:`radixserve.runtime.tp_worker.run_tp_worker`), and all ranks meet on a
-``TCPStore`` that rank 0 hosts on a free local port. Each rank then builds two c10d backends
+each, running :func:`radixserve.runtime.tp_worker.run_tp_worker`, which the caller of
+:meth:`TensorParallelRanks.start` hands in), and all ranks meet on a ``TCPStore`` that rank 0
+hosts on a free local port. Each rank then builds two c10d backends
 (no default process group, so nothing process-wide and several engines per process are fine):
 
 - ``control``: gloo, CPU tensors, for the batch broadcast (``tp_batch.py``). The other ranks
@@ -24,6 +25,7 @@ import datetime
 import logging
 import os
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -42,6 +44,8 @@ STARTUP_TIMEOUT_S = 600.0  # a rank's start (interpreter, torch) and, separately
 STOP_TIMEOUT_S = 5.0
 _CONTROL_WAIT = datetime.timedelta(days=365)  # the other ranks wait for batches while rank 0 idles
 JOINING, LOADED = "joining", "loaded"  # the handshake messages of a rank through its pipe
+# a rank's process: (config, rank, store port, its end of the handshake pipe, rank 0's pid)
+RankEntry = Callable[[EngineConfig, int, int, Connection, int], None]
 
 
 class TPStartupError(RuntimeError):
@@ -104,10 +108,9 @@ class TensorParallelRanks:
         return self.groups.control
 
     @classmethod
-    def start(cls, config: EngineConfig) -> TensorParallelRanks:
-        """Spawn ranks ``1 .. tp_size - 1`` and join the groups with them."""
-        from radixserve.runtime.tp_worker import run_tp_worker
-
+    def start(cls, config: EngineConfig, entry: RankEntry) -> TensorParallelRanks:
+        """Spawn ranks ``1 .. tp_size - 1``, each running ``entry`` (``run_tp_worker``: the
+        caller hands it in, since that process imports this module), and join the groups."""
         size = config.tp_size
         store = dist.TCPStore(
             "127.0.0.1",
@@ -124,7 +127,7 @@ class TensorParallelRanks:
             for rank in range(1, size):
                 reader, writer = ctx.Pipe(duplex=False)
                 proc = ctx.Process(
-                    target=run_tp_worker,
+                    target=entry,
                     args=(config, rank, store.port, writer, os.getpid()),
                     name=f"radixserve-tp{rank}",
                     daemon=True,

@@ -22,9 +22,9 @@ from types import FrameType
 import torch.distributed as dist
 
 from radixserve.config import EngineConfig
-from radixserve.memory_pool import KVCache, ReqToTokenPool
-from radixserve.runtime.kv_manager import KVLayout, num_kv_slots
-from radixserve.runtime.model_runner import ModelRunner, cpu_kernels_for
+from radixserve.models.numerics import cpu_kernels_for
+from radixserve.runtime.kv_layout import KVLayout
+from radixserve.runtime.model_runner import ModelRunner
 from radixserve.runtime.tp_batch import BatchReceiver
 from radixserve.runtime.tp_ranks import (
     JOINING,
@@ -65,15 +65,7 @@ def run_tp_worker(
     try:
         kernels = cpu_kernels_for(config)
         layout = KVLayout.from_config(config, kernels)
-        kv_cache = KVCache(
-            layout.num_layers,
-            num_kv_slots(config, layout),
-            layout.num_kv_heads,
-            layout.head_dim,
-            layout.dtype,
-            layout.device,
-        )
-        rows = ReqToTokenPool(config.max_running_requests, layout.max_context_len, layout.device)
+        kv_cache, rows = layout.build_pools(config)
         runner = ModelRunner(config, kv_cache, rows, kernels, tp=groups.group)
     except Exception:
         ready.send(traceback.format_exc())

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from radixserve.config import EngineConfig
-from radixserve.runtime.kv_manager import KVLayout, KVManager
-from radixserve.runtime.model_runner import ModelRunner, cpu_kernels_for
+from radixserve.models.numerics import cpu_kernels_for
+from radixserve.runtime.kv_layout import KVLayout
+from radixserve.runtime.kv_manager import KVManager
+from radixserve.runtime.model_runner import ModelRunner
 from radixserve.runtime.model_worker import ModelWorker
 from radixserve.runtime.tp_ranks import TensorParallelRanks
+from radixserve.runtime.tp_worker import run_tp_worker
 
 
 def build_model_worker(
@@ -18,7 +21,7 @@ def build_model_worker(
     cpu_kernels = cpu_kernels_for(config)  # the dtype of pools and model depends on it
     kv = kv or KVManager.build(config, KVLayout.from_config(config, cpu_kernels))
     assert kv.kv_cache is not None, "a model worker needs the KV buffers"
-    ranks = TensorParallelRanks.start(config) if config.tp_size > 1 else None
+    ranks = TensorParallelRanks.start(config, run_tp_worker) if config.tp_size > 1 else None
     try:
         runner = ModelRunner(config, kv.kv_cache, kv.req_to_token_pool, cpu_kernels, tp_ranks=ranks)
     except BaseException:

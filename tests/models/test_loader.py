@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from radixserve.models import loader
+from radixserve.models import loader, numerics
 from radixserve.models.kernels import TORCH_ONLY
 from radixserve.models.loader import load_model, resolve_dtype, safetensors_files
 
@@ -113,12 +113,12 @@ def test_resolve_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_dtype("float32", "cpu") is torch.float32
     assert resolve_dtype("float16", "cpu") is torch.float16
     assert resolve_dtype("auto", "cuda") is torch.bfloat16
-    monkeypatch.setattr(loader, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(numerics, "cpu_has_native_bf16", lambda: True)
     assert resolve_dtype("auto", "cpu") is torch.bfloat16
-    monkeypatch.setattr(loader, "cpu_has_native_bf16", lambda: False)
-    monkeypatch.setattr(loader, "best_variant", lambda: None)  # no kernels for this CPU
+    monkeypatch.setattr(numerics, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(numerics, "best_variant", lambda: None)  # no kernels for this CPU
     assert resolve_dtype("auto", "cpu") is torch.float32
-    monkeypatch.setattr(loader, "best_variant", lambda: "avx2")  # bf16 storage, fp32 math
+    monkeypatch.setattr(numerics, "best_variant", lambda: "avx2")  # bf16 storage, fp32 math
     assert resolve_dtype("auto", "cpu") is torch.bfloat16
     assert resolve_dtype("auto", "cpu", TORCH_ONLY) is torch.float32  # kernels switched off
     with pytest.raises(ValueError, match="dtype"):
@@ -136,7 +136,7 @@ def test_int8_quantization_at_load(tiny_model_dirs: dict[str, Path]) -> None:
 
 def test_cpu_bf16_detection_reads_cpuinfo() -> None:
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    assert loader.cpu_has_native_bf16() == ("avx512_bf16" in flags or "amx_bf16" in flags)
+    assert numerics.cpu_has_native_bf16() == ("avx512_bf16" in flags or "amx_bf16" in flags)
 
 
 def test_bfloat16_load_converts(tiny_model_dirs: dict[str, Path]) -> None:
