@@ -4,15 +4,9 @@
 See ``docs/structured_output.md``.
 """
 
-from radixserve.runtime.grammar.backend import (
-    GrammarBackend,
-    GrammarFactory,
-    GrammarKey,
-    GrammarMatcher,
-    check_grammar,
-    create_grammar_backend,
-)
+from radixserve.runtime.grammar.backend import GrammarBackend, GrammarKey, GrammarMatcher
 from radixserve.runtime.grammar.bitmask import apply_bitmask, fill_batch_bitmask
+from radixserve.runtime.grammar.factory import GrammarFactory, check_grammar, create_grammar_backend
 from radixserve.runtime.grammar.req_grammar import ReqGrammar
 
 __all__ = [

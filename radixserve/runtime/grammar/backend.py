@@ -1,16 +1,16 @@
 """The grammar plug point: a :class:`GrammarBackend` compiles a grammar once (cached by its
 key) and makes a :class:`GrammarMatcher` per request.
 
-One implementation, on llguidance (``llguidance_backend.py``; why in
-``docs/structured_output.md``). The library is an optional extra, imported lazily: without it
-a constrained request is a ``ValueError`` (HTTP 400) that says how to install it.
+This module is the protocol alone: it imports no implementation. The one implementation is on
+llguidance (``llguidance_backend.py``; why in ``docs/structured_output.md``), chosen and
+imported lazily by ``factory.py``.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -18,7 +18,6 @@ import torch
 # (kind, source): kind is "regex", "json_schema", "ebnf" or "json_object" (source ignored)
 GrammarKey = tuple[str, str]
 KINDS = ("regex", "json_schema", "ebnf", "json_object")
-MISSING = "structured output needs `pip install radixserve[structured]` (llguidance)"
 
 
 class GrammarMatcher(Protocol):
@@ -83,46 +82,3 @@ class CompileCache:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-
-def create_grammar_backend(
-    tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int]
-) -> GrammarBackend:
-    """The llguidance backend for ``tokenizer`` (a Hugging Face fast tokenizer) and the model's
-    ``vocab_size`` (which may exceed the tokenizer's); ``ValueError`` if it cannot be built."""
-    if tokenizer is None:
-        raise ValueError("structured output needs a tokenizer: this engine has none")
-    try:
-        from radixserve.runtime.grammar.llguidance_backend import LLGuidanceBackend
-    except ImportError:
-        raise ValueError(MISSING) from None
-    return LLGuidanceBackend(tokenizer, vocab_size, eos_token_ids)
-
-
-def check_grammar(key: GrammarKey) -> None:
-    """Validate ``key`` without a tokenizer (the edge's check, before the request is queued):
-    ``ValueError`` that says what is wrong."""
-    try:
-        from radixserve.runtime.grammar.llguidance_backend import grammar_source
-    except ImportError:
-        raise ValueError(MISSING) from None
-    grammar_source(key)
-
-
-class GrammarFactory:
-    """The scheduler's grammars: a request's :class:`ReqGrammar` from its key, the backend
-    built by the first request that has one (a server without any never imports it)."""
-
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int]) -> None:
-        self._args = (tokenizer, vocab_size, frozenset(eos_token_ids))
-        self.backend: GrammarBackend | None = None
-
-    def for_key(self, key: GrammarKey | None) -> Any:
-        """``None`` without a key; ``ValueError`` for a grammar this tokenizer cannot run."""
-        if key is None:
-            return None
-        from radixserve.runtime.grammar.req_grammar import ReqGrammar
-
-        if self.backend is None:
-            self.backend = create_grammar_backend(*self._args)
-        return ReqGrammar(self.backend.matcher(self.backend.compile(key)))
