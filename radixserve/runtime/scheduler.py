@@ -382,7 +382,8 @@ class Scheduler:
         self.kv.check_integrity(self.reqs.values())
 
     def get_stats(self) -> dict[str, Any]:
-        return self.stats.snapshot(self)
+        num_running = len(self.running) + (self.chunked_req is not None)
+        return self.stats.snapshot(self.kv, num_running, len(self.waiting), self.new_token_ratio)
 
     def check_alive(self) -> None:
         """``RuntimeError`` if the model cannot run any more (a tensor-parallel rank died)."""

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from radixserve.policy import Admission
+    from radixserve.runtime.kv_manager import KVManager
     from radixserve.runtime.schedule_batch import ScheduleBatch
-    from radixserve.runtime.scheduler import Scheduler
 
 
 @dataclass
@@ -54,14 +54,17 @@ class SchedulerStats:
         total = self.num_prefill_tokens + self.num_cached_tokens
         return self.num_cached_tokens / total if total else 0.0
 
-    def snapshot(self, scheduler: Scheduler) -> dict[str, Any]:
-        kv = scheduler.kv
+    def snapshot(
+        self, kv: KVManager, num_running: int, num_waiting: int, new_token_ratio: float
+    ) -> dict[str, Any]:
+        """The figures of ``/get_server_info``: these counters, ``kv``'s memory, and what the
+        scheduler reports of its queues (a chunked request counts as running)."""
         capacity = kv.allocator.capacity
         free = kv.allocator.available_size()
         cached = kv.tree.total_size()
         return {
-            "num_running_reqs": len(scheduler.running) + (scheduler.chunked_req is not None),
-            "num_waiting_reqs": len(scheduler.waiting),
+            "num_running_reqs": num_running,
+            "num_waiting_reqs": num_waiting,
             "max_total_tokens": capacity,
             "num_free_tokens": free,
             "num_cached_tokens_in_tree": cached,
@@ -81,7 +84,7 @@ class SchedulerStats:
             "num_decode_batches": self.num_decode_batches,
             "num_jump_batches": self.num_jump_batches,
             "num_jumped_tokens": self.num_jumped_tokens,
-            "new_token_ratio": scheduler.new_token_ratio,
+            "new_token_ratio": new_token_ratio,
             "uptime_s": self.clock() - self.started_at,
         }
 
