@@ -1,5 +1,5 @@
 import sys
 
-from radixserve.api.cli import main
+from radixserve.cli import main
 
 sys.exit(main())

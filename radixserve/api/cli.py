@@ -1,4 +1,6 @@
-"""``radixserve`` command line: ``radixserve serve`` (also ``python -m radixserve serve``)."""
+"""The server's command line: ``radixserve serve`` (the parser of its sub-command, the
+``ServerConfig`` it makes, and running it). The ``radixserve`` command itself, which adds
+``bench`` and ``sim`` beside it, is :mod:`radixserve.cli`."""
 
 from __future__ import annotations
 
@@ -6,8 +8,8 @@ import argparse
 import gc
 import logging
 import os
-import re
 import sys
+from typing import Any
 
 from radixserve.config import (
     KV_TIER_WRITE_POLICIES,
@@ -18,6 +20,7 @@ from radixserve.config import (
     ServerConfig,
     default_model_dir,
 )
+from radixserve.units import parse_size
 
 logger = logging.getLogger("radixserve.cli")
 _DEFAULTS = EngineConfig()
@@ -25,10 +28,16 @@ DEFAULT_MODEL_KV_TOKENS = 65536
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The server's parser: ``serve`` alone (``radixserve.cli.build_parser`` has every command)."""
     parser = argparse.ArgumentParser(
         prog="radixserve", description="SGLang-style LLM serving runtime"
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    add_serve_parser(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
+    """Adds ``serve`` and its flags to the ``radixserve`` sub-parsers ``sub``."""
     serve = sub.add_parser(
         "serve",
         help="start the HTTP server (native /generate and OpenAI-compatible routes)",
@@ -165,13 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="log level of all three processes",
     )
     from radixserve.api.data_parallel import add_arguments as add_data_parallel_arguments
-    from radixserve.bench.cli import add_bench_parser
-    from radixserve.sim.cli import add_sim_parser
 
     add_data_parallel_arguments(serve)
-    add_bench_parser(sub)
-    add_sim_parser(sub)
-    return parser
+    return serve
 
 
 def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
@@ -265,32 +270,13 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-def parse_size(text: str) -> int:
-    """``8GB``, ``512MiB``, ``1.5G`` or plain bytes -> bytes (an argparse type): K, M, G, T are
-    powers of 1000, KiB, MiB, GiB, TiB of 1024."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*(?:([KMGT])(I?))?B?\s*", text.upper())
-    if m is None:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 8GB, 512MiB)")
-    number, prefix, binary = m.groups()
-    factor = (1024 if binary else 1000) ** (" KMGT".index(prefix) if prefix else 0)
-    size = int(float(number) * factor)
-    if size <= 0:
-        raise argparse.ArgumentTypeError(f"a size must be > 0: {text!r}")
-    return size
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "bench":
-        from radixserve.bench.cli import run as run_bench
+    """``radixserve serve ...`` alone; the exit code."""
+    return run(build_parser().parse_args(argv))
 
-        return run_bench(args)
-    if args.command == "sim":
-        from radixserve.sim.cli import run as run_sim
 
-        return run_sim(args)
-    if args.command != "serve":
-        return 1
+def run(args: argparse.Namespace) -> int:
+    """Runs ``radixserve serve ...`` from its parsed arguments; the exit code (2: bad input)."""
     from radixserve.server.ipc import LOG_FORMAT
 
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from radixserve.bench.workload import MULTITURN_SHAPES, SHARED_PREFIX_SHAPES
+from radixserve.units import parse_size
 
 POLICY_SWEEP = ("fcfs", "lpm", "dfs-weight")
 
@@ -22,12 +23,6 @@ def _range(text: str) -> tuple[int, int]:
         return int(lo), int(hi or lo)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected N or LO-HI, got {text!r}") from None
-
-
-def _size(text: str) -> int:
-    from radixserve.api.cli import parse_size
-
-    return parse_size(text)
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -114,7 +109,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
     add(
         "--kv-tier-size",
-        type=_size,
+        type=parse_size,
         default=None,
         metavar="SIZE",
         help="the tier's size, e.g. 2GB or 512MiB (default: the runtime's, twice the pool)",

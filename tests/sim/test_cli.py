@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.api.cli import main
+from radixserve.cli import main
 
 
 def test_sim_run_sweep_writes_table_json_and_png(
