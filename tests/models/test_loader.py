@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from radixserve.models import loader, numerics
+from radixserve.models import numerics
 from radixserve.models.kernels import TORCH_ONLY
 from radixserve.models.loader import load_model, resolve_dtype, safetensors_files
 
