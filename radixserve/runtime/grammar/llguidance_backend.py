@@ -10,10 +10,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import llguidance
-import llguidance.hf
 import torch
 
 from radixserve.runtime.grammar.backend import KINDS, CompileCache, GrammarKey
+from radixserve.runtime.grammar.llguidance_tokenizer import llguidance_tokenizer
 
 # JSON is written compactly with a fixed layout, so that keys and punctuation are forced
 # (jump-forward skips them) and every output parses with json.loads
@@ -69,7 +69,8 @@ class LLGuidanceMatcher:
         return bool(self._m.is_stopped())
 
     def forced_tokens(self) -> list[int]:
-        return list(self._m.compute_ff_tokens())
+        forced = list(self._m.compute_ff_tokens())
+        return forced[: self._m.validate_tokens(forced)]  # only what the matcher will accept
 
     def rollback(self, num_tokens: int) -> None:
         self._m.rollback(num_tokens)
@@ -82,8 +83,7 @@ class LLGuidanceBackend:
     """Grammars for one tokenizer; ``vocab_size`` is the model's (the bitmask's width)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int]) -> None:
-        eos = sorted(eos_token_ids) or None
-        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos)
+        self.tokenizer = llguidance_tokenizer(tokenizer, vocab_size, eos_token_ids)
         self.vocab_size = vocab_size
         self._cache = CompileCache(grammar_source)
 

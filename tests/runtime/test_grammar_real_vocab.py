@@ -1,0 +1,114 @@
+"""Grammars over real checkpoints' vocabularies (Qwen3: 151,669 ids, 26 added tokens, a model
+vocabulary of 151,936 rows; Llama 3.1: 128,256 ids, 256 reserved special tokens).
+
+The property: every token a request's mask allows, its matcher accepts, at every step of a
+random walk through random grammars that spell added tokens' texts (``<think>``,
+``<tool_call>``, ``<|im_end|>``, ``<|python_tag|>``), multi-byte characters and JSON; no id
+past the tokenizer is ever allowed. A disagreement killed the server (issue #26): Qwen3's
+``<think>`` was allowed as one token that its matcher refused."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from radixserve.runtime.grammar import ReqGrammar, create_grammar_backend
+from radixserve.runtime.grammar.bitmask import bitmask_width
+from tests.runtime.grammar_strategies import dumps, json_schemas, regexes
+
+pytest.importorskip("llguidance")
+
+VOCAB = {"qwen3": 151936, "llama3": 128256}  # the models' embedding rows
+EOS = {"qwen3": ["<|im_end|>", "<|endoftext|>"], "llama3": ["<|eot_id|>", "<|eom_id|>"]}
+ADDED = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<|im_end|>", "<|python_tag|>"]
+_ATOMS = st.sampled_from(
+    [re.escape(t) for t in ADDED] + ["\\n", "[a-c]", "[0-9]", " ", "é", "日本", '\\{"a": 1\\}']
+)
+SAMPLED = 48  # allowed tokens checked per step, besides every allowed added or special one
+PROPERTY = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(scope="module")
+def backends(checkpoint_tokenizers: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for family, tok in checkpoint_tokenizers.items():
+        eos = [tok.convert_tokens_to_ids(t) for t in EOS[family]]
+        out[family] = (tok, create_grammar_backend(tok, VOCAB[family], eos))
+    return out
+
+
+def _allowed(grammar: ReqGrammar, vocab: int) -> np.ndarray:
+    bitmask = torch.zeros(1, bitmask_width(vocab), dtype=torch.int32)
+    grammar.fill_bitmask(bitmask, 0)
+    bits = np.unpackbits(bitmask.numpy().view(np.uint8), count=vocab, bitorder="little")
+    return np.flatnonzero(bits)
+
+
+def _walk(family: str, key: tuple[str, str], backends: dict[str, Any], data: st.DataObject) -> None:
+    tok, backend = backends[family]
+    vocab, tokenizer_len = VOCAB[family], len(tok)
+    added = set(tok.added_tokens_decoder)
+    grammar = ReqGrammar(backend.matcher(backend.compile(key)))
+    for _ in range(40):
+        if grammar.is_terminated():
+            return
+        allowed = _allowed(grammar, vocab)
+        assert len(allowed) and allowed[-1] < vocab
+        assert not (allowed >= tokenizer_len).any(), "an id past the tokenizer was allowed"
+        picks = {int(t) for t in allowed if int(t) in added}
+        picks |= set(data.draw(st.lists(st.sampled_from(allowed.tolist()), max_size=SAMPLED)))
+        for token in sorted(picks):
+            assert grammar.matcher.accept_token(token), (key, token, tok.decode([token]))
+            grammar.matcher.rollback(1)
+        grammar.accept(data.draw(st.sampled_from(allowed.tolist())))  # raises if refused
+
+
+@PROPERTY
+@given(family=st.sampled_from(sorted(VOCAB)), pattern=regexes(atoms=_ATOMS), data=st.data())
+def test_every_token_a_regex_mask_allows_its_matcher_accepts(
+    backends: dict[str, Any], family: str, pattern: str, data: st.DataObject
+) -> None:
+    _walk(family, ("regex", pattern), backends, data)
+
+
+@PROPERTY
+@given(family=st.sampled_from(sorted(VOCAB)), schema=json_schemas(), data=st.data())
+def test_every_token_a_schema_mask_allows_its_matcher_accepts(
+    backends: dict[str, Any], family: str, schema: dict[str, Any], data: st.DataObject
+) -> None:
+    _walk(family, ("json_schema", dumps(schema)), backends, data)
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "<think>\\n[a-z]{4}\\n</think>\\n\\n[a-z]+",
+        '<tool_call>\\n\\{"name": "[a-z]+"\\}\\n</tool_call>',
+    ],
+)
+def test_qwen3_added_tokens_in_a_regex_are_the_models_own_tokens(
+    backends: dict[str, Any], pattern: str
+) -> None:
+    """``<think>`` and ``<tool_call>`` are not special in Qwen3's tokenizer: a grammar that
+    forces their text lets the model write the one token it was trained on, and accepts it."""
+    tok, backend = backends["qwen3"]
+    grammar = ReqGrammar(backend.matcher(backend.compile(("regex", pattern))))
+    opener = tok.convert_tokens_to_ids(pattern.split("\\n")[0])
+    assert grammar.forced[0] == opener and opener in _allowed(grammar, VOCAB["qwen3"])
+    grammar.accept(opener)
+
+
+def test_special_tokens_in_a_regex_are_spelled_as_text(backends: dict[str, Any]) -> None:
+    """A special token's text in a grammar is text: ``<|im_end|>`` (an end-of-sequence id) is
+    written in ordinary pieces, never as the special token, which would end the request."""
+    tok, backend = backends["qwen3"]
+    grammar = ReqGrammar(backend.matcher(backend.compile(("regex", "x<\\|im_end\\|>y"))))
+    special = set(tok.all_special_ids)
+    assert grammar.forced and not special & set(grammar.forced)
+    assert tok.decode(grammar.forced) == "x<|im_end|>y"
