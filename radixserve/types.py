@@ -184,6 +184,9 @@ class Req:
     stop_matcher: Any = field(default=None, repr=False)  # its stop strings' automaton (judge)
     # its grammar's matcher state (runtime.grammar.ReqGrammar), when the request is constrained
     grammar: Any = field(default=None, repr=False)
+    # an exception one of its own objects raised outside the scheduler's result step (its
+    # grammar filling the batch's mask): the scheduler ends it with an error at its next result
+    failure: Exception | None = field(default=None, repr=False)
 
     # outputs for logprobs
     output_logprobs: list[float] = field(default_factory=list)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from radixserve.runtime.grammar.jump_forward import jump_forward
 from radixserve.runtime.io_struct import ReqOutput
 from radixserve.runtime.stop_matcher import StopMatcher
 from radixserve.runtime.stop_strings import match_stop_str
 from radixserve.types import FinishKind, FinishReason, Req
+
+if TYPE_CHECKING:
+    from radixserve.runtime.model_worker import BatchResult
 
 
 def check_finished(req: Req, max_context_len: int, tokenizer: Any | None) -> FinishReason | None:
@@ -58,3 +62,39 @@ def make_output(req: Req, new_token_ids: list[int], num_new_logprobs: int = 0) -
         if req.top_logprobs_num:
             out.new_top_logprobs = req.output_top_logprobs[-num_new_logprobs:]
     return out
+
+
+def advance(
+    req: Req,
+    result: BatchResult,
+    i: int,
+    max_context_len: int,
+    tokenizer: Any | None,
+    enable_jump_forward: bool,
+) -> tuple[ReqOutput, int]:
+    """Row ``i`` of ``result`` applied to ``req``: its sampled token appended (its grammar
+    accepts it), its end judged, the tokens its grammar forces next appended (jump-forward).
+    Returns the step's message and how many tokens were jumped.
+
+    Everything here runs the request's own objects (grammar, stop matcher, tokenizer): an
+    exception is that request's failure (``req.failure``, from the batch's mask, included),
+    which the scheduler turns into that request's error."""
+    if req.failure is not None:
+        raise req.failure
+    is_first = req.output_len == 0
+    num_new = jumped = 0
+    if req.max_new_tokens > 0:
+        result.append_token(req, i)
+        num_new = 1
+        if req.grammar is not None:
+            req.grammar.accept(req.output_ids[-1])
+    req.finish_reason = check_finished(req, max_context_len, tokenizer)
+    if req.finish_reason is None and enable_jump_forward and req.grammar:
+        jumped = jump_forward(req, max_context_len)
+        if jumped:
+            num_new += jumped
+            req.finish_reason = check_finished(req, max_context_len, tokenizer)
+    out = make_output(req, req.output_ids[-num_new:] if num_new else [], num_new)
+    if is_first and req.logprob_start_len >= 0:
+        out.input_logprobs = list(req.input_logprobs)
+    return out, jumped

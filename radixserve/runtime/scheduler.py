@@ -22,11 +22,10 @@ from typing import Any
 from radixserve.config import EngineConfig
 from radixserve.policy import AdmissionConfig, PrefillAdder, PrefillPlan, SchedulePolicy
 from radixserve.runtime.grammar import GrammarFactory
-from radixserve.runtime.grammar.jump_forward import jump_forward
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_worker import BatchResult, Worker
-from radixserve.runtime.output_processor import check_finished, make_output
+from radixserve.runtime.output_processor import advance, make_output
 from radixserve.runtime.schedule_batch import ScheduleBatch
 from radixserve.runtime.scheduler_stats import SchedulerStats
 from radixserve.runtime.worker_builder import build_model_worker
@@ -267,23 +266,14 @@ class Scheduler:
             result.collect_input_logprobs(req, i)
             if not batch.samples[i]:
                 continue
-            is_first = req.output_len == 0
-            num_new = 0
-            if req.max_new_tokens > 0:
-                result.append_token(req, i)
-                num_new = 1
-                if req.grammar is not None:
-                    req.grammar.accept(req.output_ids[-1])
-            req.finish_reason = check_finished(req, self.max_context_len, self.tokenizer)
-            if req.finish_reason is None and self.enable_jump_forward and req.grammar:
-                jumped = jump_forward(req, self.max_context_len)
-                if jumped:
-                    num_new += jumped
-                    self.stats.num_jumped_tokens += jumped
-                    req.finish_reason = check_finished(req, self.max_context_len, self.tokenizer)
-            out = make_output(req, req.output_ids[-num_new:] if num_new else [], num_new)
-            if is_first and req.logprob_start_len >= 0:
-                out.input_logprobs = list(req.input_logprobs)
+            try:
+                out, jumped = advance(
+                    req, result, i, self.max_context_len, self.tokenizer, self.enable_jump_forward
+                )
+            except Exception as exc:  # that request's own objects failed: it alone ends
+                self._fail(req, exc, release=req not in in_next)
+                continue
+            self.stats.num_jumped_tokens += jumped
             self.pending_outputs.append(out)
             if req.is_finished:
                 self._finish(req, release=req not in in_next)
@@ -294,6 +284,13 @@ class Scheduler:
         if new_running:
             self.running.merge(new_running)
         self.stats.on_result(batch)
+
+    def _fail(self, req: Req, exc: Exception, release: bool) -> None:
+        logger.error("request %s failed: %r", req.rid, exc, exc_info=exc)
+        req.finish_reason = FinishReason(FinishKind.ABORT, message=f"internal error: {exc!r}")
+        self.stats.num_failed_reqs += 1
+        self.pending_outputs.append(make_output(req, []))
+        self._finish(req, release)
 
     def _finish(self, req: Req, release: bool = True) -> None:
         self.stats.num_finished_reqs += 1

@@ -24,6 +24,7 @@ class SchedulerStats:
     num_generated_tokens: int = 0
     num_finished_reqs: int = 0
     num_aborted_reqs: int = 0
+    num_failed_reqs: int = 0  # ended by an exception of their own (grammar, stop check, ...)
     num_retractions: int = 0
     num_preemptions: int = 0
     num_jump_batches: int = 0  # extend steps of tokens a grammar forced (jump-forward)
@@ -78,6 +79,7 @@ class SchedulerStats:
             "num_generated_tokens": self.num_generated_tokens,
             "num_finished_reqs": self.num_finished_reqs,
             "num_aborted_reqs": self.num_aborted_reqs,
+            "num_failed_reqs": self.num_failed_reqs,
             "num_retractions": self.num_retractions,
             "num_preemptions": self.num_preemptions,
             "num_prefill_batches": self.num_prefill_batches,

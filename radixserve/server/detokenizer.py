@@ -22,13 +22,16 @@ Two pieces, both pure (no sockets; the process loop is ``detokenizer_process``):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from radixserve.runtime.io_struct import ReqOutput
 from radixserve.runtime.stop_strings import PROMPT_CONTEXT_TOKENS, decode
-from radixserve.server.io_struct import DetokenizeParams, TextOutput
+from radixserve.server.io_struct import DetokenizeParams, ReqError, TextOutput
 from radixserve.types import FinishKind
+
+logger = logging.getLogger(__name__)
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -102,10 +105,20 @@ class Detokenizer:
             if isinstance(msg, DetokenizeParams):
                 self.register(msg)
             elif isinstance(msg, ReqOutput):
-                results.append(self.process(msg))
+                results.append(self._process_or_fail(msg))
             else:
                 results.append(msg)
         return results
+
+    def _process_or_fail(self, out: ReqOutput) -> TextOutput | ReqError:
+        """A failure decoding one request is that request's error (the HTTP side ends it and
+        aborts it in the scheduler); the others are served on."""
+        try:
+            return self.process(out)
+        except Exception as exc:
+            logger.error("detokenizing request %s failed: %r", out.rid, exc, exc_info=exc)
+            self.reqs.pop(out.rid, None)
+            return ReqError(out.rid, f"internal error detokenizing: {exc!r}", status_code=500)
 
     def register(self, params: DetokenizeParams) -> None:
         context = params.prompt_tail_ids[-PROMPT_CONTEXT_TOKENS:]

@@ -25,8 +25,12 @@ def fill_batch_bitmask(reqs: Sequence[Req], vocab_size: int) -> torch.Tensor | N
         return None
     bitmask = torch.full((len(reqs), bitmask_width(vocab_size)), -1, dtype=torch.int32)
     for row, req in enumerate(reqs):
-        if req.grammar is not None:
-            req.grammar.fill_bitmask(bitmask, row)
+        if req.grammar is not None and req.failure is None:
+            try:
+                req.grammar.fill_bitmask(bitmask, row)
+            except Exception as exc:  # that request fails at its result; the batch runs on
+                req.failure = exc
+                bitmask[row] = -1
     return bitmask
 
 
