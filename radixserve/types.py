@@ -62,6 +62,11 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    # the grammar constrains only what follows this token (the end of a reasoning block,
+    # ``</think>``): before it the output is free, so structured output never binds thinking
+    grammar_after_token: int | None = None
+    # token id -> added to its logit before sampling (OpenAI's logit_bias, -100 to 100)
+    logit_bias: dict[int, float] | None = None
 
     def validate(self) -> SamplingParams:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
@@ -99,6 +104,14 @@ class SamplingParams:
         for name in constraints:
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name} must be a string")
+        for token, bias in (self.logit_bias or {}).items():
+            if not isinstance(token, int) or token < 0:
+                raise ValueError(f"logit_bias keys are token ids, got {token!r}")
+            if not (isinstance(bias, int | float) and -100 <= bias <= 100):
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias!r}")
+        after = self.grammar_after_token
+        if after is not None and (not isinstance(after, int) or after < 0 or not constraints):
+            raise ValueError("grammar_after_token is a token id, and needs a grammar")
         return self
 
     @property

@@ -53,7 +53,7 @@ class NativeSamplingParams(BaseModel):
     structural_tag: str | dict[str, Any] | None = None
     stop_regex: str | list[str] | None = None
     custom_params: dict[str, Any] | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[int, float] | None = None  # token id (a string in JSON) -> bias
     stream_interval: int | None = None
     lora_path: str | None = None
     return_hidden_states: bool = False
@@ -82,6 +82,7 @@ class NativeSamplingParams(BaseModel):
             ignore_eos=self.ignore_eos,
             seed=self.seed,
             skip_special_tokens=self.skip_special_tokens,
+            logit_bias=self.logit_bias,
             **grammar,  # type: ignore[arg-type]
         )
 
@@ -93,7 +94,6 @@ NATIVE_UNSUPPORTED: dict[str, Any] = {
     "structural_tag": None,
     "stop_regex": None,
     "custom_params": None,
-    "logit_bias": None,
     "stream_interval": None,
     "lora_path": None,
     "return_hidden_states": False,
@@ -145,6 +145,8 @@ class GenerateReqInput(BaseModel):
     rid: str | list[str] | None = None
     priority: int | list[int] | None = None
     log_metrics: bool = True  # accepted: every request is counted
+    # with --reasoning-parser: the thinking as "reasoning_text", the answer as "text"
+    separate_reasoning: bool = False
     # SGLang's, not implemented here: a 400 when set
     image_data: Any = None
     audio_data: Any = None

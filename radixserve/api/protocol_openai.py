@@ -61,7 +61,7 @@ class OpenAISamplingFields(BaseModel):
     safety_identifier: str | None = None
     service_tier: str | None = None
     # a 400 when set (OPENAI_UNSUPPORTED)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[int, float] | None = None  # token id (a string in JSON) -> bias
     store: bool | None = None
     min_tokens: int = 0
     no_stop_trim: bool = False
@@ -104,6 +104,7 @@ class OpenAISamplingFields(BaseModel):
             ignore_eos=self.ignore_eos,
             seed=self.seed,
             skip_special_tokens=self.skip_special_tokens,
+            logit_bias=self.logit_bias,
             **(self.grammar() if grammar is None else grammar),  # type: ignore[arg-type]
         )
 
@@ -113,7 +114,6 @@ class OpenAISamplingFields(BaseModel):
 
 
 OPENAI_UNSUPPORTED: dict[str, Any] = {
-    "logit_bias": None,
     "store": False,
     "min_tokens": 0,
     "no_stop_trim": False,
@@ -186,6 +186,8 @@ class ChatMessage(BaseModel):
         out: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             out["name"] = self.name
+        if self.reasoning_content is not None:  # templates that render past thinking read it
+            out["reasoning_content"] = self.reasoning_content
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         if self.tool_calls:
@@ -208,7 +210,6 @@ MESSAGE_UNSUPPORTED: dict[str, Any] = {
     "annotations": None,
     "audio": None,
     "function_call": None,
-    "reasoning_content": None,
 }
 
 
@@ -242,7 +243,7 @@ class ChatCompletionRequest(OpenAISamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
-    # accepted, no reasoning parser here: nothing to separate
+    # with --reasoning-parser: the thinking as reasoning_content (SGLang's fields)
     separate_reasoning: bool = True
     stream_reasoning: bool = True
     # a 400 when set (CHAT_UNSUPPORTED)

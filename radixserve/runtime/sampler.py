@@ -109,9 +109,9 @@ def _masked(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
 
 
 def apply_penalties(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    """Repetition (prompt + output), then frequency and presence (output) penalties; returns a
-    new tensor (or ``logits`` itself when no row has penalties)."""
-    x = logits
+    """``logit_bias``, then repetition (prompt + output), then frequency and presence (output)
+    penalties; returns a new tensor (or ``logits`` itself when no row has any)."""
+    x = logits if info.logit_bias is None else logits + info.logit_bias
     if info.repetition_mask is not None and info.repetition_penalties is not None:
         rp = info.repetition_penalties
         penalised = torch.where(x > 0, x / rp, x * rp)

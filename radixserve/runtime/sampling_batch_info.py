@@ -3,7 +3,7 @@
 Semantics (what :class:`~radixserve.runtime.sampler.Sampler` applies, in this order):
 
 0. the grammar's token bitmask (structured output): disallowed tokens get ``-inf``;
-1. penalties on the raw logits:
+1. ``logit_bias`` (OpenAI's: added to the logits of its tokens), then penalties:
    - ``repetition_penalty`` (transformers/CTRL semantics) over every token that appears in the
      prompt *or* the output so far: a positive logit is divided by it, a negative one multiplied;
    - ``frequency_penalty`` and ``presence_penalty`` (OpenAI semantics) over the *output* tokens
@@ -46,7 +46,8 @@ class SamplingBatchInfo:
     top_p_rows_have_top_k: bool  # every row with top_p < 1 also has a top_k
     seeds: list[int | None]  # per-request seed (None: the sampler's own generator)
     steps: list[int]  # output tokens so far: which draw of its seeded stream a row takes
-    # penalties, None when no row uses them
+    # logit_bias and penalties, None when no row uses them
+    logit_bias: torch.Tensor | None  # [bs, vocab] float32: added to the logits
     repetition_penalties: torch.Tensor | None  # [bs, 1] float32
     repetition_mask: torch.Tensor | None  # [bs, vocab] bool: token in prompt or output
     frequency_penalties: torch.Tensor | None  # [bs, 1] float32
@@ -130,6 +131,7 @@ class SamplingBatchInfo:
             ),
             seeds=[p.seed for p in params],
             steps=[len(o) for o in output_ids],
+            logit_bias=None,
             repetition_penalties=None,
             repetition_mask=None,
             frequency_penalties=None,
@@ -138,6 +140,12 @@ class SamplingBatchInfo:
             return_logprob=any(flags) or any(n > 0 for n in nums),
             top_logprobs_nums=nums,
         )
+        if any(p.logit_bias for p in params):
+            info.logit_bias = torch.zeros(bs, vocab_size, dtype=torch.float32)
+            for row, p in enumerate(params):
+                for token, bias in (p.logit_bias or {}).items():
+                    info.logit_bias[row, token] = bias
+            info.logit_bias = info.logit_bias.to(device)
         if any(p.repetition_penalty != 1.0 for p in params):
             seen = [
                 list(o) if prompt_ids is None else list(prompt_ids[i]) + list(o)

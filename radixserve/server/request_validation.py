@@ -66,6 +66,8 @@ class RequestValidator:
             )
         if any(t >= self.info.vocab_size for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be in [0, {self.info.vocab_size})")
+        if any(t >= self.info.vocab_size for t in params.logit_bias or {}):
+            raise ValueError(f"logit_bias keys must be token ids in [0, {self.info.vocab_size})")
         if params.grammar_key is not None:
             self._grammars.get(params.grammar_key)  # ValueError saying what is wrong
         return request

@@ -7,6 +7,7 @@ until ``SamplingParams`` has its ``regex`` field."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +123,8 @@ def test_generate_accepts_every_field_sglang_sends_at_its_default(http: httpx.Cl
         ({"sampling_params": {"n": 2}}, "sampling_params.n", ["n is not supported"]),
         ({"sampling_params": {"stop_regex": "x+"}}, "sampling_params.stop_regex", ["stop_regex"]),
         (
-            {"sampling_params": {"logit_bias": {"1": 5.0}}},
-            "sampling_params.logit_bias",
+            {"sampling_params": {"logit_bias": {"one": 5.0}}},  # a key that is no token id
+            "sampling_params.logit_bias.one",
             ["logit_bias"],
         ),
         ({"sampling_params": {"lora_path": "a"}}, "sampling_params.lora_path", ["lora_path"]),
@@ -195,7 +196,6 @@ def test_openai_unknown_field_is_a_400_in_openai_shape(oai: openai.OpenAI) -> No
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        ({"logit_bias": {"5": 1.0}}, "logit_bias"),
         ({"reasoning_effort": "high"}, "reasoning_effort"),
         ({"extra_body": {"min_tokens": 3}}, "min_tokens"),
         ({"store": True}, "store"),
@@ -211,6 +211,36 @@ def test_openai_known_but_unimplemented_field_is_named(
     assert name in str(info.value.body) and info.value.body["param"] == name  # type: ignore[index]
 
 
+def test_logit_bias_moves_the_choice_on_both_apis(http: httpx.Client, oai: openai.OpenAI) -> None:
+    """OpenAI's logit_bias (token id -> -100..100, added to its logit) on /generate and the
+    OpenAI routes: +100 makes greedy decoding pick that token; bad keys and values are 400s."""
+    token = 300
+    native = http.post(
+        "/generate",
+        json={
+            "text": "def main():",
+            "sampling_params": {"max_new_tokens": 5, "temperature": 0, "logit_bias": {"300": 100}},
+            "return_logprob": True,
+        },
+    ).json()
+    assert [t for _, t, _ in native["meta_info"]["output_token_logprobs"]] == [token] * 5
+    out = oai.completions.create(
+        model="tiny-tools", prompt="x = 1", max_tokens=3, temperature=0, logit_bias={"300": 100}
+    )
+    unbiased = oai.completions.create(
+        model="tiny-tools", prompt="x = 1", max_tokens=3, temperature=0
+    )
+    assert out.choices[0].text != unbiased.choices[0].text
+    for bias, words in (({"300": 101}, "[-100, 100]"), ({"99999999": 1}, "token ids in")):
+        with pytest.raises(openai.BadRequestError, match=re.escape(words)):
+            oai.chat.completions.create(
+                model="tiny-tools",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=2,
+                logit_bias=bias,
+            )
+
+
 def test_tool_choice_errors_name_the_problem(http: httpx.Client) -> None:
     base = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     named = {"type": "function", "function": {"name": "nope"}}
@@ -221,3 +251,8 @@ def test_tool_choice_errors_name_the_problem(http: httpx.Client) -> None:
     assert_openai_400(
         http.post("/v1/chat/completions", json={**base, "tool_choice": "required"}), "needs tools"
     )
+
+
+def test_separate_reasoning_without_a_reasoning_parser_is_a_400(http: httpx.Client) -> None:
+    resp = http.post("/generate", json={"text": "x", "separate_reasoning": True})
+    assert resp.status_code == 400 and "--reasoning-parser" in resp.json()["error"]["message"]
