@@ -84,7 +84,7 @@ def create_app(
     )
     install_error_handlers(app)
     meter = server_info.ThroughputMeter()
-    native = NativeServing(tm)
+    native = NativeServing(tm, config.reasoning_parser)
     completions = CompletionServing(tm, config)
     chat = ChatServing(tm, config)
     router = APIRouter()

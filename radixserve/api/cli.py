@@ -15,6 +15,7 @@ from radixserve.config import (
     KV_TIER_WRITE_POLICIES,
     PREEMPTION_MODES,
     QUANTIZATIONS,
+    REASONING_PARSERS,
     SCHEDULE_POLICIES,
     EngineConfig,
     ServerConfig,
@@ -160,6 +161,13 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "(default: the model path as given, as SGLang does)",
     )
     add(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default=None,
+        help="return the model's thinking as reasoning_content on the chat routes (qwen3: "
+        "<think>...</think>; deepseek-r1: the output starts inside the thinking)",
+    )
+    add(
         "--tool-call-parser",
         choices=("qwen25", "llama3"),
         default=None,
@@ -260,6 +268,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         api_key=args.api_key,
         served_model_name=args.served_model_name,
         tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         is_default_model=is_default,
         log_level=args.log_level,
         max_request_bytes=args.max_request_bytes,

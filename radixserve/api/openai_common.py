@@ -72,10 +72,12 @@ class OpenAIServing:
         top_logprobs: int | None,
         prompt_param: str = "prompt",
         grammar: dict[str, str] | None = None,
+        grammar_after_token: int | None = None,
     ) -> list[GenerateRequest]:
         """``n`` requests per prompt, choice index ``i * n + j``; ``top_logprobs`` None: no
         logprobs; ``grammar``: the output's constraint (None: the body's own, e.g.
-        ``response_format``). Raises APIError (400) for a bad value."""
+        ``response_format``), which starts after ``grammar_after_token`` when given (the end of
+        the thinking). Raises APIError (400) for a bad value."""
         if max_tokens is not None and max_tokens < 0:
             raise APIError(f"{max_tokens_param} must be >= 0", param=max_tokens_param)
         if grammar is None:
@@ -97,6 +99,8 @@ class OpenAIServing:
                 )
                 if body.seed is not None:  # n seeded choices must still differ
                     request.sampling_params.seed = body.seed + j
+                if grammar:
+                    request.sampling_params.grammar_after_token = grammar_after_token
                 try:
                     requests.append(self.tm.validator.check(request))
                 except ValueError as exc:

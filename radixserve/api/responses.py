@@ -70,6 +70,7 @@ class ChatLogprobs(BaseModel):
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None  # the thinking, with --reasoning-parser
     tool_calls: list[dict[str, Any]] | None = None  # OpenAI's shape (ParsedCall.to_openai)
 
 
@@ -92,6 +93,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # with each call's ``index``
 
 

@@ -1,5 +1,13 @@
 """``/v1/chat/completions``: the tokenizer's chat template, stream and non-stream.
 
+Reasoning (``--reasoning-parser``, ``api/reasoning.py``): the thinking comes back as
+``message.reasoning_content`` (streamed as ``delta.reasoning_content``; with
+``stream_reasoning: false`` in one delta once it ends), unless ``separate_reasoning`` is false
+or the template's ``enable_thinking`` is false (qwen3). Tool calls are parsed from the answer
+after the thinking, and ``response_format`` and a required or named tool call constrain only
+the answer: their grammar starts after the ``</think>`` token. SGLang's own ``regex``,
+``json_schema`` and ``ebnf`` fields constrain the whole output as written (thinking included).
+
 Tools (``api/chat_tools.py``): an output's tool calls come back as ``message.tool_calls`` with
 ``finish_reason`` ``tool_calls``. Streaming, per choice: a first chunk with ``delta.role``,
 content chunks (text that may start a tool call is held back), one chunk per tool call (with
@@ -19,6 +27,7 @@ from radixserve.api.chat_tools import ToolPlan, plan_tools
 from radixserve.api.errors import APIError, error_body, to_api_error
 from radixserve.api.openai_common import OpenAIServing, choice_logprob_slices, grammar_param
 from radixserve.api.protocol_openai import ChatCompletionRequest
+from radixserve.api.reasoning import THINK_END, ReasoningParser
 from radixserve.api.responses import (
     ChatChoice,
     ChatCompletionChunk,
@@ -52,6 +61,26 @@ class ChatServing(OpenAIServing):
         self.tool_call_parser = config.tool_call_parser or detect_parser(
             template if isinstance(template, str) else None
         )
+        self.reasoning_parser = config.reasoning_parser
+        ids = tm.prompts.tokenizer.encode(THINK_END, add_special_tokens=False)
+        self.think_end_id = ids[0] if len(ids) == 1 else None  # where a grammar starts
+
+    def _thinks(self, body: ChatCompletionRequest) -> bool:
+        """Whether the output starts with thinking that a reasoning parser separates."""
+        if self.reasoning_parser is None:
+            return False
+        kwargs = body.chat_template_kwargs or {}
+        return not (self.reasoning_parser == "qwen3" and kwargs.get("enable_thinking") is False)
+
+    def _grammar_after(self, body: ChatCompletionRequest) -> int | None:
+        """``response_format`` and tool grammars start after the thinking; raw ones do not."""
+        raw = (body.regex, body.json_schema, body.ebnf)
+        return self.think_end_id if self._thinks(body) and raw == (None, None, None) else None
+
+    def _reasoner(self, body: ChatCompletionRequest) -> ReasoningParser | None:
+        if self.reasoning_parser is None or not (self._thinks(body) and body.separate_reasoning):
+            return None
+        return ReasoningParser.create(self.reasoning_parser)
 
     async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(body.model)
@@ -93,6 +122,7 @@ class ChatServing(OpenAIServing):
             top,
             prompt_param="messages",
             grammar=plan.grammar,
+            grammar_after_token=self._grammar_after(body),
         )
         group = await open_requests(self.tm, requests, raw.is_disconnected)
         if body.stream:
@@ -102,9 +132,13 @@ class ChatServing(OpenAIServing):
         results = await collect_all(group, requests)
         choices = []
         for i, r in enumerate(results):
-            content, calls = plan.parse(r.text)
+            reasoner = self._reasoner(body)
+            reasoning, text = (None, r.text) if reasoner is None else reasoner.parse(r.text)
+            content, calls = plan.parse(text)
             message = ChatMessageOut(
-                content=content, tool_calls=[c.to_openai() for c in calls] or None
+                content=content,
+                reasoning_content=reasoning,
+                tool_calls=[c.to_openai() for c in calls] or None,
             )
             finish = self.finish_reason(r.finish_reason)
             choices.append(
@@ -119,6 +153,17 @@ class ChatServing(OpenAIServing):
             id=base_id, model=self.model_name, choices=choices, usage=self.usage(results, body.n)
         )
         return JSONResponse(dump(response))
+
+    @staticmethod
+    def _split(reasoner: ReasoningParser | None, text: str, last: bool) -> tuple[str, str]:
+        """A stream delta's ``(reasoning, answer)`` (all answer without a reasoner)."""
+        if reasoner is None:
+            return "", text
+        reasoning, answer = reasoner.feed(text)
+        if last:
+            more_reasoning, more_answer = reasoner.finish()
+            reasoning, answer = reasoning + more_reasoning, answer + more_answer
+        return reasoning, answer
 
     def _logprobs(
         self, body: ChatCompletionRequest, result: RequestResult, start: int
@@ -138,6 +183,8 @@ class ChatServing(OpenAIServing):
         created = self.created()
         results = [RequestResult(r) for r in requests]
         streams = [plan.stream() for _ in requests]
+        reasoners = [self._reasoner(body) for _ in requests]
+        thinking = ["" for _ in requests]  # held back when not stream_reasoning
 
         def chunk(choice: ChatStreamChoice | None, usage: UsageInfo | None = None) -> str:
             data = ChatCompletionChunk(
@@ -162,11 +209,19 @@ class ChatServing(OpenAIServing):
                 start = len(result.output_ids)
                 result.add(out)
                 logprobs = self._logprobs(body, result, start)
-                text = streams[i].feed(out.text)
+                finish = self.finish_reason(out.output.finish_reason)
+                reasoning, answer = self._split(reasoners[i], out.text, finish is not None)
+                thinking[i] += reasoning
+                reasoner = reasoners[i]
+                ended = reasoner is None or reasoner.state != "thinking" or finish is not None
+                if thinking[i] and (body.stream_reasoning or ended):
+                    delta = DeltaMessage(reasoning_content=thinking[i])
+                    thinking[i] = ""
+                    yield chunk(ChatStreamChoice(index=i, delta=delta))
+                text = streams[i].feed(answer)
                 if text or logprobs is not None:
                     delta = DeltaMessage(content=text or None)
                     yield chunk(ChatStreamChoice(index=i, delta=delta, logprobs=logprobs))
-                finish = self.finish_reason(out.output.finish_reason)
                 if finish is None:
                     continue
                 text, calls = streams[i].finish()

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from radixserve.api.errors import error_body, to_api_error
 from radixserve.api.limits import check_stop_strings, check_sub_requests, num_prompts_of
 from radixserve.api.protocol import GenerateReqInput, NativeSamplingParams
+from radixserve.api.reasoning import ReasoningParser
 from radixserve.api.streaming import (
     SSE_DONE,
     OpenRequests,
@@ -36,21 +37,34 @@ T = TypeVar("T")
 
 
 class NativeServing:
-    def __init__(self, tm: TokenizerManager) -> None:
+    def __init__(self, tm: TokenizerManager, reasoning_parser: str | None = None) -> None:
         self.tm = tm
+        self.reasoning_parser = reasoning_parser
 
     async def generate(self, body: GenerateReqInput, raw: Request) -> Response:
+        if body.separate_reasoning and self.reasoning_parser is None:
+            raise ValueError("separate_reasoning needs a server started with --reasoning-parser")
         requests, is_batch = await self.build_requests(body)
         started = time.monotonic()
         group = await open_requests(self.tm, requests, raw.is_disconnected)
         with_text = body.return_text_in_logprobs
         if body.stream:
             return SSEResponse(
-                self._stream(group, requests, is_batch, with_text, started), on_close=group.aclose
+                self._stream(
+                    group, requests, is_batch, with_text, started, body.separate_reasoning
+                ),
+                on_close=group.aclose,
             )
         results = await collect_all(group, requests)
         outs = [self.result_dict(r, with_text, started) for r in results]
+        if body.separate_reasoning:
+            for out in outs:
+                out["reasoning_text"], out["text"] = self._reasoner().parse(out["text"])
         return JSONResponse(outs if is_batch else outs[0])
+
+    def _reasoner(self) -> ReasoningParser:
+        assert self.reasoning_parser is not None
+        return ReasoningParser.create(self.reasoning_parser)
 
     async def build_requests(self, body: GenerateReqInput) -> tuple[list[GenerateRequest], bool]:
         if (body.text is None) == (body.input_ids is None):
@@ -108,12 +122,18 @@ class NativeServing:
         is_batch: bool,
         with_text: bool,
         started: float,
+        separate_reasoning: bool,
     ) -> AsyncIterator[str]:
         results = [RequestResult(r) for r in requests]
+        split = [_StreamSplit(self._reasoner()) if separate_reasoning else None for _ in requests]
         try:
             async for i, out in group.events():
                 results[i].add(out)
                 event = self.result_dict(results[i], with_text, started)
+                splitter = split[i]
+                if splitter is not None:
+                    final = out.output.finish_reason is not None
+                    event["reasoning_text"], event["text"] = splitter.add(event["text"], final)
                 if is_batch:
                     event["index"] = i
                 yield sse(event)
@@ -127,6 +147,27 @@ class NativeServing:
     def result_dict(self, result: RequestResult, with_text: bool, started: float) -> dict[str, Any]:
         token_text = self.tm.prompts.decode_token if with_text else None
         return generate_result(result, started, token_text)
+
+
+class _StreamSplit:
+    """A stream's cumulative text split into cumulative thinking and answer (``separate_reasoning``):
+    a possible start of a tag is held until the next event, or the last."""
+
+    def __init__(self, parser: ReasoningParser) -> None:
+        self.parser = parser
+        self.seen = 0
+        self.reasoning = ""
+        self.answer = ""
+
+    def add(self, text: str, final: bool) -> tuple[str | None, str]:
+        reasoning, answer = self.parser.feed(text[self.seen :])
+        self.seen = len(text)
+        if final:
+            more_reasoning, more_answer = self.parser.finish()
+            reasoning, answer = reasoning + more_reasoning, answer + more_answer
+        self.reasoning += reasoning
+        self.answer += answer
+        return (self.reasoning if self.parser.had_thinking else None), self.answer
 
 
 def _or(value: int | None, default: int) -> int:

@@ -102,7 +102,7 @@ class Scheduler:
         need = prompt_len + min(params.max_new_tokens, self.max_context_len - prompt_len)
         if need > self.kv.capacity - self.page_size:
             raise ValueError(f"the request needs {need} KV slots; the pool has {self.kv.capacity}")
-        grammar = self.grammars.for_key(params.grammar_key)
+        grammar = self.grammars.for_key(params.grammar_key, params.grammar_after_token)
         req = Req(
             rid=request.rid,
             origin_input_ids=list(request.input_ids),

@@ -1,8 +1,12 @@
 """The server on a random model that carries a real checkpoint's tokenizer and template
-(Qwen3-0.6B's shape shrunk, the real 151,936-row vocabulary): the requests that killed it."""
+(Qwen3-0.6B's shape shrunk, the real 151,936-row vocabulary), with ``--reasoning-parser
+qwen3``, read with the official ``openai`` client: the requests that killed it, and the
+thinking separated as ``reasoning_content`` (each format forced through the random model by
+a regex, SGLang's field, which constrains the whole output as written)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +26,7 @@ def qwen3_server(
 ) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("qwen3-log") / "server.log"
     args = ["--model", str(qwen3_model_dir), "--served-model-name", "qwen3"]
+    args += ["--reasoning-parser", "qwen3"]
     srv = start_server([*args, "--max-total-tokens", "8192"], log)
     try:
         yield srv
@@ -48,7 +53,85 @@ def test_a_regex_over_qwen3_added_tokens_is_served(qwen3_server: Server, pattern
             assert resp.status_code == 200, resp.text
             choice = resp.json()["choices"][0]
             assert choice["finish_reason"] == "stop", choice
-            assert re.fullmatch(pattern, choice["message"]["content"]), choice
+            message = choice["message"]
+            thinking = message["reasoning_content"]
+            text = "" if thinking is None else f"<think>{thinking}</think>"
+            assert re.fullmatch(pattern, text + message["content"]), choice
+            assert (thinking is None) == (pattern == TOOL_CALL)
         assert http.get("/health").status_code == 200
         info = http.get("/get_server_info").json()
         assert info["scheduler"]["num_failed_reqs"] == 0, info["scheduler"]
+
+
+@pytest.fixture
+def oai(qwen3_server: Server):  # type: ignore[no-untyped-def]
+    import openai
+
+    return openai.OpenAI(base_url=f"{qwen3_server.url}/v1", api_key="unused", max_retries=0)
+
+
+def _chat(oai, stream: bool = False, **extra):  # type: ignore[no-untyped-def]
+    return oai.chat.completions.create(
+        model="qwen3",
+        messages=[{"role": "user", "content": "What is 6 x 7?"}],
+        max_tokens=48,
+        temperature=0,
+        stream=stream,
+        extra_body={"regex": THINK, **extra},
+    )
+
+
+def test_reasoning_content_streamed_equals_whole(oai) -> None:  # type: ignore[no-untyped-def]
+    whole = _chat(oai).choices[0].message
+    assert re.fullmatch("\n[a-z]{4}\n", whole.reasoning_content)
+    assert re.fullmatch("\n\n[a-z ]{1,12}", whole.content)
+    reasoning = content = ""
+    kinds = []
+    for chunk in _chat(oai, stream=True):
+        for choice in chunk.choices:
+            delta = choice.delta
+            r = getattr(delta, "reasoning_content", None)
+            reasoning += r or ""
+            content += delta.content or ""
+            kinds.append("r" if r else "c" if delta.content else "-")
+    assert (reasoning, content) == (whole.reasoning_content, whole.content)
+    assert "".join(kinds).strip("-").index("c") > 0  # the thinking comes first, as deltas
+    held = ""
+    for chunk in _chat(oai, stream=True, stream_reasoning=False):
+        parts = [getattr(c.delta, "reasoning_content", None) for c in chunk.choices]
+        held += "".join(p for p in parts if p)
+        if any(parts):
+            assert held == whole.reasoning_content  # in one delta, once the thinking ends
+
+
+def test_separate_reasoning_false_and_thinking_off_keep_the_text(oai) -> None:  # type: ignore[no-untyped-def]
+    whole = _chat(oai).choices[0].message
+    kept = _chat(oai, separate_reasoning=False).choices[0].message
+    assert kept.content == f"<think>{whole.reasoning_content}</think>{whole.content}"
+    assert getattr(kept, "reasoning_content", None) is None
+    off = _chat(oai, chat_template_kwargs={"enable_thinking": False}).choices[0].message
+    assert getattr(off, "reasoning_content", None) is None and off.content.startswith("<think>")
+
+
+def test_generate_separates_reasoning_when_asked(qwen3_server: Server) -> None:
+    body = {
+        "text": "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+        "sampling_params": {"max_new_tokens": 48, "temperature": 0, "regex": THINK},
+    }
+    with qwen3_server.client() as http:
+        plain = http.post("/generate", json=body).json()
+        split = http.post("/generate", json={**body, "separate_reasoning": True}).json()
+        assert "reasoning_text" not in plain
+        assert f"<think>{split['reasoning_text']}</think>{split['text']}" == plain["text"]
+        events = []
+        with http.stream(
+            "POST", "/generate", json={**body, "separate_reasoning": True, "stream": True}
+        ) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[len("data: ") :]))
+        last = events[-1]
+        assert (last["reasoning_text"], last["text"]) == (split["reasoning_text"], split["text"])
+        for before, after in zip(events, events[1:], strict=False):  # cumulative, as SGLang
+            assert after["text"].startswith(before["text"])
+            assert (after["reasoning_text"] or "").startswith(before["reasoning_text"] or "")

@@ -112,3 +112,53 @@ def test_special_tokens_in_a_regex_are_spelled_as_text(backends: dict[str, Any])
     special = set(tok.all_special_ids)
     assert grammar.forced and not special & set(grammar.forced)
     assert tok.decode(grammar.forced) == "x<|im_end|>y"
+
+
+def test_a_grammar_after_the_thinking_waits_for_its_end(backends: dict[str, Any]) -> None:
+    """With ``after_token`` (``</think>``) every token is allowed until that one; then the
+    schema constrains; a rebuild from the output (retraction) lands in the same state."""
+    tok, backend = backends["qwen3"]
+    think_end = tok.convert_tokens_to_ids("</think>")
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}'
+    key = ("json_schema", schema)
+    grammar = ReqGrammar(backend.matcher(backend.compile(key)), after_token=think_end)
+    free = tok.encode("plain words, no JSON", add_special_tokens=False)
+    for token in free:
+        assert len(_allowed(grammar, VOCAB["qwen3"])) == VOCAB["qwen3"]
+        assert not grammar.forced and not grammar.is_terminated()
+        grammar.accept(token)
+    grammar.accept(think_end)
+    assert tok.decode(grammar.forced).startswith('{"a')  # now the schema's
+    assert len(_allowed(grammar, VOCAB["qwen3"])) == 1
+    rebuilt = ReqGrammar(backend.matcher(backend.compile(key)), after_token=think_end)
+    rebuilt.sync_to([*free, think_end])
+    assert rebuilt.forced == grammar.forced and not rebuilt.waiting
+
+
+def test_structured_output_starts_after_the_thinking_end_to_end(qwen3_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """The engine on the Qwen3-shaped model: a schema that starts after ``</think>`` (which a
+    logit bias makes the random model write first) leaves that token free and binds the rest."""
+    import json
+
+    from radixserve import Engine
+
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    with Engine(str(qwen3_model_dir), dtype="float32") as engine:
+        think_end = engine.tokenizer.convert_tokens_to_ids("</think>")  # type: ignore[attr-defined]
+        params = {
+            "json_schema": json.dumps(schema),
+            "grammar_after_token": think_end,
+            "logit_bias": {think_end: 100.0},
+            "max_new_tokens": 40,
+            "temperature": 0.0,
+        }
+        out = engine.generate("Answer in JSON:", params)
+        engine.check_integrity()
+    assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+    assert out["text"].startswith("</think>")
+    assert isinstance(json.loads(out["text"][len("</think>") :])["ok"], bool)

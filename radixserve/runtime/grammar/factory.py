@@ -49,10 +49,11 @@ class GrammarFactory:
         self._args = (tokenizer, vocab_size, frozenset(eos_token_ids))
         self.backend: GrammarBackend | None = None
 
-    def for_key(self, key: GrammarKey | None) -> ReqGrammar | None:
-        """``None`` without a key; ``ValueError`` for a grammar this tokenizer cannot run."""
+    def for_key(self, key: GrammarKey | None, after_token: int | None = None) -> ReqGrammar | None:
+        """``None`` without a key; ``ValueError`` for a grammar this tokenizer cannot run.
+        ``after_token``: the grammar starts after that token (see :class:`ReqGrammar`)."""
         if key is None:
             return None
         if self.backend is None:
             self.backend = create_grammar_backend(*self._args)
-        return ReqGrammar(self.backend.matcher(self.backend.compile(key)))
+        return ReqGrammar(self.backend.matcher(self.backend.compile(key)), after_token)

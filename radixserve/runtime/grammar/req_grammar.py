@@ -5,6 +5,9 @@ its canonical tokenization (the matcher's ``forced_tokens``), computed once, rig
 freely sampled token. With jump-forward the scheduler appends all of them in one extend step
 (:meth:`take_forced`); without it, each step's mask admits only the next one. Both modes thus
 emit the same tokens: jump-forward saves the decode steps, never changes the output.
+
+With ``after_token`` (a reasoning block's ``</think>``), the grammar waits: every token is
+allowed until that one is emitted, and the grammar constrains what follows it.
 """
 
 from __future__ import annotations
@@ -21,13 +24,20 @@ class ReqGrammar:
     ``docs/structured_output.md``); ``num_accepted`` always equals the request's output tokens
     it has seen, so a retracted or preempted request is rebuilt by :meth:`sync_to`."""
 
-    def __init__(self, matcher: GrammarMatcher) -> None:
+    def __init__(self, matcher: GrammarMatcher, after_token: int | None = None) -> None:
         self.matcher = matcher
+        self.after_token = after_token
+        self.waiting = after_token is not None  # the grammar starts after after_token
         self.num_accepted = 0
         self.forced: list[int] = self._compute_forced()
 
     def accept(self, token: int) -> None:
         """Advance by an emitted token (sampled under this grammar's mask, or forced)."""
+        if self.waiting:
+            self.waiting = token != self.after_token
+            self.num_accepted += 1
+            self.forced = self._compute_forced()
+            return
         if not self.matcher.accept_token(token):
             raise AssertionError(f"token {token} was sampled outside its grammar")
         self.num_accepted += 1
@@ -45,7 +55,9 @@ class ReqGrammar:
         return tokens
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        if self.forced:
+        if self.waiting:
+            bitmask[row] = -1  # every token: the grammar has not started
+        elif self.forced:
             token = self.forced[0]
             bitmask[row].zero_()
             bitmask[row, token // 32] = _bit(token % 32)
@@ -53,7 +65,7 @@ class ReqGrammar:
             self.matcher.fill_bitmask(bitmask, row)
 
     def is_terminated(self) -> bool:
-        return self.matcher.is_terminated()
+        return not self.waiting and self.matcher.is_terminated()
 
     def sync_to(self, output_ids: Sequence[int]) -> None:
         """Make the state that of ``output_ids`` (after a retraction, preemption or any path
@@ -61,13 +73,16 @@ class ReqGrammar:
         if self.num_accepted == len(output_ids):
             return
         self.matcher.reset()
+        self.waiting = self.after_token is not None
         self.num_accepted = 0
         self.forced = self._compute_forced()
         for token in output_ids:
             self.accept(token)
 
     def _compute_forced(self) -> list[int]:
-        return [] if self.matcher.is_terminated() else list(self.matcher.forced_tokens())
+        if self.waiting or self.matcher.is_terminated():
+            return []
+        return list(self.matcher.forced_tokens())
 
 
 def _bit(i: int) -> int:
