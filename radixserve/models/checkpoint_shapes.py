@@ -3,12 +3,14 @@ chat template and end-of-sequence ids (``checkpoint_tokenizers.py`` fetches the 
 
 Shapes: ``qwen3-0.6b``, ``qwen3-1.7b`` (q/k norms, tied embeddings, 151,936 vocabulary rows
 over a 151,669-id tokenizer) and ``llama3.2-1b``, ``llama3.2-3b`` (Llama 3 RoPE scaling, tied
-embeddings, Llama 3.1's tokenizer). Tests keep the real vocabulary and shrink the rest
-(``overrides``); the benchmarks take the full shapes.
+embeddings, Llama 3.1's tokenizer, and a chat template written here from Meta's published
+format for JSON tool calls: ``templates/llama3.1_json_tools.jinja``). Tests keep the real
+vocabulary and shrink the rest (``overrides``); the benchmarks take the full shapes.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ import torch
 from radixserve.models.checkpoint_tokenizers import tokenizer_dir
 from radixserve.models.tiny import write_tiny_model
 
+TEMPLATES = Path(__file__).parent / "templates"
+
 
 @dataclass(frozen=True, slots=True)
 class Family:
@@ -25,12 +29,19 @@ class Family:
     arch: str
     eos_tokens: tuple[str, ...]  # as the checkpoint's generation_config.json lists them
     bos_token: str | None
+    # a template file that replaces the package's (whose template lacks what the family's
+    # checkpoints render: Llama 3.1's tools); None: the package's own
+    chat_template: str | None = None
 
 
 FAMILIES = {
     "qwen3": Family("qwen3", "qwen3", ("<|im_end|>", "<|endoftext|>"), None),
     "llama3": Family(
-        "llama3", "llama", ("<|eot_id|>", "<|end_of_text|>", "<|eom_id|>"), "<|begin_of_text|>"
+        "llama3",
+        "llama",
+        ("<|eot_id|>", "<|end_of_text|>", "<|eom_id|>"),
+        "<|begin_of_text|>",
+        "llama3.1_json_tools.jinja",
     ),
 }
 _LLAMA32_ROPE = {
@@ -117,10 +128,15 @@ SMALL = dict(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim
 
 
 def load_checkpoint_tokenizer(family: str) -> Any:
-    """``family``'s real tokenizer (``AutoTokenizer`` over the fetched files)."""
+    """``family``'s real tokenizer (``AutoTokenizer`` over the fetched files), with the
+    family's chat template."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(tokenizer_dir(FAMILIES[family].tokenizer))
+    spec = FAMILIES[family]
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir(spec.tokenizer))
+    if spec.chat_template is not None:
+        tokenizer.chat_template = (TEMPLATES / spec.chat_template).read_text()
+    return tokenizer
 
 
 def write_checkpoint_shaped(
@@ -142,6 +158,7 @@ def write_checkpoint_shaped(
     family = FAMILIES[spec.family]
     tokenizer = tokenizer if tokenizer is not None else load_checkpoint_tokenizer(spec.family)
     if chat_template is not None:
+        tokenizer = copy.copy(tokenizer)  # the caller's tokenizer keeps its template
         tokenizer.chat_template = chat_template
     return write_tiny_model(
         out_dir,

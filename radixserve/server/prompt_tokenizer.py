@@ -42,18 +42,27 @@ class PromptTokenizer:
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         **template_kwargs: Any,
     ) -> list[int]:
         """The prompt ids of ``messages`` (and ``tools``, OpenAI's tool definitions) through
-        the tokenizer's chat template, with the assistant generation prompt appended;
-        ``template_kwargs`` go to the template (``chat_template_kwargs``). ``ValueError`` if
-        the model has no template."""
+        the tokenizer's chat template, with the assistant generation prompt appended (or the
+        last message left open, ``continue_final_message``), as transformers'
+        ``apply_chat_template`` renders them; ``template_kwargs`` go to the template
+        (``chat_template_kwargs``). ``ValueError`` if the model has no template."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model has no chat template; use /v1/completions")
-        template_kwargs.pop("add_generation_prompt", None)  # always on: the reply follows
-        template_kwargs.pop("tokenize", None)
+        for owned in ("add_generation_prompt", "continue_final_message", "tokenize"):
+            template_kwargs.pop(owned, None)  # the request's own fields say these
         text = self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False, **template_kwargs
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=False,
+            **template_kwargs,
         )
         # the template writes any BOS itself: no special tokens on top
         return await self.tokenize(str(text), add_special_tokens=False)

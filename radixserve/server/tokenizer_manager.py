@@ -121,6 +121,8 @@ class TokenizerManager:
             if tokenizer is not None
             else PromptTokenizer.from_pretrained(config.engine.model_path, info.max_context_len)
         )
+        if config.chat_template is not None:  # --chat-template: the deployment's own
+            self.prompts.tokenizer.chat_template = config.chat_template
         self.validator = RequestValidator(info, config.default_max_new_tokens)
         self.children = dict(children or {})
         self.observer = observer
