@@ -326,7 +326,9 @@ def _started(
     if opts.backend == "engine":
         from radixserve.server.engine import Engine
 
-        threads = {} if opts.num_threads is None else {"num_threads": opts.num_threads}
+        threads: dict[str, Any] = (
+            {} if opts.num_threads is None else {"num_threads": opts.num_threads}
+        )
         engine = Engine(
             opts.model_path,
             dtype=opts.dtype,

@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from radixserve.config import EngineConfig
+from radixserve.hub import resolve_model
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.scheduler import Scheduler
 from radixserve.runtime.stop_strings import decode
@@ -29,11 +30,20 @@ _Call = tuple[Callable[[], Any], Future[Any]]
 
 
 class Engine:
-    """``Engine(model_path, **config)``: any :class:`EngineConfig` field as a keyword."""
+    """``Engine(model_path, **config)``: any :class:`EngineConfig` field as a keyword;
+    ``model_path`` a checkpoint directory or a hub id (``ORG/NAME``, ``revision``: its
+    branch, tag or commit), resolved through huggingface_hub's cache."""
 
     def __init__(
-        self, model_path: str | None = None, tokenizer: Any | None = None, **config: Any
+        self,
+        model_path: str | None = None,
+        tokenizer: Any | None = None,
+        *,
+        revision: str | None = None,
+        **config: Any,
     ) -> None:
+        if model_path is not None:
+            model_path = resolve_model(str(model_path), revision)
         self.config = EngineConfig(model_path=model_path, **config)
         if tokenizer is None and model_path is not None:
             from transformers import AutoTokenizer
