@@ -11,6 +11,7 @@ CPU_ISAS = ("avx2", "avx512", "avx512_bf16", "neon")  # the kernel variants (x86
 KV_TIER_WRITE_POLICIES = ("write_back", "write_through")  # SGLang's --hicache-write-policy
 PREEMPTION_MODES = ("recompute", "swap")  # vLLM V0's --preemption-mode
 REASONING_PARSERS = ("qwen3", "deepseek-r1")  # SGLang's and vLLM's --reasoning-parser names
+TOOL_CALL_PARSERS = ("qwen25", "qwen", "llama3", "mistral")  # SGLang's --tool-call-parser names
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +157,8 @@ class ServerConfig:
     model path and the directory's name are accepted too); ``None``: the model path as given,
     as SGLang does (clients such as SGLang's ``bench_serving`` load the tokenizer from it).
     ``tool_call_parser``: the tool-call format of the chat route's ``tool_choice=auto``
-    (``qwen25``, ``llama3``); ``None``: the one the chat template teaches. ``reasoning_parser``
+    (``qwen25`` or ``qwen``, ``llama3``, ``mistral``); ``None``: the one the chat template
+    teaches. ``reasoning_parser``
     (``qwen3``, ``deepseek-r1``): the chat routes return the thinking as ``reasoning_content``.
     ``chat_template``: the text of a Jinja chat template that replaces the checkpoint's. ``is_default_model``
     marks the embedded random-weight smoke-test model, so the log and ``/v1/models`` say so.
@@ -192,6 +194,8 @@ class ServerConfig:
         for name in ("max_request_bytes", "max_batch_sub_requests", "max_stop_strings"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.tool_call_parser not in (None, *TOOL_CALL_PARSERS):
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}")
         if self.reasoning_parser not in (None, *REASONING_PARSERS):
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}")
         if self.graceful_shutdown_timeout_s < 0:

@@ -17,6 +17,7 @@ from radixserve.config import (
     QUANTIZATIONS,
     REASONING_PARSERS,
     SCHEDULE_POLICIES,
+    TOOL_CALL_PARSERS,
     EngineConfig,
     ServerConfig,
     default_model_dir,
@@ -185,7 +186,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     )
     add(
         "--tool-call-parser",
-        choices=("qwen25", "llama3"),
+        choices=TOOL_CALL_PARSERS,
         default=None,
         help="the tool-call format parsed for tool_choice=auto (default: the one the chat "
         "template teaches)",

@@ -5,8 +5,10 @@ family's tool-call text.
   ``{"name": ..., "parameters": {...}}`` objects (:func:`tool_choice_schema`), which
   :func:`parse_constrained` reads back into calls.
 - ``auto`` lets the model write its own format, which a :class:`ToolCallParser` reads:
-  Qwen2.5/Qwen3 (``<tool_call>{"name", "arguments"}</tool_call>``, Hermes-style) or Llama 3
-  (an optional ``<|python_tag|>`` then ``{"name", "parameters"}`` objects joined by ``;``).
+  Qwen2.5/Qwen3 (``qwen25``, also ``qwen``: ``<tool_call>{"name", "arguments"}</tool_call>``,
+  Hermes-style), Llama 3 (``llama3``: an optional ``<|python_tag|>`` then ``{"name",
+  "parameters"}`` objects joined by ``;``) or Mistral (``mistral``: ``[TOOL_CALLS]`` then a
+  JSON array of ``{"name", "arguments"}`` objects). The names are SGLang's.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-PARSERS = ("qwen25", "llama3")
+PARSERS = ("qwen25", "llama3", "mistral")
+ALIASES = {"qwen": "qwen25"}  # SGLang accepts both names for the Qwen format
+MARKERS = {"qwen25": "<tool_call>", "llama3": "<|python_tag|>", "mistral": "[TOOL_CALLS]"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +101,11 @@ class ToolCallParser:
     it and holds the rest."""
 
     def __init__(self, kind: str) -> None:
+        kind = ALIASES.get(kind, kind)
         if kind not in PARSERS:
             raise ValueError(f"tool_call_parser must be one of {', '.join(PARSERS)}")
         self.kind = kind
-        self.marker = "<tool_call>" if kind == "qwen25" else "<|python_tag|>"
+        self.marker = MARKERS[kind]
 
     def start(self, text: str) -> int | None:
         """The index where tool calls begin in ``text`` (None: not yet)."""
@@ -122,7 +127,7 @@ class ToolCallParser:
             if self.marker.startswith(text[-k:]):
                 held = k
                 break
-        if self.kind == "qwen25":  # whitespace before a call is dropped (see parse): hold it
+        if self.kind != "llama3":  # whitespace before a call is dropped (see parse): hold it
             body = text[: len(text) - held]
             held += len(body) - len(body.rstrip())
         return held
@@ -133,7 +138,13 @@ class ToolCallParser:
         at = self.start(text)
         if at is None:
             return text, []
-        calls = self._qwen25(text[at:]) if self.kind == "qwen25" else self._llama3(text[at:])
+        body = text[at:]
+        if self.kind == "qwen25":
+            calls = self._qwen25(body)
+        elif self.kind == "mistral":
+            calls = self._mistral(body)
+        else:
+            calls = self._llama3(body)
         if not calls:
             return text, []
         return text[: self.content_end(text, at)], calls
@@ -141,7 +152,7 @@ class ToolCallParser:
     def content_end(self, text: str, at: int) -> int:
         """Where the content before calls starting at ``at`` ends: Qwen's whitespace before
         a call is not content."""
-        return len(text[:at].rstrip()) if self.kind == "qwen25" else at
+        return len(text[:at].rstrip()) if self.kind != "llama3" else at
 
     @staticmethod
     def _qwen25(text: str) -> list[ParsedCall]:
@@ -156,6 +167,16 @@ class ToolCallParser:
                 return []
             calls.append(call)
         return calls
+
+    @staticmethod
+    def _mistral(text: str) -> list[ParsedCall]:
+        try:
+            data = json.loads(text[len("[TOOL_CALLS]") :].strip())
+        except json.JSONDecodeError:
+            return []
+        items = data if isinstance(data, list) else [data]
+        calls = [_call_of(item, "arguments", "parameters") for item in items]
+        return [] if not calls or any(c is None for c in calls) else calls  # type: ignore[misc]
 
     @staticmethod
     def _llama3(text: str) -> list[ParsedCall]:
@@ -182,6 +203,8 @@ def detect_parser(chat_template: str | None) -> str:
     template = chat_template or ""
     if "<tool_call>" in template:
         return "qwen25"
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
     if "<|python_tag|>" in template or "<|start_header_id|>" in template:
         return "llama3"
     return "qwen25"

@@ -135,3 +135,48 @@ def test_generate_separates_reasoning_when_asked(qwen3_server: Server) -> None:
         for before, after in zip(events, events[1:], strict=False):  # cumulative, as SGLang
             assert after["text"].startswith(before["text"])
             assert (after["reasoning_text"] or "").startswith(before["reasoning_text"] or "")
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+CALL = '<tool_call>\\n\\{"name": "get_weather", "arguments": \\{"city": "[A-Z][a-z]{2,6}"\\}\\}\\n</tool_call>'
+THINK_THEN_CALLS = f"<think>\\n[a-z]{{4}}\\n</think>\\n\\nOn it\\.\\n{CALL}\\n{CALL}"
+
+
+def test_thinking_and_tool_calls_in_one_answer(oai) -> None:  # type: ignore[no-untyped-def]
+    def chat(stream: bool):  # type: ignore[no-untyped-def]
+        return oai.chat.completions.create(
+            model="qwen3",
+            messages=[{"role": "user", "content": "Weather in Paris and Rome?"}],
+            tools=[WEATHER],
+            max_tokens=96,
+            temperature=0,
+            stream=stream,
+            extra_body={"regex": THINK_THEN_CALLS},
+        )
+
+    choice = chat(False).choices[0]
+    message = choice.message
+    assert choice.finish_reason == "tool_calls"
+    assert re.fullmatch("\\n[a-z]{4}\\n", message.reasoning_content)
+    assert message.content == "\n\nOn it."
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls]
+    assert len(calls) == 2 and all(name == "get_weather" for name, _ in calls)
+    reasoning = content = ""
+    assembled: dict[int, dict[str, str]] = {}
+    for chunk in chat(True):
+        for c in chunk.choices:
+            reasoning += getattr(c.delta, "reasoning_content", None) or ""
+            content += c.delta.content or ""
+            for delta in c.delta.tool_calls or []:
+                entry = assembled.setdefault(delta.index, {"name": "", "arguments": ""})
+                entry["name"] += delta.function.name or ""
+                entry["arguments"] += delta.function.arguments or ""
+    assert (reasoning, content) == (message.reasoning_content, message.content)
+    streamed = [(e["name"], json.loads(e["arguments"])) for _, e in sorted(assembled.items())]
+    assert streamed == calls

@@ -146,3 +146,32 @@ def test_detect_parser_from_the_template() -> None:
     assert detect_parser("... <tool_call> ...") == "qwen25"
     assert detect_parser("<|start_header_id|>...") == "llama3"
     assert detect_parser(None) == "qwen25"
+
+
+MISTRAL_OUT = (
+    'Checking. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}, '
+    '{"name": "get_time", "arguments": {"tz": "CET"}}]'
+)
+
+
+def test_mistral_format_and_sglang_names() -> None:
+    assert ToolCallParser("mistral").parse(MISTRAL_OUT) == ("Checking.", EXPECTED)
+    one = '[TOOL_CALLS] {"name": "get_time", "arguments": {"tz": "CET"}}'
+    assert ToolCallParser("mistral").parse(one) == ("", EXPECTED[1:])
+    broken = "[TOOL_CALLS] [{]"
+    assert ToolCallParser("mistral").parse(broken) == (broken, [])
+    assert ToolCallParser("qwen").kind == "qwen25"  # SGLang's other name for it
+    assert detect_parser("{{ '[TOOL_CALLS]' }}") == "mistral"
+    with pytest.raises(ValueError, match="mistral"):
+        ToolCallParser("hermes2")
+
+
+def test_mistral_stream_in_every_split_equals_the_whole_parse() -> None:
+    plan = plan_tools(_request(tool_choice="auto"), "mistral")
+    whole = plan.parse(MISTRAL_OUT)
+    assert whole[1] == EXPECTED
+    for cut in range(len(MISTRAL_OUT) + 1):
+        stream = plan.stream()
+        sent = stream.feed(MISTRAL_OUT[:cut]) + stream.feed(MISTRAL_OUT[cut:])
+        rest, calls = stream.finish()
+        assert calls == whole[1] and (sent + rest).rstrip() == whole[0]
