@@ -175,8 +175,8 @@ class ToolCallParser:
         except json.JSONDecodeError:
             return []
         items = data if isinstance(data, list) else [data]
-        calls = [_call_of(item, "arguments", "parameters") for item in items]
-        return [] if not calls or any(c is None for c in calls) else calls  # type: ignore[misc]
+        calls = [c for item in items if (c := _call_of(item, "arguments", "parameters"))]
+        return calls if calls and len(calls) == len(items) else []
 
     @staticmethod
     def _llama3(text: str) -> list[ParsedCall]:
