@@ -54,9 +54,12 @@ def run_benchmark(
     """Runs it, prints the tables, writes ``<out_dir>/<run_name>.json`` and ``.png``; returns
     the report (the JSON's content)."""
     if isinstance(spec, MultiTurnSpec):
-        benchmark, sessions = "multiturn", make_multiturn(spec, *opts.token_range)
+        benchmark, sessions = "multiturn", make_multiturn(spec, *opts.token_range, opts.corpus)
     else:
-        benchmark, sessions = "shared-prefix", make_shared_prefix(spec, *opts.token_range)
+        benchmark, sessions = (
+            "shared-prefix",
+            make_shared_prefix(spec, *opts.token_range, opts.corpus),
+        )
     trace = trace_tokens(sessions)
     print(
         f"{benchmark}: {shape_text(spec)}; {num_requests(sessions)} requests, "

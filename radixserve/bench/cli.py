@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Any
 
+from radixserve.bench.models import BENCH_MODELS
 from radixserve.bench.workload import MULTITURN_SHAPES, SHARED_PREFIX_SHAPES
 from radixserve.units import parse_size
 
@@ -31,8 +32,14 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     add(
         "--model",
         default=None,
-        help="checkpoint dir (default: the 0.5B-shaped random model, "
-        "made on first use; --quick: a tiny one)",
+        help="checkpoint dir or hub id, or a bench model made on first use with random weights: "
+        f"{', '.join(BENCH_MODELS)} (default: qwen25-05b; --quick: tiny)",
+    )
+    add(
+        "--prompts",
+        default="text",
+        choices=("text", "random"),
+        help="text: windows of real text through the model's tokenizer; random: uniform ids",
     )
     add("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
     add(
@@ -170,11 +177,13 @@ def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from radixserve.bench.benchmark import run_benchmark
-    from radixserve.bench.models import ensure_bench_model, token_range
+    from radixserve.bench.models import ensure_bench_model, text_corpus, token_range
     from radixserve.bench.systems import BenchOptions
     from radixserve.bench.workload import MultiTurnSpec, SharedPrefixSpec
+    from radixserve.hub import resolve_model
 
-    model = args.model or str(ensure_bench_model("tiny" if args.quick else "qwen25-05b"))
+    kind = args.model or ("tiny" if args.quick else "qwen25-05b")
+    model = str(ensure_bench_model(kind)) if kind in BENCH_MODELS else resolve_model(kind)
     spec: MultiTurnSpec | SharedPrefixSpec
     if args.bench_command == "multiturn":
         shape = "quick" if args.quick else args.shape
@@ -223,6 +232,7 @@ def _run(args: argparse.Namespace) -> int:
         hf_batch_size=args.hf_batch_size or min(parallel, 16),
         num_threads=args.threads,
         token_range=token_range(model),
+        corpus=text_corpus(model) if args.prompts == "text" else None,
         repeat=args.repeat,
         dp_size=args.dp_size,
         router_policies=tuple(args.router_policy.split(",")),

@@ -1,5 +1,6 @@
-"""Benchmark models, made on first use with :mod:`radixserve.models.tiny` (random weights), and
-the token id range the synthetic prompts draw from."""
+"""Benchmark models, made on first use with random weights (:mod:`radixserve.models.tiny`, and
+real checkpoints' shapes with their real tokenizers: :mod:`radixserve.models.checkpoint_shapes`),
+the token id range random prompts draw from, and the real text prompts are cut from."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import shutil
 import time
 from pathlib import Path
 
-from radixserve.config import default_model_dir
+import numpy as np
 
-BENCH_MODELS = ("tiny", "qwen25-05b")
+from radixserve.config import default_model_dir
+from radixserve.models.checkpoint_shapes import SHAPES
+
+BENCH_MODELS = ("tiny", "qwen25-05b", *SHAPES)  # SHAPES: qwen3-0.6b, qwen3-1.7b, llama3.2-1b, ...
+CORPUS_CHARS = 400_000  # of the stdlib's sources: about 120k tokens to cut prompts from
 _READY = "radixserve-bench-model.ok"
 
 
@@ -21,13 +26,15 @@ def bench_model_root() -> Path:
 
 def ensure_bench_model(kind: str, root: Path | None = None) -> Path:
     """The directory of ``kind`` (tiny: a 4-layer Llama, seconds to write; qwen25-05b: the
-    Qwen2.5-0.5B-shaped model in bfloat16, about 1 GB), writing it first if missing. It is
+    Qwen2.5-0.5B-shaped model in bfloat16, about 1 GB; a checkpoint shape such as qwen3-1.7b,
+    in bfloat16 with its real tokenizer, 3.4 GB), writing it first if missing. It is
     written beside and renamed into place, so an interrupted write leaves nothing behind."""
     if kind not in BENCH_MODELS:
         raise ValueError(f"model kind must be one of {BENCH_MODELS}, got {kind!r}")
     target = (root or bench_model_root()) / kind
     if (target / _READY).is_file():
         return target
+    from radixserve.models.checkpoint_shapes import write_checkpoint_shaped
     from radixserve.models.tiny import write_qwen25_05b_shaped, write_tiny_model
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -35,8 +42,10 @@ def ensure_bench_model(kind: str, root: Path | None = None) -> Path:
     try:
         if kind == "tiny":
             write_tiny_model(tmp, "llama", num_layers=4, hidden_size=256, intermediate_size=512)
-        else:
+        elif kind == "qwen25-05b":
             write_qwen25_05b_shaped(tmp)
+        else:
+            write_checkpoint_shaped(tmp, kind)
         (tmp / _READY).write_text("1\n")
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
@@ -59,3 +68,18 @@ def token_range(model_path: str) -> tuple[int, int]:
         return 1, int(config["vocab_size"])
     low = max(tok.all_special_ids, default=-1) + 1
     return low, len(tok)
+
+
+def text_corpus(model_path: str) -> np.ndarray | None:
+    """Real text (the Python standard library's sources) through the model's tokenizer, as one
+    id array to cut prompts from; None when the model has no tokenizer."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError):
+        return None
+    from radixserve.models.tiny import corpus_texts
+
+    text = "\n".join(corpus_texts(CORPUS_CHARS))
+    return np.asarray(tok.encode(text, add_special_tokens=False), dtype=np.int64)

@@ -21,14 +21,16 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from radixserve.bench.clients import Client, EngineClient, HttpClient, OpenAIClient, RouterClient
 from radixserve.bench.prefill_cost import merge_calibrations
 from radixserve.bench.records import RequestRecord, optimal_hits, summarize
 from radixserve.bench.runner import calibrate_prefill, run_sessions, warmup
-from radixserve.bench.workload import Session, TokenSource
+from radixserve.bench.workload import Session, TokenSource, token_source
 from radixserve.config import SCHEDULE_POLICIES
 
 BASELINES = ("unbounded", "no-cache", "hf", "hf-kv")
@@ -61,6 +63,8 @@ class BenchOptions:
     hf_batch_size: int = 8
     num_threads: int | None = None  # torch threads of every system (None: torch's default)
     token_range: tuple[int, int] = (3, 2048)
+    # real text through the model's tokenizer (bench.models.text_corpus), or None: random ids
+    corpus: np.ndarray | None = field(default=None, repr=False, compare=False)
     repeat: int = 1  # runs per system; the fastest is reported
     dp_size: int = 1  # > 1: radixserve serve --dp-size behind sglang-router, per router policy
     router_policies: tuple[str, ...] = ("cache_aware", "round_robin")
@@ -242,7 +246,7 @@ def run_all(opts: BenchOptions, sessions: list[Session]) -> dict[str, Any]:
 
 
 def _warmup_source(opts: BenchOptions) -> TokenSource:
-    return TokenSource(*opts.token_range, seed=12345)
+    return token_source(*opts.token_range, seed=12345, corpus=opts.corpus)
 
 
 def _run_radixserve(

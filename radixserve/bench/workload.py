@@ -4,7 +4,9 @@ Both are lists of :class:`Session`: a fixed prefix (a system prompt, or nothing)
 turns, each a user message and an answer of a known length. Turn ``t``'s prompt is the prefix,
 every earlier user message and answer, and user message ``t``; the answers are whatever the
 system under test generates (``ignore_eos``, so their lengths are exact). Token ids are drawn
-uniformly from ``[low, high)``, the tokenizer's ordinary (non-special) ids.
+uniformly from ``[low, high)``, the tokenizer's ordinary (non-special) ids, or, given a
+``corpus`` (real text through the model's tokenizer), as windows of it at random offsets: the
+same lengths and cache structure, prompts a real tokenizer wrote.
 """
 
 from __future__ import annotations
@@ -79,11 +81,41 @@ class TokenSource:
             return randrange_block(self.rng, self.low, self.high, n).tolist()
         return [self.rng.randrange(self.low, self.high) for _ in range(n)]
 
+    def block(self, n: int) -> np.ndarray:
+        """``ids(n)`` as an int64 array (what a block of per-token draws gives)."""
+        return randrange_block(self.rng, self.low, self.high, n)
+
     def length(self, bounds: tuple[int, int]) -> int:
         lo, hi = bounds
         if not 1 <= lo <= hi:
             raise ValueError(f"bad length range {bounds}")
         return self.rng.randint(lo, hi)
+
+
+class TextSource(TokenSource):
+    """Seeded windows of ``corpus`` (a tokenized text), each at a random offset (wrapping).
+
+    It draws what a :class:`TokenSource` of the same range would, and takes each window's
+    offset from those numbers, so a text trace has exactly the lengths, answers' lengths,
+    order and arrivals of the random trace of the same seed."""
+
+    def __init__(self, low: int, high: int, seed: int, corpus: np.ndarray) -> None:
+        if len(corpus) == 0:
+            raise ValueError("an empty corpus")
+        super().__init__(low, high, seed)
+        self.corpus = corpus
+
+    def ids(self, n: int) -> list[int]:
+        return self.block(n).tolist()
+
+    def block(self, n: int) -> np.ndarray:
+        drawn = super().block(n)
+        start = int(drawn.sum()) % len(self.corpus)
+        return np.take(self.corpus, np.arange(start, start + n), mode="wrap").astype(np.int64)
+
+
+def token_source(low: int, high: int, seed: int, corpus: np.ndarray | None = None) -> TokenSource:
+    return TokenSource(low, high, seed) if corpus is None else TextSource(low, high, seed, corpus)
 
 
 def randrange_block(rng: random.Random, low: int, high: int, n: int) -> np.ndarray:
@@ -119,8 +151,10 @@ def randrange_block(rng: random.Random, low: int, high: int, n: int) -> np.ndarr
     return out + low
 
 
-def make_multiturn(spec: MultiTurnSpec, low: int, high: int) -> list[Session]:
-    src = TokenSource(low, high, spec.seed)
+def make_multiturn(
+    spec: MultiTurnSpec, low: int, high: int, corpus: np.ndarray | None = None
+) -> list[Session]:
+    src = token_source(low, high, spec.seed, corpus)
     system = src.ids(spec.system_len)
     sessions = []
     for sid in range(spec.num_conversations):
@@ -146,13 +180,15 @@ class SharedPrefixDraw:
     arrivals: list[float]  # per session
 
 
-def draw_shared_prefix(spec: SharedPrefixSpec, low: int, high: int) -> SharedPrefixDraw:
+def draw_shared_prefix(
+    spec: SharedPrefixSpec, low: int, high: int, corpus: np.ndarray | None = None
+) -> SharedPrefixDraw:
     """The draws of :func:`make_shared_prefix`, in its order: every system prompt, then per
     request its question and its fallback answer (one block draw), the shuffle, the arrivals."""
-    src = TokenSource(low, high, spec.seed)
+    src = token_source(low, high, spec.seed, corpus)
     sys_len, q_len, a_len = spec.system_len, spec.question_len, spec.output_len
     num = spec.num_groups * spec.prompts_per_group
-    ids = randrange_block(src.rng, low, high, spec.num_groups * sys_len + num * (q_len + a_len))
+    ids = src.block(spec.num_groups * sys_len + num * (q_len + a_len))
     systems = ids[: spec.num_groups * sys_len].reshape(spec.num_groups, sys_len)
     per_req = ids[spec.num_groups * sys_len :].reshape(num, q_len + a_len)
     order = list(range(num))
@@ -165,10 +201,12 @@ def draw_shared_prefix(spec: SharedPrefixSpec, low: int, high: int) -> SharedPre
     return SharedPrefixDraw(systems, per_req[:, :q_len], per_req[:, q_len:], order, arrivals)
 
 
-def make_shared_prefix(spec: SharedPrefixSpec, low: int, high: int) -> list[Session]:
+def make_shared_prefix(
+    spec: SharedPrefixSpec, low: int, high: int, corpus: np.ndarray | None = None
+) -> list[Session]:
     """Group-major order (all of group 0, then group 1, ...), shuffled like SGLang's, with
     Poisson arrival offsets at ``request_rate`` requests/s."""
-    draw = draw_shared_prefix(spec, low, high)
+    draw = draw_shared_prefix(spec, low, high, corpus)
     systems = draw.systems.tolist()
     questions, answers = draw.questions.tolist(), draw.answers.tolist()
     per_group = spec.prompts_per_group

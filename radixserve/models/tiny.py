@@ -28,7 +28,7 @@ CHATML_TEMPLATE = (
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 
 
-def _corpus(max_chars: int = 2_000_000) -> list[str]:
+def corpus_texts(max_chars: int = 2_000_000) -> list[str]:
     """The first ``max_chars`` characters of the stdlib's top-level ``*.py`` files, sorted by name."""
     texts, total = [], 0
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
@@ -58,7 +58,7 @@ def train_tokenizer(vocab_size: int = 2048) -> Any:
         min_frequency=2,
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer)
+    tok.train_from_iterator(corpus_texts(), trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

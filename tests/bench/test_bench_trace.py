@@ -71,3 +71,32 @@ def test_shared_prefix_workload_groups_and_arrivals() -> None:
     assert arrivals == sorted(arrivals) and arrivals[-1] > 0
     at_once = make_shared_prefix(SharedPrefixSpec(2, 2, 8, 4, 2), 10, 1000)
     assert all(s.arrival_s == 0.0 for s in at_once)
+
+
+def test_text_prompts_are_windows_of_real_text_with_the_same_shape(
+    checkpoint_tokenizers: dict,
+) -> None:
+    """``--prompts text``: the trace cut from real text through the real tokenizer has the
+    lengths and the sharing of the random one, is seeded, and decodes to the corpus's text."""
+    import numpy as np
+
+    from radixserve.models.tiny import corpus_texts
+
+    tok = checkpoint_tokenizers["qwen3"]
+    text = "\n".join(corpus_texts(20_000))
+    corpus = np.asarray(tok.encode(text, add_special_tokens=False), dtype=np.int64)
+    spec = MultiTurnSpec(num_conversations=3, num_turns=2, user_len=(8, 20), system_len=16)
+    drawn = make_multiturn(spec, 10, 100, corpus)
+    plain = make_multiturn(spec, 10, 100)
+    shape = [(len(s.prefix_ids), [(len(t.user_ids), t.answer_len) for t in s.turns]) for s in drawn]
+    assert shape == [
+        (len(s.prefix_ids), [(len(t.user_ids), t.answer_len) for t in s.turns]) for s in plain
+    ]
+    assert make_multiturn(spec, 10, 100, corpus) == drawn  # seeded
+    assert all(s.prefix_ids == drawn[0].prefix_ids for s in drawn)  # one system prompt
+    user = drawn[1].turns[1].user_ids
+    assert tok.decode(user) in text + text[: len(text) // 2]  # a window of the text (wrapping)
+    shared = make_shared_prefix(SharedPrefixSpec(2, 3, 12, 6, 4), 10, 100, corpus)
+    assert {len(s.prefix_ids) for s in shared} == {12} and len(
+        {tuple(s.prefix_ids) for s in shared}
+    ) == 2
