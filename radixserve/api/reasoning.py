@@ -45,13 +45,19 @@ class ReasoningParser:
 
     def parse(self, text: str) -> tuple[str | None, str]:
         """``(reasoning, content)`` of a whole output; reasoning None when it had none."""
-        reasoning, content = self.feed(text)
-        more_reasoning, more_content = self.finish()
-        return (reasoning + more_reasoning if self.had_thinking else None), content + more_content
+        reasoning, content = self.feed(text, final=True)
+        return (reasoning if self.had_thinking else None), content
 
-    def feed(self, text: str) -> tuple[str, str]:
+    def feed(self, text: str, final: bool = False) -> tuple[str, str]:
         """The reasoning and content deltas that ``text`` completes; a possible start of a tag
-        at its end is held for the next call."""
+        at its end is held for the next call, unless ``text`` is the output's last."""
+        reasoning, content = self._feed(text)
+        if final:
+            more_reasoning, more_content = self.finish()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        return reasoning, content
+
+    def _feed(self, text: str) -> tuple[str, str]:
         text, self._held = self._held + text, ""
         reasoning = ""
         if self.state == "undecided":

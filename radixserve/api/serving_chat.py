@@ -156,17 +156,6 @@ class ChatServing(OpenAIServing):
         )
         return JSONResponse(dump(response))
 
-    @staticmethod
-    def _split(reasoner: ReasoningParser | None, text: str, last: bool) -> tuple[str, str]:
-        """A stream delta's ``(reasoning, answer)`` (all answer without a reasoner)."""
-        if reasoner is None:
-            return "", text
-        reasoning, answer = reasoner.feed(text)
-        if last:
-            more_reasoning, more_answer = reasoner.finish()
-            reasoning, answer = reasoning + more_reasoning, answer + more_answer
-        return reasoning, answer
-
     def _logprobs(
         self, body: ChatCompletionRequest, result: RequestResult, start: int
     ) -> ChatLogprobs | None:
@@ -212,9 +201,13 @@ class ChatServing(OpenAIServing):
                 result.add(out)
                 logprobs = self._logprobs(body, result, start)
                 finish = self.finish_reason(out.output.finish_reason)
-                reasoning, answer = self._split(reasoners[i], out.text, finish is not None)
-                thinking[i] += reasoning
                 reasoner = reasoners[i]
+                reasoning, answer = (
+                    ("", out.text)
+                    if reasoner is None
+                    else reasoner.feed(out.text, final=finish is not None)
+                )
+                thinking[i] += reasoning
                 ended = reasoner is None or reasoner.state != "thinking" or finish is not None
                 if thinking[i] and (body.stream_reasoning or ended):
                     delta = DeltaMessage(reasoning_content=thinking[i])

@@ -160,11 +160,8 @@ class _StreamSplit:
         self.answer = ""
 
     def add(self, text: str, final: bool) -> tuple[str | None, str]:
-        reasoning, answer = self.parser.feed(text[self.seen :])
+        reasoning, answer = self.parser.feed(text[self.seen :], final)
         self.seen = len(text)
-        if final:
-            more_reasoning, more_answer = self.parser.finish()
-            reasoning, answer = reasoning + more_reasoning, answer + more_answer
         self.reasoning += reasoning
         self.answer += answer
         return (self.reasoning if self.parser.had_thinking else None), self.answer

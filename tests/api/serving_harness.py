@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +104,20 @@ def stop_server(server: Server, timeout: float = 20.0) -> int | None:
     if server.proc.poll() is None:
         server.proc.wait(5)
     return server.proc.returncode
+
+
+@contextmanager
+def serving(args: list[str], log_path: Path) -> Iterator[Server]:
+    """A server for the ``with`` block; on leaving it, it must stop cleanly (exit 0) and its
+    log must hold no traceback."""
+    server = start_server(args, log_path)
+    try:
+        yield server
+    finally:
+        code = stop_server(server)
+        log = server.log()
+        assert code == 0, f"the server did not stop cleanly ({code}):\n{log[-4000:]}"
+        assert "Traceback" not in log, log[-6000:]
 
 
 def model_name(server: Server) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from serving_harness import Server, start_server, stop_server
+from serving_harness import Server, serving
 
 pytest.importorskip("llguidance")
 
@@ -27,13 +27,8 @@ def qwen3_server(
     log = tmp_path_factory.mktemp("qwen3-log") / "server.log"
     args = ["--model", str(qwen3_model_dir), "--served-model-name", "qwen3"]
     args += ["--reasoning-parser", "qwen3"]
-    srv = start_server([*args, "--max-total-tokens", "8192"], log)
-    try:
-        yield srv
-    finally:
-        code = stop_server(srv)
-        assert code == 0, f"the server did not stop cleanly ({code}):\n{srv.log()[-4000:]}"
-        assert "Traceback" not in srv.log(), srv.log()[-6000:]
+    with serving([*args, "--max-total-tokens", "8192"], log) as server:
+        yield server
 
 
 @pytest.mark.parametrize("pattern", [THINK, TOOL_CALL], ids=["think", "tool_call"])

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from serving_harness import Server, start_server, stop_server
+from serving_harness import Server, serving
 
 from radixserve.models.checkpoint_shapes import TEMPLATES
 
@@ -36,12 +36,8 @@ def llama_server(
     log = tmp_path_factory.mktemp("llama3-log") / "server.log"
     args = ["--model", str(llama3_model_dir), "--served-model-name", "llama3"]
     args += ["--chat-template", str(TEMPLATE), "--max-total-tokens", "8192"]
-    srv = start_server(args, log)
-    try:
-        yield srv
-    finally:
-        assert stop_server(srv) == 0, srv.log()[-4000:]
-        assert "Traceback" not in srv.log(), srv.log()[-6000:]
+    with serving(args, log) as server:
+        yield server
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from serving_harness import Server, start_server, stop_server
+from serving_harness import Server, serving
 
 pytest.importorskip("llguidance")
 
@@ -26,11 +26,8 @@ def mistral_server(
 ) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("mistral-log") / "server.log"
     args = ["--model", str(tools_model_dir), "--served-model-name", "m"]
-    srv = start_server([*args, "--tool-call-parser", "mistral", "--max-total-tokens", "8192"], log)
-    try:
-        yield srv
-    finally:
-        assert stop_server(srv) == 0, srv.log()[-4000:]
+    with serving([*args, "--tool-call-parser", "mistral", "--max-total-tokens", "8192"], log) as s:
+        yield s
 
 
 def test_mistral_tool_calls_through_the_openai_client(mistral_server: Server) -> None:
