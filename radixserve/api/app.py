@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixserve.api import server_info
 from radixserve.api.dashboard import dashboard_router
-from radixserve.api.errors import APIError, install_error_handlers
+from radixserve.api.errors import APIError, UnhandledErrors, install_error_handlers
 from radixserve.api.guard import RequestGuard
 from radixserve.api.metrics import ServingMetrics
 from radixserve.api.openapi import ROUTE_RESPONSES, install_openapi
@@ -78,10 +78,10 @@ def create_app(
     docs = {} if not config.disable_docs else dict(docs_url=None, redoc_url=None, openapi_url=None)
     app = FastAPI(title="radixserve", lifespan=lifespan, **docs)  # type: ignore[arg-type]
     app.add_middleware(JSONBodyMiddleware)
-    # added last: the outermost layer, so it runs first
     app.add_middleware(
         RequestGuard, api_key=config.api_key, max_request_bytes=config.max_request_bytes
     )
+    app.add_middleware(UnhandledErrors)  # added last: the outermost layer, so it runs first
     install_error_handlers(app)
     meter = server_info.ThroughputMeter()
     native = NativeServing(tm, config.reasoning_parser)

@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve.server.tokenizer_manager import (
     ClientDisconnected,
@@ -129,6 +130,35 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
             param = f"{param}.{field}" if param else field
     extra = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
     return (f"{param}: {msg}" if param else msg) + extra, param
+
+
+class UnhandledErrors:
+    """The last net, outside every other middleware: an exception that no handler took (a bug,
+    or a per-request object such as a parser failing) becomes that request's OpenAI-shaped 500,
+    logged once; if its response had started (a stream), the response just ends. It is never
+    re-raised into the server: Starlette's own last net sends the 500 and then re-raises, and
+    uvicorn answers that by dropping the connection, so the client saw a reset."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            response = error_response(exc)
+            if not started:
+                await response(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -76,7 +76,7 @@ def run_benchmark(
         "shape": _jsonable(dataclasses.asdict(spec)),
         "shape_text": shape_text(spec),
         "model": opts.model_path,
-        "options": _jsonable(dataclasses.asdict(opts)),
+        "options": _jsonable(_options(opts)),
         "num_requests": num_requests(sessions),
         "trace_tokens": trace,
         "started_at": started,
@@ -114,6 +114,13 @@ def run_benchmark(
     write_plot(report, png_path)
     print(f"\nwrote {json_path} and {png_path}")
     return report
+
+
+def _options(opts: BenchOptions) -> dict[str, Any]:
+    """The options as recorded: the text prompts' corpus by its size, not its ids."""
+    out = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts) if f.name != "corpus"}
+    out["prompts"] = "random ids" if opts.corpus is None else f"text ({len(opts.corpus)} ids)"
+    return out
 
 
 def _jsonable(value: Any) -> Any:

@@ -68,7 +68,28 @@ class SamplingBatchInfo:
         cls, reqs: Sequence[Req], vocab_size: int, device: torch.device | str = "cpu"
     ) -> SamplingBatchInfo:
         """From scheduler requests (their params, prompt, output so far, logprob wishes and
-        grammars: the mask is filled now, on the caller's thread)."""
+        grammars: the mask is filled now, on the caller's thread).
+
+        A request whose own parameters cannot be turned into its row fails alone: it gets its
+        ``Req.failure`` (the scheduler ends it at its result), its row samples with the
+        defaults, and the batch runs on."""
+        try:
+            return cls._from_reqs(reqs, vocab_size, device)
+        except Exception:
+            for r in reqs:  # find the requests at fault, one row each
+                try:
+                    cls._from_reqs([r], vocab_size, device)
+                except Exception as exc:
+                    r.failure = exc
+            if all(r.failure is None for r in reqs):
+                raise  # no single request's: the batch's own failure
+            rows = [r if r.failure is None else Req(rid=r.rid, origin_input_ids=[0]) for r in reqs]
+            return cls._from_reqs(rows, vocab_size, device)
+
+    @classmethod
+    def _from_reqs(
+        cls, reqs: Sequence[Req], vocab_size: int, device: torch.device | str
+    ) -> SamplingBatchInfo:
         info = cls.from_params(
             [r.sampling_params for r in reqs],
             [r.output_ids for r in reqs],

@@ -1,6 +1,7 @@
 """No request can take the scheduler down: an exception of one request's own objects (its
-grammar accepting a token or filling the batch's mask, its stop-string check, its
-detokenization) ends that request with an error, frees its KV, and the others are served on.
+grammar accepting a token or filling the batch's mask, its sampling parameters, its
+stop-string check, its detokenization) ends that request with an error, frees its KV, and the
+others are served on.
 
 Each test injects the fault into one request of a batch on the real scheduler and model."""
 
@@ -15,6 +16,7 @@ from radixserve import Engine
 from radixserve.runtime import output_processor
 from radixserve.runtime.grammar.req_grammar import ReqGrammar
 from radixserve.runtime.io_struct import ReqOutput
+from radixserve.runtime.sampling_batch_info import SamplingBatchInfo
 from radixserve.server.detokenizer import Detokenizer
 from radixserve.server.io_struct import ReqError, TextOutput
 from radixserve.types import FinishKind, FinishReason
@@ -97,6 +99,21 @@ def test_a_stop_check_that_raises_fails_its_request_only(
     params = [{"max_new_tokens": 10, "stop": ["zzzz"]} for _ in PROMPTS]
     params[0]["stop"] = [BAD]
     _check(engine, engine.generate(PROMPTS, params), bad=0)
+
+
+def test_sampling_parameters_that_cannot_be_built_fail_their_request_only(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = SamplingBatchInfo.from_params.__func__  # type: ignore[attr-defined]
+
+    def from_params(cls, params, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if any(p.seed == 666 for p in params):
+            raise RuntimeError("a row's sampling state could not be built")
+        return original(cls, params, *args, **kwargs)
+
+    monkeypatch.setattr(SamplingBatchInfo, "from_params", classmethod(from_params))
+    params = [{"max_new_tokens": 6, "seed": s} for s in (1, 2, 666, 3)]
+    _check(engine, engine.generate(PROMPTS, params), bad=2)
 
 
 def _mark_failing_matchers(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
