@@ -78,14 +78,14 @@ def test_llama3_tool_calls_whole_and_streamed(oai) -> None:  # type: ignore[no-u
     calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
     assert [name for name, _ in calls] == ["get_weather", "get_weather"]
     assert all(set(args) == {"city"} for _, args in calls)
-    assembled: dict[int, dict[str, str]] = {}
-    finish = None
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+
+    state = ChatCompletionStreamState()  # how the official client assembles a stream
     for chunk in _chat(oai, stream=True):
-        for c in chunk.choices:
-            finish = c.finish_reason or finish
-            for delta in c.delta.tool_calls or []:
-                entry = assembled.setdefault(delta.index, {"name": "", "arguments": ""})
-                entry["name"] += delta.function.name or ""
-                entry["arguments"] += delta.function.arguments or ""
-    streamed = [(e["name"], json.loads(e["arguments"])) for _, e in sorted(assembled.items())]
+        state.handle_chunk(chunk)
+    final = state.get_final_completion().choices[0]
+    finish = final.finish_reason
+    streamed = [
+        (c.function.name, json.loads(c.function.arguments)) for c in final.message.tool_calls
+    ]
     assert streamed == calls and finish == "tool_calls"
