@@ -14,6 +14,7 @@ everything stops and the command exits non-zero.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import importlib.util
 import json
@@ -23,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -133,10 +135,20 @@ def serve_data_parallel(config: ServerConfig, dp: DataParallelConfig) -> int:
             if not wait_healthy(url, deadline, worker):
                 logger.error("worker %d (%s) did not start", i, url)
                 return 1
-        router = subprocess.Popen(router_command(config, dp, urls))
+        router = subprocess.Popen(
+            router_command(config, dp, urls), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        router_log = RouterLog(router)
         router_url = f"http://{_connect_host(config.host)}:{config.port}"
         if not wait_router_ready(router_url, len(urls), deadline, router):
-            logger.error("the router did not start or did not register the workers")
+            code = router.poll()
+            why = "timed out" if code is None else f"exited with code {code}"
+            logger.error(
+                "the router did not start or did not register the workers (%s); its last "
+                "lines:\n%s",
+                why,
+                router_log.tail(),
+            )
             return 1
         _print_ready(config, dp, urls)
         return _supervise(workers, urls, router)
@@ -148,12 +160,36 @@ def serve_data_parallel(config: ServerConfig, dp: DataParallelConfig) -> int:
         _stop(workers, router)
 
 
+class RouterLog:
+    """The router's output, passed on to ours line by line (a thread), its last lines kept
+    for the message when it fails to start."""
+
+    def __init__(self, router: subprocess.Popen[bytes], keep: int = 20) -> None:
+        self._lines: collections.deque[str] = collections.deque(maxlen=keep)
+        self._thread = threading.Thread(target=self._pump, args=(router,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, router: subprocess.Popen[bytes]) -> None:
+        assert router.stdout is not None
+        for raw in router.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            self._lines.append(line)
+            print(line, file=sys.stderr, flush=True)
+
+    def tail(self) -> str:
+        self._thread.join(timeout=2.0)  # an exited router's last words
+        return "\n".join(self._lines) or "(nothing)"
+
+
 def router_command(config: ServerConfig, dp: DataParallelConfig, urls: list[str]) -> list[str]:
     cmd = [sys.executable, "-m", "sglang_router.launch_router"]
     cmd += ["--host", config.host, "--port", str(config.port), "--policy", dp.router_policy]
     cmd += ["--worker-urls", *urls, "--log-level", _router_log_level(config.log_level)]
     if config.api_key:  # the router's own calls to the workers (server info, load)
         cmd += ["--api-key", config.api_key]
+    if not any(a.startswith("--prometheus-port") for a in dp.router_args):
+        # its default (29000) is fixed: a second --dp-size server on the machine would collide
+        cmd += ["--prometheus-port", str(free_ports(1)[0])]
     return cmd + list(dp.router_args)
 
 

@@ -121,3 +121,36 @@ def test_a_killed_worker_leaves_the_other_serving(dp_server: Server) -> None:
                 ok += 1
     assert ok == 8
     assert dp_server.proc.poll() is None, "the launcher must keep running"
+
+
+def test_two_data_parallel_servers_on_one_machine(
+    dp_server: Server, api_model_dir: Path, tmp_path: Path
+) -> None:
+    """The routers' metrics ports are chosen free: a second --dp-size server starts beside the
+    first (with the router's fixed default it panicked) and serves, the first still up."""
+    args = ["--model", str(api_model_dir), "--dp-size", "2", "--threads-per-worker", "1"]
+    second = start_server([*args, "--max-total-tokens", "4096"], tmp_path / "second.log")
+    try:
+        out = httpx.post(
+            f"{second.url}/v1/completions",
+            json={"model": str(api_model_dir), "prompt": "def f():", "max_tokens": 2},
+            timeout=60,
+        )
+        assert out.status_code == 200, out.text
+        assert dp_server.proc.poll() is None and second.proc.poll() is None
+    finally:
+        assert stop_server(second, timeout=30) == 0, second.log()[-3000:]
+
+
+def test_a_router_that_cannot_start_ends_the_server_with_its_reason(api_model_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    pytest.importorskip("sglang_router", reason="needs radixserve[router] (sglang-router)")
+    cmd = [sys.executable, "-m", "radixserve", "serve", "--model", str(api_model_dir)]
+    cmd += ["--dp-size", "2", "--threads-per-worker", "1", "--router-arg=--no-such-flag"]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "the router did not start" in proc.stderr and "--no-such-flag" in proc.stderr
+    assert time.monotonic() - started < 120  # the workers' start, then seconds

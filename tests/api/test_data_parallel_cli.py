@@ -65,3 +65,14 @@ def test_each_worker_gets_a_file_tier_of_its_own(tmp_path, tiny_llama_dir) -> No
     tiers = [file_tier(p, layout, 8, "model")[0] for p in paths if p is not None]
     tiers[0].storage.fill_(1.0)
     assert torch.count_nonzero(tiers[1].storage) == 0  # worker 1's KV is untouched
+
+
+def test_the_router_gets_a_free_metrics_port_unless_one_is_given() -> None:
+    config = ServerConfig(engine=EngineConfig(model_path="/m"), port=8000)
+    urls = ["http://127.0.0.1:1"]
+    cmd = data_parallel.router_command(config, data_parallel.DataParallelConfig(2), urls)
+    port = int(cmd[cmd.index("--prometheus-port") + 1])
+    assert port != 29000 and 0 < port < 65536  # not the router's fixed default
+    given = data_parallel.DataParallelConfig(2, router_args=("--prometheus-port=9100",))
+    cmd = data_parallel.router_command(config, given, urls)
+    assert cmd.count("--prometheus-port") == 0 and cmd[-1] == "--prometheus-port=9100"
