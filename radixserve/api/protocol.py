@@ -147,6 +147,10 @@ class GenerateReqInput(BaseModel):
     log_metrics: bool = True  # accepted: every request is counted
     # with --reasoning-parser: the thinking as "reasoning_text", the answer as "text"
     separate_reasoning: bool = False
+    # what SGLang's router adds to every request it forwards: accepted, no-ops here (one model
+    # is served, whatever `model` names; nothing is logged per request but metrics)
+    model: str | None = None
+    no_logs: bool = False
     # SGLang's, not implemented here: a 400 when set
     image_data: Any = None
     audio_data: Any = None
@@ -162,6 +166,9 @@ class GenerateReqInput(BaseModel):
     bootstrap_port: int | list[int | None] | None = None
     bootstrap_room: int | list[int] | None = None
     data_parallel_rank: int | None = None
+    background: bool = False  # the router sends false; true (SGLang's async mode) is refused
+    return_bytes: bool = False
+    return_entropy: bool = False
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> GenerateReqInput:
@@ -190,6 +197,9 @@ GENERATE_UNSUPPORTED: dict[str, Any] = {
     "bootstrap_port": None,
     "bootstrap_room": None,
     "data_parallel_rank": None,
+    "background": False,
+    "return_bytes": False,
+    "return_entropy": False,
 }
 
 

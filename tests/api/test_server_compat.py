@@ -256,3 +256,13 @@ def test_tool_choice_errors_name_the_problem(http: httpx.Client) -> None:
 def test_separate_reasoning_without_a_reasoning_parser_is_a_400(http: httpx.Client) -> None:
     resp = http.post("/generate", json={"text": "x", "separate_reasoning": True})
     assert resp.status_code == 400 and "--reasoning-parser" in resp.json()["error"]["message"]
+
+
+def test_the_fields_sglangs_router_adds_are_accepted(http: httpx.Client) -> None:
+    """sglang-router forwards every /generate with these set (as seen through it: #29)."""
+    routed = {"model": "whatever", "background": False, "no_logs": False}
+    routed |= {"return_bytes": False, "return_entropy": False}
+    body = {"text": "def f():", "sampling_params": {"max_new_tokens": 2}}
+    assert http.post("/generate", json={**body, **routed}).status_code == 200
+    refused = http.post("/generate", json={**body, "background": True})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "background"
