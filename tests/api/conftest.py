@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serving_harness import Server, start_server, stop_server, write_api_model
+from serving_harness import Server, serving, write_api_model
 from tool_template import write_tools_model
 
 
@@ -22,16 +22,10 @@ def api_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: obje
 def server(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One server shared by the tests that leave it serving."""
     log = tmp_path_factory.mktemp("server-log") / "server.log"
-    srv = start_server(
-        ["--model", str(api_model_dir), "--max-total-tokens", "32768", "--log-level", "info"], log
-    )
-    try:
+    args = ["--model", str(api_model_dir), "--max-total-tokens", "32768", "--log-level", "info"]
+    with serving(args, log) as srv:
         yield srv
-    finally:
-        code = stop_server(srv)
-        log = srv.log()
-        assert code == 0, f"the server did not stop cleanly ({code}):\n{log[-4000:]}"
-        assert "Traceback" not in log and " ERROR " not in log, log[-6000:]
+    assert " ERROR " not in srv.log(), srv.log()[-6000:]
 
 
 @pytest.fixture
@@ -59,12 +53,8 @@ def compat_server(
 ) -> Iterator[Server]:
     """A server on :func:`tools_model_dir` (SGLang compatibility, tools, structured output)."""
     log = tmp_path_factory.mktemp("compat-log") / "server.log"
-    srv = start_server(["--model", str(tools_model_dir), "--max-total-tokens", "32768"], log)
-    try:
+    with serving(["--model", str(tools_model_dir), "--max-total-tokens", "32768"], log) as srv:
         yield srv
-    finally:
-        assert stop_server(srv) == 0, srv.log()[-4000:]
-        assert "Traceback" not in srv.log(), srv.log()[-6000:]
 
 
 @pytest.fixture

@@ -107,10 +107,10 @@ def stop_server(server: Server, timeout: float = 20.0) -> int | None:
 
 
 @contextmanager
-def serving(args: list[str], log_path: Path) -> Iterator[Server]:
+def serving(args: list[str], log_path: Path, api_key: str | None = None) -> Iterator[Server]:
     """A server for the ``with`` block; on leaving it, it must stop cleanly (exit 0) and its
     log must hold no traceback."""
-    server = start_server(args, log_path)
+    server = start_server(args, log_path, api_key=api_key)
     try:
         yield server
     finally:

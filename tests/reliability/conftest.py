@@ -14,7 +14,7 @@ from reliability_harness import (
     MAX_SUB_REQUESTS,
     server_args,
 )
-from serving_harness import Server, start_server, stop_server, write_api_model
+from serving_harness import Server, serving, write_api_model
 
 
 @pytest.fixture(scope="session")
@@ -37,11 +37,5 @@ def guarded(rel_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         "--max-stop-strings",
         str(MAX_STOP_STRINGS),
     )
-    srv = start_server(args, log, api_key=API_KEY)
-    try:
+    with serving(args, log, api_key=API_KEY) as srv:
         yield srv
-    finally:
-        code = stop_server(srv)
-        text = srv.log()
-        assert code == 0, f"the server did not stop cleanly ({code}):\n{text[-4000:]}"
-        assert "Traceback" not in text, text[-6000:]
