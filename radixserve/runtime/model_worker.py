@@ -3,10 +3,18 @@
 The sampled token of each request row is written into ``last_token[row]``; a DECODE batch reads
 its input ids from there when it runs, so batch N+1 can be prepared (and queued behind N in the
 single worker thread) before N's tokens reach the scheduler: no host sync between them.
+
+A batch runs in two halves. :meth:`ModelWorker._launch` (the worker thread, with overlap on)
+runs the forward and the sampler and starts the copy of the sampled ids to the host, and is
+done: the thread takes the next batch while the device still works. :meth:`ModelWorker._finish`
+(the scheduler thread, when it asks for the result) waits for that copy and turns the tensors
+into a :class:`BatchResult`. So the per-row host work of batch N never stands between the end
+of forward N and the start of forward N+1 (``benchmarks/scheduler_idle.py`` measures the gap).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -14,7 +22,7 @@ from typing import Protocol
 import torch
 
 from radixserve.runtime.model_runner import ModelRunner
-from radixserve.runtime.sampler import Sampler
+from radixserve.runtime.sampler import Sampler, SamplerOutput
 from radixserve.runtime.sampling_batch_info import SamplingBatchInfo
 from radixserve.runtime.schedule_batch import ScheduleBatch
 from radixserve.types import Req
@@ -98,10 +106,11 @@ class ModelWorker:
         """Queue ``batch`` behind the one running; the scheduler goes on meanwhile."""
         assert self._executor is not None
         info = self._sampling_info(batch)  # built now: it reads request state on this thread
-        return self._executor.submit(self._run, batch, info)
+        launched = self._executor.submit(self._launch, batch, info)
+        return _Finishing(launched, lambda raw: self._finish(batch, raw))
 
     def run(self, batch: ScheduleBatch) -> BatchResult:
-        return self._run(batch, self._sampling_info(batch))
+        return self._finish(batch, self._launch(batch, self._sampling_info(batch)))
 
     def check_alive(self) -> None:
         self.runner.check_alive()
@@ -122,7 +131,7 @@ class ModelWorker:
         info.steps = [r.kv_len - r.prompt_len if batch.is_decode else r.output_len for r in reqs]
         return info
 
-    def _run(self, batch: ScheduleBatch, info: SamplingBatchInfo | None) -> BatchResult:
+    def _launch(self, batch: ScheduleBatch, info: SamplingBatchInfo | None) -> _Launched:
         fb = batch.forward_batch
         assert fb is not None
         if fb.is_decode:
@@ -135,9 +144,9 @@ class ModelWorker:
                 if lp is not None:
                     result.input_logprobs[i] = lp.tolist()
         self._boundary_logprobs(batch, out.next_token_logits, result)
-        rows = [i for i, s in enumerate(batch.samples) if s]
         if info is None:
-            return result
+            return _Launched(result, [], None)
+        rows = [i for i, s in enumerate(batch.samples) if s]
         logits = out.next_token_logits if len(rows) == n else out.next_token_logits[rows]
         sampled = self.sampler(logits, info)
         row_idx = torch.tensor(
@@ -146,17 +155,23 @@ class ModelWorker:
             device=self.last_token.device,
         )
         self.last_token.index_copy_(0, row_idx, sampled.next_token_ids)
-        tokens = sampled.next_token_ids.tolist()
-        for j, i in enumerate(rows):
-            result.next_token_ids[i] = tokens[j]
+        return _Launched(result, rows, _HostCopy.start(sampled), info.top_logprobs_nums)
+
+    @staticmethod
+    def _finish(batch: ScheduleBatch, launched: _Launched) -> BatchResult:
+        result, rows = launched.result, launched.rows
+        if launched.sampled is None:
+            return result
+        sampled = launched.sampled.wait()
+        for i, token in zip(rows, sampled.next_token_ids.tolist(), strict=True):
+            result.next_token_ids[i] = token
         if sampled.next_token_logprobs is not None:
-            lps = sampled.next_token_logprobs.tolist()
-            for j, i in enumerate(rows):
-                result.logprobs[i] = lps[j]
+            for i, lp in zip(rows, sampled.next_token_logprobs.tolist(), strict=True):
+                result.logprobs[i] = lp
         if sampled.top_logprobs is not None and sampled.top_logprob_ids is not None:
             values, ids = sampled.top_logprobs.tolist(), sampled.top_logprob_ids.tolist()
             for j, i in enumerate(rows):
-                k = info.top_logprobs_nums[j]
+                k = launched.top_logprobs_nums[j]
                 result.top_logprobs[i] = list(zip(ids[j][:k], values[j][:k], strict=True))
         return result
 
@@ -168,3 +183,63 @@ class ModelWorker:
             if target is not None:
                 lp = float(torch.log_softmax(logits[i], dim=-1)[target])
                 result.input_logprobs[i] = (result.input_logprobs[i] or []) + [lp]
+
+
+@dataclass(slots=True)
+class _HostCopy:
+    """The sampler's tensors on their way to the host: on CUDA a non-blocking copy into pinned
+    memory and an event after it; on the CPU the tensors themselves."""
+
+    sampled: SamplerOutput
+    ready: torch.cuda.Event | None
+
+    @classmethod
+    def start(cls, sampled: SamplerOutput) -> _HostCopy:
+        if sampled.next_token_ids.device.type != "cuda":
+            return cls(sampled, None)
+        copies = [
+            None if t is None else t.to("cpu", non_blocking=True)
+            for t in (
+                sampled.next_token_ids,
+                sampled.next_token_logprobs,
+                sampled.top_logprobs,
+                sampled.top_logprob_ids,
+            )
+        ]
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(SamplerOutput(*copies), ready)  # type: ignore[arg-type]
+
+    def wait(self) -> SamplerOutput:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.sampled
+
+
+@dataclass(slots=True)
+class _Launched:
+    """A batch whose forward and sampling are launched: what :meth:`ModelWorker._finish` needs."""
+
+    result: BatchResult  # prompt logprobs already in
+    rows: list[int]  # the batch rows that sampled, in the sampler's order
+    sampled: _HostCopy | None
+    top_logprobs_nums: list[int] = field(default_factory=list)
+
+
+class _Finishing(Future[BatchResult]):
+    """The scheduler's handle on a submitted batch: ``result()`` waits for the worker thread's
+    launch, then finishes the batch on the calling (scheduler) thread, once."""
+
+    def __init__(self, launched: Future[_Launched], finish: Callable[[_Launched], BatchResult]):
+        super().__init__()
+        self._launched = launched
+        self._finish = finish
+
+    def result(self, timeout: float | None = None) -> BatchResult:
+        if not self.done():
+            launched = self._launched.result(timeout)  # the worker thread's error, as raised
+            try:
+                self.set_result(self._finish(launched))
+            except BaseException as exc:
+                self.set_exception(exc)
+        return super().result(timeout)
