@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 30000
 PYTEST_ARGS ?=
 
-.PHONY: install serve test test-slow lint format bench clean
+.PHONY: install serve test test-slow lint format bench clean gpu-wheels
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,15 @@ test-slow: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff format radixserve tests benchmarks examples
 	$(BIN)/ruff check --fix radixserve tests benchmarks examples
+
+# The wheels benchmarks/device_gpu.sh installs on the lent GPU machine (Python 3.12, x86-64, no
+# network), each without its dependencies: benchmarks/gpu/wheels.txt says why these.
+WHEEL_PLATFORMS := $(foreach n,2_35 2_34 2_31 2_28 2_27 2_24 2_17,--platform manylinux_$(n)_x86_64) --platform manylinux2014_x86_64
+gpu-wheels: $(STAMP)
+	mkdir -p .whl
+	grep -v '^#' benchmarks/gpu/wheels.txt | xargs $(BIN)/pip download -q --no-deps --only-binary=:all: \
+		--python-version 3.12 --implementation cp $(WHEEL_PLATFORMS) -d .whl
+	du -sh .whl
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis
