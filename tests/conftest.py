@@ -8,12 +8,35 @@ from typing import Any
 import pytest
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device",
+        default="cuda",
+        help="where the `gpu`-marked tests run: cuda (the default; they skip without a CUDA GPU) "
+        "or cpu, a dry run of the same tests on this machine (benchmarks/device_gpu.sh --device cpu)",
+    )
+
+
+@pytest.fixture(scope="session")
+def device(request: pytest.FixtureRequest) -> str:
+    """The ``--device`` of the `gpu`-marked tests."""
+    import torch
+
+    name = str(request.config.getoption("--device"))
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (or --device cpu, the dry run)")
+    return name
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Build (or load from torch's cache) every CPU kernel variant this machine runs before any
     test starts: a first build takes a minute or more, which no test's timeout (nor a server
     subprocess's health wait) should absorb."""
     from radixserve.models.kernels import _ext
 
+    config = session.config
+    if config.option.markexpr == "gpu" and str(config.getoption("--device")).startswith("cuda"):
+        return  # the CUDA tests use no CPU kernel: no GPU minutes on building them
     for name in _ext.VARIANT_NAMES:
         _ext.load_variant(name)
 
@@ -42,6 +65,15 @@ TINY_MODEL_SPECS: dict[str, dict[str, Any]] = {
 }
 
 
+# The same four families for the `gpu` tests, with head_dim 64: FlashInfer compiles its kernels
+# per head size the first time it meets one, and the 0.5B bench model's is 64 too.
+DEVICE_MODEL_SPECS: dict[str, dict[str, Any]] = {
+    arch: {**spec, "hidden_size": 256, "intermediate_size": 512, "num_heads": 4}
+    | ({"num_heads": 6, "head_dim": 64} if arch == "qwen3" else {})
+    for arch, spec in TINY_MODEL_SPECS.items()
+}
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer() -> Any:
     from radixserve.models.tiny import train_tokenizer
@@ -60,6 +92,20 @@ def tiny_model_dirs(
     return {
         arch: write_tiny_model(root / arch, arch, tokenizer=tiny_tokenizer, **spec)
         for arch, spec in TINY_MODEL_SPECS.items()
+    }
+
+
+@pytest.fixture(scope="session")
+def device_model_dirs(
+    tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any
+) -> dict[str, Path]:
+    """arch -> a checkpoint of :data:`DEVICE_MODEL_SPECS` (2 layers, float32 on disk)."""
+    from radixserve.models.tiny import write_tiny_model
+
+    root = tmp_path_factory.mktemp("device_models")
+    return {
+        arch: write_tiny_model(root / arch, arch, tokenizer=tiny_tokenizer, **spec)
+        for arch, spec in DEVICE_MODEL_SPECS.items()
     }
 
 

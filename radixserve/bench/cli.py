@@ -42,6 +42,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help="text: windows of real text through the model's tokenizer; random: uniform ids",
     )
     add("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
+    add("--device", default="cpu", help="of every system: cpu, cuda or cuda:N")
     add(
         "--quantization",
         default=None,
@@ -221,6 +222,7 @@ def _run(args: argparse.Namespace) -> int:
     opts = BenchOptions(
         model_path=model,
         dtype=args.dtype,
+        device=args.device,
         quantization=args.quantization,
         backend=args.backend,
         url=args.url,

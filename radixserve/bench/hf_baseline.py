@@ -45,18 +45,22 @@ def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
 
 
 class HFRunner:
-    def __init__(self, model_path: str, dtype: str, num_threads: int | None = None) -> None:
+    def __init__(
+        self, model_path: str, dtype: str, num_threads: int | None = None, device: str = "cpu"
+    ) -> None:
         self._from_arrival = False
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        self.model = load_hf_model(model_path, dtype)
+        self.device = torch.device(device)
+        self.model = load_hf_model(model_path, dtype).to(self.device)
         pad = self.model.config.pad_token_id
         self.pad_id = int(pad) if pad is not None else 0
 
     def _generate(self, ids: torch.Tensor, mask: torch.Tensor, new: int, cache: Any) -> Any:
-        return self.model.generate(
-            input_ids=ids,
-            attention_mask=mask,
+        """``generate`` on the model's device; the returned ``sequences`` are on the CPU."""
+        result = self.model.generate(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
             past_key_values=cache,
             max_new_tokens=new,
             min_new_tokens=new,
@@ -64,6 +68,8 @@ class HFRunner:
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
         )
+        result.sequences = result.sequences.cpu()
+        return result
 
     @torch.inference_mode()
     def warmup(self) -> None:

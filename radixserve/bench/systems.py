@@ -52,6 +52,7 @@ SERVER_INFO_KEYS = (
 class BenchOptions:
     model_path: str
     dtype: str = "bfloat16"
+    device: str = "cpu"  # of every system: cpu, cuda or cuda:N
     quantization: str | None = None  # of the radixserve systems: None or int8 (weight-only)
     backend: str = "engine"  # engine: in-process; http: raw /generate; frontend: RuntimeEndpoint
     url: str | None = None  # a running radixserve server for the cached runs (else one starts)
@@ -210,7 +211,7 @@ def run_all(opts: BenchOptions, sessions: list[Session]) -> dict[str, Any]:
     if hf_modes:
         from radixserve.bench.hf_baseline import HFRunner
 
-        runner = HFRunner(opts.model_path, opts.dtype, opts.num_threads)
+        runner = HFRunner(opts.model_path, opts.dtype, opts.num_threads, opts.device)
         try:
             runner.warmup()
             for mode, carry in hf_modes:
@@ -336,6 +337,7 @@ def _started(
         engine = Engine(
             opts.model_path,
             dtype=opts.dtype,
+            device=opts.device,
             quantization=opts.quantization,
             schedule_policy=setup.policy,
             **setup.engine_kwargs(tier_dir),
@@ -358,7 +360,7 @@ def _started(
     from radixserve.bench.servers import launched_server
 
     router_policy = setup.router_policy
-    extra_args = setup.serve_args(tier_dir)
+    extra_args = setup.serve_args(tier_dir) + ("--device", opts.device)
     if opts.quantization is not None:
         extra_args += ("--quantization", opts.quantization)
     if router_policy is not None:

@@ -89,6 +89,7 @@ def write_tiny_model(
     initializer_range: float = 0.2,
     eos_tokens: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>"),
     bos_token: str | None = None,
+    init_device: str = "cpu",
     **config_overrides: Any,
 ) -> Path:
     """Write a tiny ``arch`` (llama | qwen2 | qwen3 | mistral) checkpoint and tokenizer to ``out_dir``.
@@ -99,8 +100,9 @@ def write_tiny_model(
     gaps instead of repeating its input, which makes parity tests meaningful.
     ``eos_tokens``: every end-of-sequence token, the first the config's own (the generation
     config lists them all, as checkpoints do); the last is the pad token. ``bos_token``: the
-    config's BOS, if the family has one. ``config_overrides`` go to the transformers config (e.g. ``rope_scaling``,
-    ``attention_bias``, ``sliding_window``). Returns ``out_dir``.
+    config's BOS, if the family has one. ``init_device``: where the random weights are drawn
+    (``cuda`` makes an 8B model in seconds). ``config_overrides`` go to the transformers config
+    (e.g. ``rope_scaling``, ``attention_bias``, ``sliding_window``). Returns ``out_dir``.
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -132,7 +134,8 @@ def write_tiny_model(
     kwargs.update(config_overrides)
     config = _config_class(arch)(**kwargs)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.device(init_device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -170,6 +173,36 @@ def write_qwen25_05b_shaped(
         vocab_size=151936,
         initializer_range=0.02,
         rope_theta=1000000.0,
+    )
+
+
+def write_llama3_8b_shaped(
+    out_dir: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    tokenizer: Any = None,
+    init_device: str = "cpu",
+) -> Path:
+    """A random model of Llama-3-8B's shape (hidden 4096, 32 layers, 32 heads, 8 KV heads,
+    intermediate 14336, vocab 128256, untied), ~16 GB in bf16: the GPU benchmarks' large
+    model. The tokenizer is the small one, as in :func:`write_qwen25_05b_shaped`."""
+    return write_tiny_model(
+        out_dir,
+        "llama",
+        num_layers=32,
+        hidden_size=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        intermediate_size=14336,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        dtype=dtype,
+        seed=seed,
+        tokenizer=tokenizer,
+        vocab_size=128256,
+        initializer_range=0.02,
+        rope_theta=500000.0,
+        init_device=init_device,
     )
 
 

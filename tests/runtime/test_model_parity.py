@@ -56,6 +56,7 @@ class Driver:
         self.runner = runner
         self.pool = runner.req_to_token_pool
         self.allocator = TokenToKVPoolAllocator(runner.kv_cache.num_slots, page_size=1)
+        self.forced: list[list[int]] | None = None
 
     def new_seq(self, tokens: list[int], prefix_slots: torch.Tensor | None = None) -> Seq:
         rows = self.pool.alloc(1)
@@ -76,7 +77,7 @@ class Driver:
             ids += seq.tokens[seq.kv_len : seq.kv_len + n]
             off += n
         batch = ForwardBatch.extend(
-            ids, [s.row for s in seqs], [s.kv_len for s in seqs], lens, slots
+            ids, [s.row for s in seqs], [s.kv_len for s in seqs], lens, slots, self.runner.device
         )
         out = self.runner.forward(batch)
         for seq, n in zip(seqs, lens, strict=True):
@@ -89,7 +90,11 @@ class Driver:
         for seq, slot in zip(seqs, slots, strict=True):
             self.pool.write(seq.row, seq.kv_len, slot.view(1))
         batch = ForwardBatch.decode(
-            [s.tokens[-1] for s in seqs], [s.row for s in seqs], [s.kv_len + 1 for s in seqs], slots
+            [s.tokens[-1] for s in seqs],
+            [s.row for s in seqs],
+            [s.kv_len + 1 for s in seqs],
+            slots,
+            self.runner.device,
         )
         out = self.runner.forward(batch)
         for seq in seqs:
@@ -97,12 +102,16 @@ class Driver:
         return out.next_token_logits
 
     def generate(self, seqs: list[Seq], first_logits: torch.Tensor) -> None:
-        """Greedy decoding of NUM_NEW_TOKENS tokens for every seq, batched."""
+        """Greedy decoding of NUM_NEW_TOKENS tokens for every seq, batched; with ``forced``
+        (per seq, the tokens to feed), teacher-forced: the logits of each step are kept, the
+        given token is fed."""
         logits = first_logits
         for step in range(NUM_NEW_TOKENS):
-            for seq, row in zip(seqs, logits, strict=True):
-                seq.logits.append(row)
-                seq.tokens.append(int(row.argmax()))
+            for i, (seq, row) in enumerate(zip(seqs, logits, strict=True)):
+                seq.logits.append(row.float().cpu())
+                seq.tokens.append(
+                    int(row.argmax()) if self.forced is None else self.forced[i][step]
+                )
             if step + 1 < NUM_NEW_TOKENS:
                 logits = self.decode(seqs)
 
@@ -150,17 +159,22 @@ def run_chunked(driver: Driver, prompts: list[list[int]]) -> list[Seq]:
     return seqs
 
 
-def hf_greedy(model_dir: Path, prompts: list[list[int]]) -> list[tuple[list[int], torch.Tensor]]:
-    """HF's greedy continuation and per-step logits [NUM_NEW_TOKENS, vocab] of each prompt, one
-    prompt at a time (no padding in the oracle)."""
+def hf_greedy(
+    model_dir: Path,
+    prompts: list[list[int]],
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> list[tuple[list[int], torch.Tensor]]:
+    """HF's greedy continuation and per-step logits [NUM_NEW_TOKENS, vocab] (float32, on the
+    CPU) of each prompt, one prompt at a time (no padding in the oracle)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
     results = []
     for prompt in prompts:
         out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
+            torch.tensor([prompt], device=device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.int64, device=device),
             max_new_tokens=NUM_NEW_TOKENS,
             do_sample=False,
             eos_token_id=None,
@@ -169,7 +183,7 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]]) -> list[tuple[list[int]
         )
         tokens = out.sequences[0, len(prompt) :].tolist()
         assert len(tokens) == NUM_NEW_TOKENS
-        results.append((tokens, torch.cat(out.logits).float()))
+        results.append((tokens, torch.cat(out.logits).float().cpu()))
     return results
 
 
@@ -192,10 +206,13 @@ def oracle(
     return _oracle_cache[arch]
 
 
-def make_runner(model_dir: Path, backend: str | None = None) -> ModelRunner:
+def make_runner(
+    model_dir: Path, backend: str | None = None, dtype: str = "float32", device: str = "cpu"
+) -> ModelRunner:
     config = EngineConfig(
         model_path=str(model_dir),
-        dtype="float32",
+        dtype=dtype,
+        device=device,
         max_total_tokens=2048,
         max_running_requests=16,
         max_context_len=256,
