@@ -1,14 +1,16 @@
 """Model-execution throughput: radixserve's ModelRunner vs Hugging Face transformers, same weights.
 
-On a random model of Qwen2.5-0.5B's shape (written once with ``radixserve.models.tiny``):
+On a random model of Qwen2.5-0.5B's (or, ``--model-shape llama3-8b``, Llama-3-8B's) shape, written
+once with ``radixserve.models.tiny``, on the CPU or (``--device cuda``) a GPU:
 
 - prefill tokens/s of one ``--prompt-len``-token prompt;
 - decode tokens/s at each ``--batch-sizes`` with ``--context-len`` tokens of context (prefilled
   once; each repetition continues the same sequences, so the context grows by
   ``--decode-steps`` per repetition);
-- decode at batch 1 as a fraction of the memory-bandwidth bound (weight bytes read per step /
-  streaming bandwidth measured here: the best of a big tensor copy and sum, in ordinary memory
-  and in transparent huge pages, where radixserve keeps its CPU weights).
+- decode at every batch as a fraction of the memory-bandwidth bound (the step's weight bytes
+  plus the KV bytes of its batch, over the streaming bandwidth measured here: the best of a big
+  tensor copy and sum; on the CPU also in transparent huge pages, where radixserve keeps its
+  weights; on a GPU in its HBM). ``--json`` writes every row.
 
 Every side (each ``--configs`` entry of radixserve: a dtype, ``+int8`` for int8 weights; each
 ``--hf-dtypes`` entry of transformers; each ``--llama-gguf`` entry of llama.cpp, a llama-server
@@ -31,6 +33,7 @@ columns then pair rs bfloat16 with llama bf16 and rs bfloat16+int8 with llama q8
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import socket
 import statistics
@@ -53,8 +56,18 @@ from radixserve.config import EngineConfig
 from radixserve.models.forward_batch import ForwardBatch
 from radixserve.models.huge_pages import huge_page_buffer
 from radixserve.models.kernels import _ext
+from radixserve.models.tiny import write_llama3_8b_shaped, write_qwen25_05b_shaped
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_runner import ModelRunner
+
+
+def synchronize() -> None:
+    """Wait for the GPU's queued work (a no-op without CUDA): timers read the host clock."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+SHAPE_WRITERS = {"qwen25-0.5b": write_qwen25_05b_shaped, "llama3-8b": write_llama3_8b_shaped}
 
 
 def median_time(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
@@ -62,14 +75,16 @@ def median_time(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
         fn()
     times = []
     for _ in range(reps):
+        synchronize()
         start = time.perf_counter()
         fn()
+        synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
 def stream_bandwidth(
-    num_bytes: int = 1 << 30, reps: int = 5, huge: bool = False
+    num_bytes: int = 1 << 30, reps: int = 5, huge: bool = False, device: str = "cpu"
 ) -> tuple[float, float] | None:
     """Bytes/s of a big float32 tensor copy (read + written bytes) and of a sum (read only), in
     ordinary memory or (``huge``) in transparent huge pages, as radixserve keeps its CPU
@@ -82,7 +97,7 @@ def stream_bandwidth(
         src.fill_(1.0)
         dst.zero_()
     else:
-        src = torch.ones(num_bytes // 4, dtype=torch.float32)
+        src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
         dst = torch.empty_like(src)
     copy = 2 * num_bytes / median_time(lambda: dst.copy_(src), reps)
     read = num_bytes / median_time(lambda: src.sum(), reps)
@@ -94,12 +109,19 @@ class OurSide:
     ``r`` lives in KV slot ``1 + r * ctx + p`` (slot 0 is the padding slot)."""
 
     def __init__(
-        self, model_dir: Path, config: str, max_bs: int, ctx: int, torch_linear: bool
+        self,
+        model_dir: Path,
+        config: str,
+        max_bs: int,
+        ctx: int,
+        torch_linear: bool,
+        device: str = "cpu",
     ) -> None:
         dtype, _, quantization = config.partition("+")
         cfg = EngineConfig(
             model_path=str(model_dir),
             dtype=dtype,
+            device=device,
             quantization=quantization or None,
             max_total_tokens=max_bs * ctx,
             max_running_requests=max_bs,
@@ -119,7 +141,12 @@ class OurSide:
         slots = 1 + torch.arange(bs).view(bs, 1) * self.ctx + torch.arange(n).view(1, n)  # [bs, n]
         self.req_to_token[:bs, :n] = slots.to(torch.int32)
         batch = ForwardBatch.extend(
-            prompts.reshape(-1), list(range(bs)), [0] * bs, [n] * bs, slots.reshape(-1)
+            prompts.reshape(-1),
+            list(range(bs)),
+            [0] * bs,
+            [n] * bs,
+            slots.reshape(-1),
+            self.runner.device,
         )
         return self.runner.forward(batch).next_token_logits.argmax(-1)
 
@@ -129,7 +156,9 @@ class OurSide:
         rows, lens = torch.arange(bs), torch.tensor(seq_lens)
         slots = 1 + rows * self.ctx + lens
         self.req_to_token[rows, lens] = slots.to(torch.int32)
-        batch = ForwardBatch.decode(tokens, list(range(bs)), [s + 1 for s in seq_lens], slots)
+        batch = ForwardBatch.decode(
+            tokens, list(range(bs)), [s + 1 for s in seq_lens], slots, self.runner.device
+        )
         return self.runner.forward(batch).next_token_logits.argmax(-1)
 
 
@@ -145,18 +174,22 @@ def streamed_bytes(model: torch.nn.Module) -> int:
 
 
 class HFSide:
-    def __init__(self, model_dir: Path, dtype: torch.dtype) -> None:
+    def __init__(self, model_dir: Path, dtype: torch.dtype, device: str = "cpu") -> None:
         from transformers import AutoModelForCausalLM
 
         self.name = f"HF {str(dtype).removeprefix('torch.')}"
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        self.device = torch.device(device)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        self.model = model.to(self.device).eval()
 
     def prefill(self, prompts: torch.Tensor) -> tuple[torch.Tensor, object]:
         from transformers import DynamicCache
 
         cache = DynamicCache()
         with torch.inference_mode():
-            out = self.model(prompts, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = self.model(
+                prompts.to(self.device), past_key_values=cache, use_cache=True, logits_to_keep=1
+            )
         return out.logits[:, -1].argmax(-1), out.past_key_values
 
     def decode(self, tokens: torch.Tensor, cache: object) -> torch.Tensor:
@@ -178,6 +211,7 @@ class DecodeRun:
 
     def step_time(self, steps: int) -> float:
         """Seconds per decode step, over ``steps`` steps."""
+        synchronize()
         start = time.perf_counter()
         for _ in range(steps):
             if isinstance(self.side, OurSide):
@@ -185,6 +219,7 @@ class DecodeRun:
                 self.lens = [n + 1 for n in self.lens]
             else:
                 self.tokens = self.side.decode(self.tokens, self.cache)
+        synchronize()
         return (time.perf_counter() - start) / steps
 
 
@@ -218,8 +253,8 @@ def run_all(args: argparse.Namespace, model_dir: Path, bandwidth: float) -> None
     # llama.cpp's sequences grow by 2 + decode_steps per repetition (see llama_side.py)
     ctx = max(args.prompt_len, args.context_len) + (args.reps + 1) * (args.decode_steps + 2) + 8
     torch_linear = args.linear == "torch"
-    ours = [OurSide(model_dir, c, max_bs, ctx, torch_linear) for c in args.configs]
-    hf = [HFSide(model_dir, getattr(torch, d)) for d in args.hf_dtypes]
+    ours = [OurSide(model_dir, c, max_bs, ctx, torch_linear, args.device) for c in args.configs]
+    hf = [HFSide(model_dir, getattr(torch, d), args.device) for d in args.hf_dtypes]
     llama = llama_sides(args, max_bs, ctx)
     try:
         measure(args, ours, hf, llama, bandwidth)
@@ -250,9 +285,14 @@ def measure(
     names = "".join(f"{s.name:>18s}" for s in sides)
     print(f"{'tokens/s':24s}{names}{ratio_header(columns)}")
 
+    rows: list[dict[str, object]] = []  # what --json writes
+
     def report(name: str, values: list[float]) -> None:
         cells = "".join(f"{v:18.1f}" for v in values)
         print(f"{name:24s}{cells}{ratio_cells(columns, values)}")
+        rows.append(
+            {"row": name, "tokens_per_s": {s.name: v for s, v in zip(sides, values, strict=True)}}
+        )
 
     prompt = torch.randint(0, vocab, (1, args.prompt_len), generator=gen)
     for side in sides:  # warm-up
@@ -260,8 +300,10 @@ def measure(
     times: list[list[float]] = [[] for _ in sides]
     for _ in range(args.reps):  # interleaved, so host noise hits every side alike
         for i, side in enumerate(sides):
+            synchronize()
             start = time.perf_counter()
             side.prefill(prompt)
+            synchronize()
             times[i].append(time.perf_counter() - start)
     report(
         f"prefill {args.prompt_len} tok", [args.prompt_len / statistics.median(t) for t in times]
@@ -284,12 +326,28 @@ def measure(
         del runs
         step = [statistics.median(t) for t in times]
         report(f"decode b={bs} ctx={args.context_len}", [bs / t for t in step])
-        if bs == 1:
-            shares = [
-                f"{s.name} {(1 / t) / (bandwidth / streamed_bytes(s.runner.model)):.0%}"
-                for s, t in zip(ours, step, strict=False)
-            ]
-            print(f"{'  b=1 / bandwidth bound':24s}  " + ", ".join(shares))
+        # the bytes a step must read: the weights once, the KV of every token of the batch
+        # (the context grows over the repetitions: its middle)
+        ctx = args.context_len + (args.reps + 1) * args.decode_steps // 2
+        kv_read = kv_bytes_per_token(ours[0].runner) * bs * ctx
+        shares = []
+        for s, t in zip(sides, step, strict=True):
+            if isinstance(s, LlamaSide):
+                continue
+            bound_s = (streamed_bytes(ours[0].runner.model) + kv_read) / bandwidth
+            shares.append(f"{s.name} {bound_s / t:.0%}")
+            rows[-1].setdefault("bound_fraction", {})[s.name] = bound_s / t
+        print(f"{'  of the bandwidth bound':24s}  " + ", ".join(shares))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bandwidth_bytes_per_s": bandwidth, "rows": rows}, f, indent=1)
+
+
+def kv_bytes_per_token(runner: ModelRunner) -> int:
+    """K and V of one token over every layer."""
+    kv = runner.kv_cache
+    k = kv.k_buffer[0]
+    return 2 * kv.num_layers * k[0].numel() * k.element_size()
 
 
 def main() -> None:
@@ -337,17 +395,36 @@ def main() -> None:
         default="kernel",
         help="radixserve's projections and norms through the CPU kernels (kernel) or torch (torch)",
     )
+    parser.add_argument(
+        "--device", default="cpu", help="of every side but llama.cpp's: cpu, cuda or cuda:N"
+    )
+    parser.add_argument(
+        "--model-shape",
+        choices=list(SHAPE_WRITERS),
+        default="qwen25-0.5b",
+        help="the random model written to --model-dir when it holds none",
+    )
+    parser.add_argument("--json", default=None, help="also write every row here")
+    parser.add_argument(
+        "--bandwidth-mib", type=int, default=1024, help="the buffer of the bandwidth measurement"
+    )
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # stream each row
     if args.threads:
         torch.set_num_threads(args.threads)
     if not (args.model_dir / "config.json").is_file():
-        from radixserve.models.tiny import write_qwen25_05b_shaped
-
-        print(f"writing the Qwen2.5-0.5B-shaped random model to {args.model_dir} ...")
-        write_qwen25_05b_shaped(args.model_dir)
-    copy, read = stream_bandwidth()
-    huge = stream_bandwidth(huge=True)
+        print(f"writing the {args.model_shape}-shaped random model to {args.model_dir} ...")
+        init = args.device if args.device.startswith("cuda") else "cpu"
+        SHAPE_WRITERS[args.model_shape](args.model_dir, init_device=init)
+    if args.device.startswith("cuda"):
+        copy, read = stream_bandwidth(args.bandwidth_mib << 20, device=args.device)
+        props = torch.cuda.get_device_properties(args.device)
+        print(f"GPU: {props.name}, {props.total_memory / 2**30:.0f} GiB; torch {torch.__version__}")
+        print(f"HBM bandwidth: copy {copy / 1e9:.0f} GB/s (read+write), sum {read / 1e9:.0f} GB/s")
+        run_all(args, args.model_dir, max(copy, read))
+        return
+    copy, read = stream_bandwidth(args.bandwidth_mib << 20)
+    huge = stream_bandwidth(args.bandwidth_mib << 20, huge=True)
     variant = _ext.best_variant(EngineConfig().cpu_isa)
     flags = sorted(f for f in _ext.cpu_flags() if f.startswith(("avx", "fma", "f16c", "amx")))
     print(

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Issue #27 on a lent GPU machine, in one call of under 10 minutes, from the repository root
+# (see benchmarks/README.md, "The CUDA path"):
+#
+#   bash benchmarks/device_gpu.sh                  # all: install info jit tests idle bench
+#   bash benchmarks/device_gpu.sh bench            # the benchmarks only: install info jit bench
+#   bash benchmarks/device_gpu.sh --device cpu     # the dry run here: the same stages and files
+#   bash benchmarks/device_gpu.sh tests idle       # any stages, in the order given
+#
+# install: the wheels `make gpu-wheels` put in .whl/ (name .whl in the call's carry) into
+#   /tmp/site, which goes first on PYTHONPATH (skipped with --device cpu: the venv has them).
+# info: the GPU, driver, torch, FlashInfer and the packages radixserve imports.
+# jit: FlashInfer compiles a kernel per (kind, head size, window) on first use; this builds every
+#   one the tests and benchmarks meet, timed, before anything else is (benchmarks/gpu/
+#   warm_flashinfer.py; on the CPU the same calls through the torch reference wrappers).
+# tests: `pytest -m gpu --device D`: FlashInfer's kernels against the torch reference, bf16
+#   parity with Hugging Face on four families (three ways of feeding), the KV stress test with
+#   overlap on, seeded sampling on the device, the KV tier's load-back (junit.xml).
+# idle: benchmarks/scheduler_idle.py, the share of time a modelled H100 waits for the scheduler.
+# bench: decode tokens/s at batch 1, 8, 64, 256 and prefill tokens/s beside HF transformers on
+#   the Qwen2.5-0.5B- and Llama-3-8B-shaped random models in bf16, as a share of the HBM bound
+#   (benchmarks/model_throughput.py), then the multi-turn shape (a) with the cache on and off.
+#   With --device cpu: a tiny model, batches 1 and 8, and `bench multiturn --quick`.
+#
+# Logs and JSON go to $OUT (or ./device_out): run.log (everything), junit.xml, idle.json,
+# throughput-<shape>.json, bench/multiturn.json and .png. A stage that fails is reported and the
+# next one runs; the exit status is that of the first failure.
+set -uo pipefail
+DEVICE=cuda
+STAGES=()
+while (($#)); do
+  case "$1" in
+    --device) DEVICE=$2; shift 2 ;;
+    --device=*) DEVICE=${1#--device=}; shift ;;
+    all) STAGES+=(install info jit tests idle bench); shift ;;
+    bench) STAGES+=(install info jit bench); shift ;;
+    *) STAGES+=("stage_$1"); shift ;;
+  esac
+done
+((${#STAGES[@]})) || STAGES=(install info jit tests idle bench)
+OUT=${OUT:-device_out}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+ON_GPU=0
+[[ $DEVICE == cuda* ]] && ON_GPU=1
+BENCH_DIR=${BENCH_DIR:-/tmp/radixserve-gpu-models}
+
+stage_install() {
+  if ((!ON_GPU)); then echo "dry run: the venv's packages"; return 0; fi
+  ls .whl/*.whl >/dev/null || { echo "no .whl/: run make gpu-wheels here, carry .whl"; return 1; }
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || return 1
+  export PYTHONPATH=/tmp/site:$PYTHONPATH
+}
+
+stage_info() {
+  if ((ON_GPU)); then nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv; fi
+  nproc
+  $PY - <<'EOF'
+import importlib, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+for name in ("flashinfer", "transformers", "tokenizers", "zmq", "fastapi", "pydantic", "llguidance"):
+    try:
+        print(name, getattr(importlib.import_module(name), "__version__", "?"))
+    except Exception as exc:  # noqa: BLE001: report and go on
+        print(name, "MISSING", exc)
+EOF
+}
+
+stage_jit() {  # on the CPU: the same calls through the torch reference wrappers
+  $PY benchmarks/gpu/warm_flashinfer.py --device "$DEVICE"
+}
+
+stage_tests() {
+  local timeout=120
+  ((ON_GPU)) && timeout=600  # a kernel the jit stage missed compiles inside its first test
+  $PY -m pytest -q -p no:cacheprovider -m gpu --device "$DEVICE" --timeout "$timeout" -rfEs \
+    --junitxml "$OUT/junit.xml" tests
+}
+
+stage_idle() {
+  local args=(--json "$OUT/idle.json")
+  ((ON_GPU)) || args+=(--steps 20 --batches 1 64)
+  $PY benchmarks/scheduler_idle.py "${args[@]}"
+}
+
+throughput() {  # name shape model_dir extra args...: writes throughput-<name>.json
+  local name=$1 shape=$2 dir=$3
+  shift 3
+  $PY benchmarks/model_throughput.py --device "$DEVICE" --model-shape "$shape" --model-dir "$dir" \
+    --configs bfloat16 --hf-dtypes bfloat16 --json "$OUT/throughput-$name.json" "$@"
+}
+
+stage_bench() {
+  local status=0
+  if ((ON_GPU)); then
+    throughput qwen25-0.5b qwen25-0.5b "$BENCH_DIR/qwen25_05b" --batch-sizes 1 8 64 256 --prompt-len 1024 \
+      --context-len 512 --decode-steps 32 --reps 5 || status=1
+    throughput llama3-8b llama3-8b "$BENCH_DIR/llama3_8b" --batch-sizes 1 8 64 256 --prompt-len 1024 \
+      --context-len 256 --decode-steps 16 --reps 3 || status=1
+    $PY -m radixserve bench multiturn --shape a --device "$DEVICE" --baselines no-cache \
+      --out "$OUT/bench" --name multiturn || status=1
+  else
+    local tiny="$BENCH_DIR/tiny"
+    [[ -f $tiny/config.json ]] || $PY -c "import sys, torch; from radixserve.models.tiny import \
+write_tiny_model as w; w(sys.argv[1], 'qwen2', num_layers=2, hidden_size=256, num_heads=4, \
+intermediate_size=512, dtype=torch.bfloat16)" "$tiny" || status=1
+    throughput tiny qwen25-0.5b "$tiny" --batch-sizes 1 8 --prompt-len 64 --context-len 64 \
+      --decode-steps 4 --reps 2 --bandwidth-mib 64 || status=1
+    $PY -m radixserve bench multiturn --quick --device "$DEVICE" --baselines no-cache \
+      --out "$OUT/bench" --name multiturn || status=1
+  fi
+  return $status
+}
+
+FIRST_FAILURE=0
+SUMMARY=()
+{
+  for stage in "${STAGES[@]}"; do
+    stage=${stage#stage_}
+    echo "=== $stage $(date +%T) (device $DEVICE)"
+    start=$SECONDS
+    "stage_$stage"
+    rc=$?
+    SUMMARY+=("$stage: exit $rc, $((SECONDS - start)) s")
+    ((rc != 0 && FIRST_FAILURE == 0)) && FIRST_FAILURE=$rc
+  done
+  echo "=== done $(date +%T)"
+  printf '%s\n' "${SUMMARY[@]}"
+  exit "$FIRST_FAILURE"
+} 2>&1 | tee "$OUT/run.log"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,65 @@
+"""``benchmarks/device_gpu.sh --device cpu``: the GPU run's script, every stage, on this CPU.
+
+GPU minutes are scarce: this proves the script (its stages, the `gpu` tests on the CPU, the
+benchmarks' calls, the files it leaves for the next session) before one is spent on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(420)
+def test_dry_run_writes_every_file(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PY": sys.executable,
+        "BENCH_DIR": str(tmp_path / "models"),
+    }
+    proc = subprocess.run(
+        ["bash", "benchmarks/device_gpu.sh", "--device", "cpu"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    log = (out / "run.log").read_text()
+    for stage in ("install", "info", "jit", "tests", "idle", "bench"):
+        assert f"{stage}: exit 0" in log, log[-3000:]
+
+    suite = ET.parse(out / "junit.xml").getroot().find("testsuite")
+    assert suite is not None
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    assert counts["failures"] == counts["errors"] == 0, counts
+    assert counts["tests"] - counts["skipped"] >= 15, counts  # parity x12, stress, sampling, tier
+
+    idle = json.loads((out / "idle.json").read_text())["rows"]
+    assert {(r["batch"], r["overlap"], r["sync"]) for r in idle} >= {
+        (64, False, True),
+        (64, True, False),
+    }
+    assert all(0.0 <= r["idle"] < 1.0 and r["cpu_ms_per_step"] > 0 for r in idle)
+
+    rows = json.loads((out / "throughput-tiny.json").read_text())["rows"]
+    decode = [r for r in rows if r["row"].startswith("decode")]
+    assert len(decode) == 2 and all(
+        set(r["tokens_per_s"]) == {"rs bfloat16", "HF bfloat16"} for r in decode
+    )
+    assert all(0 < f < 1 for r in decode for f in r["bound_fraction"].values())
+
+    bench = json.loads((out / "bench" / "multiturn.json").read_text())
+    assert bench["options"]["device"] == "cpu"
+    assert {s["name"] for s in bench["systems"]} == {"radixserve", "radixserve-no-cache"}
