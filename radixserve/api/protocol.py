@@ -1,20 +1,25 @@
 """Request bodies of SGLang's native ``/generate`` (OpenAI's: :mod:`radixserve.api.protocol_openai`).
 
 Strict: an unknown field is a 400 naming it, never silently dropped; SGLang's fields that
-radixserve does not implement are accepted at their default and refused when set. Bad types
-and missing fields (and NaN or infinite floats) surface as FastAPI validation errors, which
+radixserve does not implement are accepted at their default and refused when set. Types are
+strict too (pydantic's strict mode): ``true`` is no token id, ``"yes"`` no boolean, ``"1"`` no
+number (an integer is a float). Bad types and missing fields (and NaN or infinite floats)
+surface as FastAPI validation errors, which
 :mod:`radixserve.api.errors` turns into 400s in OpenAI's error shape. Range checks of sampling values live in
 ``SamplingParams.validate`` (one place for the native and the OpenAI routes).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, Strict, model_validator
 
 from radixserve.api.structured import grammar_fields, json_schema_string
 from radixserve.types import SamplingParams
+
+# a token id as a JSON object key: a string of digits ("logit_bias": {"123": -5})
+TokenIdKey = Annotated[int, Strict(False)]
 
 # ---- native (SGLang) -----------------------------------------------------------------------
 
@@ -27,7 +32,7 @@ class NativeSamplingParams(BaseModel):
     is known; those radixserve does not implement (:data:`NATIVE_UNSUPPORTED`) are accepted
     at their default (null, false, ...) and refused with a 400 naming them when set."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     max_new_tokens: int | None = None
     temperature: float = 1.0
@@ -53,7 +58,7 @@ class NativeSamplingParams(BaseModel):
     structural_tag: str | dict[str, Any] | None = None
     stop_regex: str | list[str] | None = None
     custom_params: dict[str, Any] | None = None
-    logit_bias: dict[int, float] | None = None  # token id (a string in JSON) -> bias
+    logit_bias: dict[TokenIdKey, float] | None = None  # token id (a string in JSON) -> bias
     stream_interval: int | None = None
     lora_path: str | None = None
     return_hidden_states: bool = False
@@ -132,7 +137,7 @@ class GenerateReqInput(BaseModel):
     lists of the batch's length. Strict: an unknown field is a 400; SGLang's fields that
     radixserve does not implement are accepted at their default (:data:`GENERATE_UNSUPPORTED`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None

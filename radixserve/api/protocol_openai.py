@@ -14,13 +14,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from radixserve.api.protocol import refuse_set_fields, stop_list
+from radixserve.api.protocol import TokenIdKey, refuse_set_fields, stop_list
 from radixserve.api.structured import grammar_fields, json_schema_string, response_format_schema
 from radixserve.types import SamplingParams
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
@@ -29,7 +29,8 @@ class StreamOptions(BaseModel):
 class OpenAISamplingFields(BaseModel):
     """What completions and chat completions share."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN, inf: 400s
+    # NaN, inf: 400s; strict types (no "yes" for a bool, no true for an int: see protocol.py)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     model: str | None = None
     max_tokens: int | None = None
@@ -61,7 +62,7 @@ class OpenAISamplingFields(BaseModel):
     safety_identifier: str | None = None
     service_tier: str | None = None
     # a 400 when set (OPENAI_UNSUPPORTED)
-    logit_bias: dict[int, float] | None = None  # token id (a string in JSON) -> bias
+    logit_bias: dict[TokenIdKey, float] | None = None  # token id (a string in JSON) -> bias
     store: bool | None = None
     min_tokens: int = 0
     no_stop_trim: bool = False

@@ -77,6 +77,40 @@ def test_nan_and_inf_are_400(guarded: Server, route: str, payload: str, param: s
     assert "finite" in err["message"]
 
 
+COERCED_BODIES = [  # issue #28, item 5: values pydantic's lax mode used to convert
+    ("/generate", '{"input_ids": [true, 5]}', "input_ids"),
+    ("/generate", '{"input_ids": ["5"]}', "input_ids"),
+    ("/generate", '{"text": "x", "stream": "yes"}', "stream"),
+    ("/generate", '{"text": "x", "sampling_params": {"max_new_tokens": "4"}}', None),
+    ("/generate", '{"text": "x", "sampling_params": {"ignore_eos": 1}}', None),
+    ("/v1/completions", '{"prompt": "x", "stream": "yes"}', "stream"),
+    ("/v1/completions", '{"prompt": [true, 5]}', "prompt"),
+    ("/v1/completions", '{"prompt": "x", "max_tokens": "4"}', "max_tokens"),
+    ("/v1/chat/completions", "{" + MSGS + ', "stream": "true"}', "stream"),
+    ("/v1/chat/completions", "{" + MSGS + ', "logprobs": "yes"}', "logprobs"),
+]
+
+
+@pytest.mark.parametrize("route,payload,param", COERCED_BODIES)
+def test_values_of_the_wrong_type_are_400(
+    guarded: Server, route: str, payload: str, param: str | None
+) -> None:
+    err = assert_error(raw_post(guarded, route, payload.encode()), 400)
+    assert param is None or err["param"].startswith(param), err  # e.g. input_ids.0
+
+
+def test_numbers_and_token_id_keys_still_validate(guarded: Server) -> None:
+    """Strict types keep what JSON cannot say otherwise: an integer where a float goes, a token
+    id as an object key (a string)."""
+    payload = b'{"prompt": "x", "max_tokens": 2, "temperature": 0, "logit_bias": {"5": 1}}'
+    resp = raw_post(guarded, "/v1/completions", payload)
+    assert resp.status_code in (200, 400), resp.text  # logit_bias may be refused, never coerced
+    if resp.status_code == 400:
+        assert resp.json()["error"]["param"] == "logit_bias"
+    body = b'{"text": "x", "sampling_params": {"max_new_tokens": 2, "temperature": 0}}'
+    assert raw_post(guarded, "/generate", body).status_code == 200
+
+
 def test_a_tiny_temperature_is_greedy(guarded: Server) -> None:
     body = {"prompt": "def f(x):", "max_tokens": 8, "ignore_eos": True}
     with guarded.client() as c:
