@@ -46,6 +46,9 @@ class EngineConfig:
     max_total_tokens: int | None = None  # KV slots; None: from kv_cache_bytes
     kv_cache_bytes: int = 1 << 30
     max_running_requests: int = 64
+    # SGLang's --max-queued-requests: beyond this many waiting requests a new one is refused
+    # (HTTP 429 with Retry-After); None: no bound
+    max_queued_requests: int | None = None
     max_context_len: int | None = None  # None: the model's max_position_embeddings
     max_prefill_tokens: int = 16384
     chunked_prefill_size: int | None = 512  # None or <= 0: no chunking
@@ -101,6 +104,8 @@ class EngineConfig:
             raise ValueError(f"tp_timeout_s must be > 0, got {self.tp_timeout_s}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
+        if self.max_queued_requests is not None and self.max_queued_requests < 1:
+            raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization must be one of {QUANTIZATIONS} or None, got {self.quantization!r}"

@@ -85,6 +85,13 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="most requests in the running batch",
     )
     add(
+        "--max-queued-requests",
+        type=int,
+        default=None,
+        help="most requests waiting to run; beyond it a new one gets 429 with Retry-After "
+        "(default: no bound)",
+    )
+    add(
         "--max-total-tokens",
         type=int,
         default=None,
@@ -267,6 +274,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         page_size=args.page_size,
         max_total_tokens=args.max_total_tokens,
         max_running_requests=args.max_running_requests,
+        max_queued_requests=args.max_queued_requests,
         max_context_len=args.max_context_len,
         chunked_prefill_size=args.chunked_prefill_size,
         schedule_policy=args.schedule_policy,

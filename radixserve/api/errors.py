@@ -35,6 +35,7 @@ from radixserve.server.tokenizer_manager import (
 logger = logging.getLogger(__name__)
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's code for a client that left before the response
+RETRY_AFTER_S = 1  # a full queue drains at the batch's pace: ask again soon
 
 
 class APIError(Exception):
@@ -75,6 +76,8 @@ def to_api_error(exc: BaseException) -> APIError:
             code="scheduler_unavailable",
         )
     if isinstance(exc, RequestFailed):
+        if exc.status_code == 429:  # --max-queued-requests: OpenAI's shape of a rate limit
+            return APIError(str(exc), 429, "requests", code="rate_limit_exceeded")
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return APIError(str(exc), exc.status_code, kind)
     if isinstance(exc, ValueError):
@@ -86,6 +89,8 @@ def to_api_error(exc: BaseException) -> APIError:
 def error_response(exc: BaseException) -> JSONResponse:
     err = to_api_error(exc)
     headers = {"WWW-Authenticate": "Bearer"} if err.status_code == 401 else None
+    if err.status_code == 429:
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
     return JSONResponse(
         error_body(err.message, err.type, err.param, err.code),
         status_code=err.status_code,

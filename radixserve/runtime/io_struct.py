@@ -13,6 +13,10 @@ from typing import Any
 from radixserve.types import FinishReason, SamplingParams
 
 
+class QueueFull(ValueError):
+    """``Scheduler.add_request``: ``max_queued_requests`` requests already wait; try later."""
+
+
 @dataclass(slots=True)
 class GenerateRequest:
     """A tokenized request for the scheduler."""

@@ -22,7 +22,7 @@ from typing import Any
 from radixserve.config import EngineConfig
 from radixserve.policy import AdmissionConfig, PrefillAdder, PrefillPlan, SchedulePolicy
 from radixserve.runtime.grammar import GrammarFactory
-from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
+from radixserve.runtime.io_struct import GenerateRequest, QueueFull, ReqOutput
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_worker import BatchResult, Worker
 from radixserve.runtime.output_processor import advance, make_output
@@ -91,12 +91,14 @@ class Scheduler:
     # ---- requests in -----------------------------------------------------------------------
     def add_request(self, request: GenerateRequest) -> None:
         """Queue a request validated at the edge (``server/request_validation.py``). Raises
-        ``ValueError`` for what only the scheduler can see: a duplicate rid, a request that
-        the KV pool can never hold."""
+        ``ValueError`` for what only the scheduler can see: a duplicate rid, a full queue
+        (``QueueFull``), a request that the KV pool can never hold."""
         params = request.sampling_params
         prompt_len = len(request.input_ids)
         if request.rid in self.reqs:
             raise ValueError(f"a request with rid {request.rid!r} is already running")
+        if (bound := self.config.max_queued_requests) is not None and len(self.waiting) >= bound:
+            raise QueueFull(f"the request queue is full ({bound} waiting); retry later")
         if not 0 < prompt_len < self.max_context_len:  # a request row holds max_context_len
             raise ValueError(f"a prompt of {prompt_len} tokens does not fit a request row")
         need = prompt_len + min(params.max_new_tokens, self.max_context_len - prompt_len)

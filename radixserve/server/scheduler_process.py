@@ -21,7 +21,7 @@ import zmq
 
 from radixserve.config import EngineConfig
 from radixserve.radix.tree_summary import summarize_tree
-from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.runtime.io_struct import GenerateRequest, QueueFull
 from radixserve.runtime.scheduler import Scheduler
 from radixserve.server.io_struct import (
     AbortRequest,
@@ -116,6 +116,9 @@ class SchedulerLoop:
     def _add(self, req: GenerateRequest) -> None:
         try:
             self.scheduler.add_request(req)
+        except QueueFull as exc:
+            self.outbox.append(ReqError(req.rid, str(exc), status_code=429))
+            return
         except ValueError as exc:
             logger.info("request %s refused: %s", req.rid, exc)
             self.outbox.append(ReqError(req.rid, str(exc)))

@@ -54,7 +54,8 @@ class SchedulerUnavailable(RuntimeError):
 
 
 class RequestFailed(RuntimeError):
-    """The scheduler refused or failed a request; ``status_code`` 400 or 500."""
+    """The scheduler refused or failed a request; ``status_code`` 400, 429 (its queue is full:
+    ``--max-queued-requests``) or 500."""
 
     def __init__(self, message: str, status_code: int) -> None:
         super().__init__(message)

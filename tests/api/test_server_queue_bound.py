@@ -1,0 +1,74 @@
+"""``--max-queued-requests`` (issue #28, item 4) on a real server: beyond the bound a new request gets 429 with
+``Retry-After`` in OpenAI's error shape, the official client sees its ``RateLimitError``, the
+queued requests run in their order, and the pool is whole afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from serving_harness import serving
+
+pytestmark = pytest.mark.timeout(180)
+
+BOUND = 2  # the scheduler's side: tests/runtime/test_scheduler_queue_bound.py
+
+
+async def _post_all(url: str, n: int, max_tokens: int = 48) -> list[httpx.Response]:
+    body = {"prompt": "count with me:", "max_tokens": max_tokens, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        return await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(n)))
+
+
+def test_a_full_queue_answers_429_and_the_rest_complete(
+    api_model_dir: Path, tmp_path: Path
+) -> None:
+    args = ["--model", str(api_model_dir), "--max-running-requests", "1"]
+    args += ["--max-queued-requests", str(BOUND), "--disable-overlap-schedule"]
+    with serving(args, tmp_path / "server.log") as server:
+        responses = asyncio.run(_post_all(server.url, 12))
+        codes = sorted(r.status_code for r in responses)
+        assert set(codes) == {200, 429} and codes.count(200) >= BOUND + 1, codes
+        refused = next(r for r in responses if r.status_code == 429)
+        assert refused.headers["retry-after"] == "1"
+        error = refused.json()["error"]
+        assert error["code"] == "rate_limit_exceeded" and "queue is full" in error["message"]
+        assert set(error) == {"message", "type", "param", "code"}
+        done = [r.json() for r in responses if r.status_code == 200]
+        assert all(d["usage"]["completion_tokens"] == 48 for d in done)
+
+        oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.RateLimitError):  # the client's own type for a 429
+            asyncio.run(_flood_then(server.url, oai))
+        info = httpx.get(f"{server.url}/get_server_info", timeout=30).json()
+        assert info["integrity_ok"] is True, info["integrity_error"]
+        assert info["scheduler"]["num_running_reqs"] == info["scheduler"]["num_waiting_reqs"] == 0
+
+
+def model_name_of(url: str) -> str:
+    return str(httpx.get(f"{url}/v1/models").json()["data"][0]["id"])
+
+
+async def _flood_then(url: str, oai: openai.OpenAI) -> None:
+    """Fill the queue with raw requests, then ask meanwhile: streamed, and through the
+    official client."""
+    flood = asyncio.ensure_future(_post_all(url, 8, max_tokens=400))  # ~0.5 s each, one by one
+    await asyncio.sleep(0.15)
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            body = {"prompt": "x", "max_tokens": 2, "stream": True}
+            streamed = await client.post("/v1/completions", json=body)
+        assert streamed.status_code == 429, streamed.text  # refused before the stream starts
+        assert streamed.headers["retry-after"] == "1"
+        await asyncio.to_thread(
+            oai.completions.create,
+            model=model_name_of(url),
+            prompt="x",
+            max_tokens=2,
+            temperature=0,
+        )
+    finally:
+        await flood
