@@ -80,6 +80,10 @@ class SchedulerStatsCollector:
                 "Tokens written from the KV pool to the KV tier",
             ),
             "kv_tier_loaded_tokens": ("load_back_tokens", "Tokens loaded back from the KV tier"),
+            "kv_tier_corrupt_pages": (
+                "kv_tier_corrupt_pages",
+                "Pages of a file KV tier that failed their checksum (dropped, computed again)",
+            ),
             "num_swapped_out_tokens": (
                 "swapped_out_tokens",
                 "Tokens of preempted or retracted requests swapped out to the KV tier",

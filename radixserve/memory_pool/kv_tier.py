@@ -13,7 +13,10 @@ Two stores, one class:
 - :func:`file_tier`: a memory-mapped file (``--kv-tier-path DIR --kv-tier-size 8GB``): the
   page cache keeps the hot part in memory, the disk holds the rest, and it survives a restart.
   A header (``tier.json``) records the model, dtype, page size and shape: a tier written by
-  another model or layout is discarded (with a log line), never read.
+  another model or layout is discarded (with a log line), never read. Every page written gets an
+  XXH3-64 hash of its bytes (all layers, K and V) in ``checksums.bin``; a restarted server checks the pages
+  its index names and drops those whose bytes changed (``radix.tier_index``), so a corrupted
+  file costs recomputation, never a wrong answer.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+import xxhash
 
 from radixserve.memory_pool.allocator import TokenToKVPoolAllocator
 from radixserve.memory_pool.kv_cache import KVCache
@@ -34,6 +39,7 @@ logger = logging.getLogger(__name__)
 HEADER = "tier.json"
 STORAGE = "kv.bin"
 INDEX = "index.npz"  # what the tree held, written by ``radix.tier_index``
+CHECKSUMS = "checksums.bin"  # int64 per page: the XXH3-64 hash of its bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,24 +156,53 @@ def host_tier(layout: TierLayout, num_tokens: int, pin_memory: bool = False) -> 
 
 
 class FileKVTier(KVTier):
-    """A tier in ``DIR/kv.bin`` (memory-mapped) described by ``DIR/tier.json``."""
+    """A tier in ``DIR/kv.bin`` (memory-mapped) described by ``DIR/tier.json``, with a checksum
+    per page in ``DIR/checksums.bin`` (memory-mapped, ``[num_slots // page_size]`` int64)."""
 
-    def __init__(self, storage: torch.Tensor, layout: TierLayout, path: Path) -> None:
+    def __init__(
+        self, storage: torch.Tensor, layout: TierLayout, path: Path, checksums: torch.Tensor
+    ) -> None:
         super().__init__(storage, layout, f"file:{path}")
         self.path = path
+        self.checksums = checksums
+        self.num_corrupt_pages = 0  # pages that failed their checksum (dropped, recomputed)
 
     def write(self, kv: KVCache, slots: torch.Tensor) -> torch.Tensor | None:
         # a saved index may name slots this write reuses: it is stale from now on
         (self.path / INDEX).unlink(missing_ok=True)
-        return super().write(kv, slots)
+        tier_slots = super().write(kv, slots)
+        if tier_slots is not None:
+            pages = tier_slots[:: self.layout.page_size] // self.layout.page_size
+            self.checksums[pages] = self.page_checksums(tier_slots)
+        return tier_slots
+
+    def page_checksums(self, tier_slots: torch.Tensor) -> torch.Tensor:
+        """The XXH3-64 hash of each page of ``tier_slots`` (whole pages, page after page) as
+        stored now: its K and V of every layer, int64 ``[num_pages]``."""
+        if tier_slots.numel() == 0:
+            return torch.zeros(0, dtype=torch.int64)
+        # one gather, page-major: [slots, layers, 2, heads, head_dim], contiguous
+        pages = self.storage.permute(2, 0, 1, 3, 4)[tier_slots]
+        raw = pages.view(tier_slots.numel() // self.layout.page_size, -1).view(torch.uint8)
+        digests = b"".join(xxhash.xxh3_64_digest(row) for row in raw.numpy())
+        return torch.from_numpy(np.frombuffer(digests, dtype=np.int64).copy())
+
+    def corrupt_pages(self, tier_slots: torch.Tensor) -> torch.Tensor:
+        """Per page of ``tier_slots`` (whole pages), whether its bytes no longer match the
+        checksum written with them; counted in ``num_corrupt_pages``."""
+        pages = tier_slots[:: self.layout.page_size] // self.layout.page_size
+        bad = self.page_checksums(tier_slots) != self.checksums[pages]
+        self.num_corrupt_pages += int(bad.sum())
+        return bad
 
     def flush(self) -> None:
         # torch's shared file mapping writes through the page cache; fsync makes it durable
-        fd = os.open(self.path / STORAGE, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        for name in (STORAGE, CHECKSUMS):
+            fd = os.open(self.path / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def file_tier(
@@ -183,24 +218,33 @@ def file_tier(
     header = {"model_key": model_key, "num_slots": num_slots, "layout": asdict(layout)}
     numel = layout.num_layers * 2 * num_slots * layout.num_kv_heads * layout.head_dim
     nbytes = numel * torch.empty((), dtype=layout.torch_dtype).element_size()
-    storage_file = directory / STORAGE
+    storage_file, checksum_file = directory / STORAGE, directory / CHECKSUMS
+    num_pages = num_slots // layout.page_size
     same_header = _read_header(directory) == header
-    intact = storage_file.exists() and storage_file.stat().st_size == nbytes
+    intact = _has_size(storage_file, nbytes) and _has_size(checksum_file, 8 * num_pages)
     reopened = same_header and intact
     if not reopened:
         if not same_header and storage_file.exists():
             logger.info("KV tier %s: written for another model or layout; discarding it", directory)
         elif same_header:
-            logger.info("KV tier %s: %s missing or cut short; discarding it", directory, STORAGE)
+            logger.info(
+                "KV tier %s: %s or %s missing or cut short; discarding it",
+                directory,
+                STORAGE,
+                CHECKSUMS,
+            )
         # an index names bytes of the old file: without them it would serve zeros
-        storage_file.unlink(missing_ok=True)
-        (directory / INDEX).unlink(missing_ok=True)
-    flat = torch.from_file(
-        str(directory / STORAGE), shared=True, size=numel, dtype=layout.torch_dtype
-    )
+        for name in (STORAGE, CHECKSUMS, INDEX):
+            (directory / name).unlink(missing_ok=True)
+    flat = torch.from_file(str(storage_file), shared=True, size=numel, dtype=layout.torch_dtype)
     storage = flat.view(layout.num_layers, 2, num_slots, layout.num_kv_heads, layout.head_dim)
+    checksums = torch.from_file(str(checksum_file), shared=True, size=num_pages, dtype=torch.int64)
     (directory / HEADER).write_text(json.dumps(header, indent=1))
-    return FileKVTier(storage, layout, directory), reopened
+    return FileKVTier(storage, layout, directory, checksums), reopened
+
+
+def _has_size(path: Path, nbytes: int) -> bool:
+    return path.exists() and path.stat().st_size == nbytes
 
 
 def _read_header(directory: Path) -> dict | None:

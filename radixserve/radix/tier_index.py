@@ -9,7 +9,8 @@ again) and deletes the file: from then on the tier is written again, so an index
 go stale (``FileKVTier.write`` deletes it too). A crash therefore loses the index, never serves
 wrong KV. The tier's header (``tier.json``: model, dtype, page size, shape) decides whether the
 bytes are the same model's at all; the index is read only for a tier reopened under a matching
-header.
+header, and an entry is restored only if every page of it still has the checksum it was written
+with (``FileKVTier.corrupt_pages``), and its parent is restored.
 """
 
 from __future__ import annotations
@@ -132,12 +133,43 @@ def _restore(
             raise ValueError("index entries overlap")  # two would be one node of the tree
         children.add(child)
         off += n
-    tree.tier.claim(slots)
-    nodes: list[TreeNode] = []
+    keep = _intact_entries(tree, parents, key_lens, slots)
+    kept_tokens = np.repeat(keep, key_lens)
+    tree.tier.claim(slots[torch.from_numpy(kept_tokens)])
+    nodes: dict[int, TreeNode] = {}
     off = 0
     for i, (parent, n) in enumerate(zip(parents.tolist(), key_lens.tolist(), strict=True)):
-        above = tree.root if parent < 0 else nodes[parent]
-        key_bytes = keys[off : off + n].tobytes()
-        nodes.append(tree.restore_node(above, key_bytes, slots[off : off + n], extra[i]))
+        if keep[i]:
+            above = tree.root if parent < 0 else nodes[parent]
+            key_bytes = keys[off : off + n].tobytes()
+            nodes[i] = tree.restore_node(above, key_bytes, slots[off : off + n], extra[i])
         off += n
-    return off
+    return int(kept_tokens.sum())
+
+
+def _intact_entries(
+    tree: TieredRadixCache, parents: np.ndarray, key_lens: np.ndarray, slots: torch.Tensor
+) -> np.ndarray:
+    """Which index entries to restore: those whose every page still has the checksum it was
+    written with, under a parent that is restored (a prefix without its parent is no prefix).
+    The others' slots stay free: a request that needs them computes them again."""
+    tier = tree.tier
+    assert isinstance(tier, FileKVTier)
+    ps = tree.page_size
+    bad_pages = tier.corrupt_pages(slots).numpy()
+    entry_of_page = np.repeat(np.arange(len(parents)), key_lens // ps)
+    bad = np.zeros(len(parents), dtype=bool)
+    bad[entry_of_page[bad_pages]] = True
+    keep = np.zeros(len(parents), dtype=bool)
+    for i, parent in enumerate(parents.tolist()):  # parents come before their children
+        keep[i] = not bad[i] and (parent < 0 or keep[parent])
+    if not keep.all():
+        logger.warning(
+            "KV tier %s: %d pages failed their checksum; %d of %d tokens dropped (computed "
+            "again when asked)",
+            tier.path,
+            int(bad_pages.sum()),
+            int(key_lens[~keep].sum()),
+            int(key_lens.sum()),
+        )
+    return keep

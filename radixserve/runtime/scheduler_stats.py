@@ -101,5 +101,6 @@ def _tier_snapshot(tree: Any, swapped_out: int) -> dict[str, Any]:
         "kv_tier_used_tokens": tree.tier_size(),
         "kv_tier_written_tokens": tree.num_written_tokens,
         "kv_tier_loaded_tokens": tree.num_loaded_tokens,
+        "kv_tier_corrupt_pages": getattr(tree.tier, "num_corrupt_pages", 0),
         "num_swapped_out_tokens": swapped_out,
     }

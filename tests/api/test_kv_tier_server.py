@@ -3,11 +3,15 @@ and the next server on the same directory serves the first request's prefix from
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import pytest
+import torch
 from serving_harness import start_server, stop_server
 
 from radixserve.api.cli import build_parser, make_server_config
@@ -42,6 +46,50 @@ def test_a_restarted_server_hits_its_file_tier(api_model_dir: Path, tmp_path: Pa
     assert before["meta_info"]["cached_tokens"] == 0
     assert after["meta_info"]["cached_tokens"] == len(PROMPT) - 1
     assert "tokens restored" in (tmp_path / "second.log").read_text()
+
+
+def _corrupt(tier: Path, how: str) -> None:
+    """Between a clean stop and a restart: the whole ``kv.bin`` overwritten with random bytes,
+    or 64 KiB zeroed where layer 0's V of the first tokens lives (what the index names)."""
+    storage = tier / "kv.bin"
+    if how == "random":
+        storage.write_bytes(os.urandom(storage.stat().st_size))
+        return
+    header = json.loads((tier / "tier.json").read_text())
+    layout = header["layout"]
+    elem = torch.empty((), dtype=getattr(torch, layout["dtype"].removeprefix("torch."))).itemsize
+    offset = header["num_slots"] * layout["num_kv_heads"] * layout["head_dim"] * elem
+    with open(storage, "r+b") as f:
+        f.seek(offset)
+        f.write(bytes(64 << 10))
+
+
+@pytest.mark.parametrize("how", ["zeroed", "random"])
+def test_a_corrupted_tier_is_recomputed_never_served(
+    api_model_dir: Path, tmp_path: Path, how: str
+) -> None:
+    """Issue #28, item 2: the pages whose bytes changed fail their checksum at the restart and
+    are dropped; the answer is the first server's, computed again."""
+    args = ["--model", str(api_model_dir), "--max-total-tokens", "512"]
+    args += ["--kv-tier-path", str(tmp_path / "tier"), "--kv-tier-size", "4MB"]
+    first = start_server(args, tmp_path / "first.log")
+    try:
+        before = generate(first.url)
+    finally:
+        assert stop_server(first) == 0
+    _corrupt(tmp_path / "tier", how)
+    second = start_server(args, tmp_path / "second.log")
+    try:
+        after = generate(second.url)
+        stats = httpx.get(f"{second.url}/get_server_info", timeout=10).json()["scheduler"]
+        metrics = httpx.get(f"{second.url}/metrics", timeout=10).text
+    finally:
+        stop_server(second)
+    assert after["output_ids"] == before["output_ids"]
+    assert after["meta_info"]["cached_tokens"] == 0  # nothing of the prompt came from the tier
+    assert stats["kv_tier_corrupt_pages"] > 0
+    assert "radixserve:kv_tier_corrupt_pages_total" in metrics
+    assert "failed their checksum" in (tmp_path / "second.log").read_text()
 
 
 def test_tier_flags_reach_the_engine_config(tmp_path: Path) -> None:

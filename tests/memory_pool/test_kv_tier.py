@@ -170,6 +170,30 @@ def test_the_index_brings_the_tier_tree_back_after_a_restart(tmp_path: Path, ps:
 
 
 @pytest.mark.parametrize("ps", [1, 4])
+def test_a_changed_page_drops_its_node_and_what_hangs_under_it(tmp_path: Path, ps: int) -> None:
+    """Issue #28, item 2: a page whose bytes changed between the stop and the restart fails its
+    checksum; its node and the nodes under it are not restored (their slots stay free), the
+    others are, with their exact K/V."""
+    old = Server(tmp_path, ps)
+    a, ab, c = _keys(ps)
+    old.cache(ab)
+    want_c = old.cache(c)
+    old.tree.match_prefix(a)  # splits ab: a -> b
+    assert save_index(old.tree) == 3
+    a_node = old.tree.match_prefix(a).last_node
+    first_page = int(a_node.tier_value[0])  # type: ignore[index]
+    del old
+    new = Server(tmp_path, ps, fresh=True)
+    assert new.tier.corrupt_pages(torch.arange(ps, 4 * ps)).sum() == 0  # clean so far
+    new.tier.storage[1, 1, first_page, 0, 0] += 1.0  # one value of one page of node a
+    assert restore_index(new.tree) == len(c)  # a is dropped, and b under it
+    assert new.tier.num_corrupt_pages == 1 and new.tier.used_size() == len(c)
+    assert new.tree.match_prefix(ab).tier_len == 0
+    assert _same(new.load(c), want_c)
+    new.check()
+
+
+@pytest.mark.parametrize("ps", [1, 4])
 def test_a_write_after_the_save_deletes_the_stale_index(tmp_path: Path, ps: int) -> None:
     old = Server(tmp_path, ps)
     a, _, c = _keys(ps)
