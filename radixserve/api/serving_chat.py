@@ -108,7 +108,6 @@ class ChatServing(OpenAIServing):
         except Exception as exc:  # a template that raises (e.g. a role order it rejects)
             raise APIError(f"the chat template failed: {exc}", param="messages") from None
         base_id = f"chatcmpl-{self.tm.new_rid()}"
-        ctx = self.tm.info.max_context_len
         top = None
         if body.logprobs:
             top = body.top_logprobs or 0
@@ -120,7 +119,7 @@ class ChatServing(OpenAIServing):
             body,
             max_tokens,
             param,
-            lambda prompt_len: max(ctx - prompt_len, 0),
+            self.tm.validator.output_budget,  # no max_tokens: what context and pool allow
             top,
             prompt_param="messages",
             grammar=plan.grammar,

@@ -22,10 +22,11 @@ from typing import Any
 from radixserve.config import EngineConfig
 from radixserve.policy import AdmissionConfig, PrefillAdder, PrefillPlan, SchedulePolicy
 from radixserve.runtime.grammar import GrammarFactory
-from radixserve.runtime.io_struct import GenerateRequest, QueueFull, ReqOutput
+from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_worker import BatchResult, Worker
 from radixserve.runtime.output_processor import advance, make_output
+from radixserve.runtime.request_limits import RequestLimits
 from radixserve.runtime.schedule_batch import ScheduleBatch
 from radixserve.runtime.scheduler_stats import SchedulerStats
 from radixserve.runtime.worker_builder import build_model_worker
@@ -66,6 +67,11 @@ class Scheduler:
         self.max_context_len = self.kv.max_context_len
         self.eos_token_ids = worker.eos_token_ids
         self.page_size = config.page_size
+        self.limits = RequestLimits(
+            self.max_context_len,
+            kv.capacity - self.page_size - self.constants.ignore_eos_reserve_tokens,
+            config.max_queued_requests,
+        )
         self.admission = AdmissionConfig.from_engine_config(config)
         self.policy = SchedulePolicy(
             config.schedule_policy,
@@ -94,16 +100,9 @@ class Scheduler:
         ``ValueError`` for what only the scheduler can see: a duplicate rid, a full queue
         (``QueueFull``), a request that the KV pool can never hold."""
         params = request.sampling_params
-        prompt_len = len(request.input_ids)
         if request.rid in self.reqs:
             raise ValueError(f"a request with rid {request.rid!r} is already running")
-        if (bound := self.config.max_queued_requests) is not None and len(self.waiting) >= bound:
-            raise QueueFull(f"the request queue is full ({bound} waiting); retry later")
-        if not 0 < prompt_len < self.max_context_len:  # a request row holds max_context_len
-            raise ValueError(f"a prompt of {prompt_len} tokens does not fit a request row")
-        need = prompt_len + min(params.max_new_tokens, self.max_context_len - prompt_len)
-        if need > self.kv.capacity - self.page_size:
-            raise ValueError(f"the request needs {need} KV slots; the pool has {self.kv.capacity}")
+        self.limits.check(request, len(self.waiting))
         grammar = self.grammars.for_key(params.grammar_key, params.grammar_after_token)
         req = Req(
             rid=request.rid,

@@ -109,6 +109,7 @@ class SchedulerInfo:
     max_running_requests: int
     vocab_size: int
     eos_token_ids: tuple[int, ...]
+    max_request_tokens: int  # prompt + new tokens of one request: RequestLimits
 
     @classmethod
     def of(cls, scheduler: Scheduler) -> SchedulerInfo:
@@ -118,4 +119,5 @@ class SchedulerInfo:
             max_running_requests=scheduler.config.max_running_requests,
             vocab_size=scheduler.worker.vocab_size,
             eos_token_ids=tuple(sorted(scheduler.eos_token_ids)),
+            max_request_tokens=scheduler.limits.max_request_tokens,
         )

@@ -30,6 +30,13 @@ class RequestValidator:
             return requested
         return max(min(self.default_max_new_tokens, self.info.max_context_len - prompt_len), 0)
 
+    def output_budget(self, prompt_len: int) -> int:
+        """The most new tokens a request with a prompt of ``prompt_len`` tokens can be given:
+        what the context leaves and the KV pool can hold (the scheduler refuses a request that
+        could outgrow the pool). A chat request without ``max_tokens`` gets this."""
+        fits = min(self.info.max_context_len, self.info.max_request_tokens)
+        return max(fits - prompt_len, 0)
+
     def check_prompt(self, input_ids: list[int]) -> None:
         ctx = self.info.max_context_len
         if not input_ids:

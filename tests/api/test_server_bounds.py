@@ -1,4 +1,4 @@
-"""``--max-queued-requests`` (issue #28, item 4) on a real server: beyond the bound a new request gets 429 with
+"""A server with small bounds. ``--max-queued-requests`` (issue #28, item 4): beyond the bound a new request gets 429 with
 ``Retry-After`` in OpenAI's error shape, the official client sees its ``RateLimitError``, the
 queued requests run in their order, and the pool is whole afterwards."""
 
@@ -14,7 +14,8 @@ from serving_harness import serving
 
 pytestmark = pytest.mark.timeout(180)
 
-BOUND = 2  # the scheduler's side: tests/runtime/test_scheduler_queue_bound.py
+BOUND = 2  # the scheduler's side: tests/runtime/test_scheduler_bounds.py
+POOL = 600  # KV slots, under the model's context of 1024
 
 
 async def _post_all(url: str, n: int, max_tokens: int = 48) -> list[httpx.Response]:
@@ -23,12 +24,19 @@ async def _post_all(url: str, n: int, max_tokens: int = 48) -> list[httpx.Respon
         return await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(n)))
 
 
-def test_a_full_queue_answers_429_and_the_rest_complete(
+def test_a_full_queue_answers_429_and_a_small_pool_bounds_chat(
     api_model_dir: Path, tmp_path: Path
 ) -> None:
     args = ["--model", str(api_model_dir), "--max-running-requests", "1"]
     args += ["--max-queued-requests", str(BOUND), "--disable-overlap-schedule"]
+    args += ["--max-total-tokens", str(POOL)]  # the context is 1024
     with serving(args, tmp_path / "server.log") as server:
+        chat = {"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}
+        resp = httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)
+        assert resp.status_code == 200, resp.text
+        usage = resp.json()["usage"]
+        assert usage["prompt_tokens"] + usage["completion_tokens"] == POOL - 2  # page, reserve
+
         responses = asyncio.run(_post_all(server.url, 12))
         codes = sorted(r.status_code for r in responses)
         assert set(codes) == {200, 429} and codes.count(200) >= BOUND + 1, codes
