@@ -172,7 +172,13 @@ class ServerConfig:
     engine: EngineConfig
     host: str = "127.0.0.1"
     port: int = 30000
-    api_key: str | None = None
+    api_key: str | None = None  # one key: one tenant (the CLI's first --api-key)
+    # (tenant, key) pairs: --api-key (each its own tenant) and --api-keys-file; api_key alone
+    # becomes one pair. Each tenant has its own prompt-cache namespace unless
+    # shared_prefix_cache; admin_api_keys may use /cache_tree, /dashboard, /flush_cache
+    tenant_keys: tuple[tuple[str, str], ...] = ()
+    admin_api_keys: tuple[str, ...] = ()
+    shared_prefix_cache: bool = False
     served_model_name: str | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
@@ -196,6 +202,13 @@ class ServerConfig:
             raise ValueError(f"port must be in [0, 65536), got {self.port}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must be non-empty when given")
+        if any(not key for _, key in self.tenant_keys) or any(not k for k in self.admin_api_keys):
+            raise ValueError("API keys must be non-empty")
+        if self.api_key is not None and not self.tenant_keys:
+            object.__setattr__(self, "tenant_keys", (("default", self.api_key),))
+        elif self.api_key is None and (self.tenant_keys or self.admin_api_keys):
+            first = self.tenant_keys[0][1] if self.tenant_keys else self.admin_api_keys[0]
+            object.__setattr__(self, "api_key", first)  # the router's and the log's key
         for name in ("max_request_bytes", "max_batch_sub_requests", "max_stop_strings"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

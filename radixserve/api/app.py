@@ -35,6 +35,7 @@ from radixserve.api.serving_chat import ChatServing
 from radixserve.api.serving_completions import CompletionServing
 from radixserve.api.serving_native import NativeServing
 from radixserve.api.streaming import collect_all, open_requests
+from radixserve.api.tenants import Tenants
 from radixserve.config import ServerConfig
 from radixserve.runtime.default_model import DESCRIPTION as DEFAULT_MODEL_DESCRIPTION
 from radixserve.runtime.io_struct import GenerateRequest
@@ -78,13 +79,12 @@ def create_app(
     docs = {} if not config.disable_docs else dict(docs_url=None, redoc_url=None, openapi_url=None)
     app = FastAPI(title="radixserve", lifespan=lifespan, **docs)  # type: ignore[arg-type]
     app.add_middleware(JSONBodyMiddleware)
-    app.add_middleware(
-        RequestGuard, api_key=config.api_key, max_request_bytes=config.max_request_bytes
-    )
+    tenants = Tenants.of(config)
+    app.add_middleware(RequestGuard, tenants=tenants, max_request_bytes=config.max_request_bytes)
     app.add_middleware(UnhandledErrors)  # added last: the outermost layer, so it runs first
     install_error_handlers(app)
     meter = server_info.ThroughputMeter()
-    native = NativeServing(tm, config.reasoning_parser)
+    native = NativeServing(tm, tenants, config.reasoning_parser)
     completions = CompletionServing(tm, config)
     chat = ChatServing(tm, config)
     router = APIRouter()
@@ -184,7 +184,7 @@ def create_app(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.include_router(router)
-    app.include_router(dashboard_router(tm))
+    app.include_router(dashboard_router(tm, tenants))
     install_openapi(app)
     app.state.metrics = metrics
     return app

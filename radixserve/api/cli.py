@@ -147,8 +147,28 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     )
     add(
         "--api-key",
+        action="append",
         default=None,
-        help="require 'Authorization: Bearer KEY' on every route but /health",
+        help="require 'Authorization: Bearer KEY' on every route but /health; give it again for "
+        "more keys, each a tenant with its own prompt cache",
+    )
+    add(
+        "--api-keys-file",
+        default=None,
+        help="a file of 'TENANT KEY' lines: named tenants, several keys each (# comments)",
+    )
+    add(
+        "--admin-api-key",
+        action="append",
+        default=None,
+        help="a key for the operator routes (/cache_tree, /dashboard, /flush_cache); once any is "
+        "given, only these keys may use them",
+    )
+    add(
+        "--shared-prefix-cache",
+        action="store_true",
+        help="one prompt cache for every tenant (a tenant's cached_tokens and timing then "
+        "reveal other tenants' prompts)",
     )
     add(
         "--dtype",
@@ -293,7 +313,9 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         engine=engine,
         host=args.host,
         port=args.port,
-        api_key=args.api_key,
+        tenant_keys=_tenant_keys(args),
+        admin_api_keys=tuple(args.admin_api_key or ()),
+        shared_prefix_cache=args.shared_prefix_cache,
         served_model_name=args.served_model_name,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
@@ -306,6 +328,19 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         graceful_shutdown_timeout_s=args.graceful_shutdown_timeout,
         disable_docs=args.disable_docs,
     )
+
+
+def _tenant_keys(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """``--api-key`` (each its own tenant) and ``--api-keys-file``'s (tenant, key) pairs."""
+    from radixserve.api.tenants import read_keys_file, tenant_of_key
+
+    pairs = tuple((tenant_of_key(key), key) for key in args.api_key or ())
+    if args.api_keys_file is not None:
+        try:
+            pairs += read_keys_file(args.api_keys_file)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"--api-keys-file: {exc}") from None
+    return pairs
 
 
 def _read_template(path: str | None) -> str | None:

@@ -17,10 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 
 from radixserve.api.errors import APIError
+from radixserve.api.tenants import Tenants
 from radixserve.server.tokenizer_manager import TokenizerManager
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -83,7 +84,7 @@ def kv_usage(stats: dict[str, Any]) -> dict[str, int]:
     }
 
 
-def dashboard_router(tm: TokenizerManager) -> APIRouter:
+def dashboard_router(tm: TokenizerManager, tenants: Tenants) -> APIRouter:
     router = APIRouter()
     history = StatsHistory()
 
@@ -97,14 +98,20 @@ def dashboard_router(tm: TokenizerManager) -> APIRouter:
 
     @router.get("/cache_tree")
     async def cache_tree(
+        request: Request,
         max_nodes: int = Query(200, ge=1, le=MAX_TREE_NODES),
     ) -> dict[str, Any]:
         """The radix tree (at most ``max_nodes`` nodes: the ones holding the most tokens, each
-        saying what it leaves out), KV usage, queue lengths and the last minutes' rates."""
+        saying what it leaves out), KV usage, queue lengths and the last minutes' rates. The
+        prompts' text and namespaces only to an admin key, or on a server without keys."""
         reply = await tm.get_cache_tree(max_nodes)
         tree, stats = reply["tree"], reply["stats"]
+        show = tenants.may_see_text(getattr(request.state, "admin", False))
         for node in tree["nodes"]:
-            node["text"] = tm.prompts.decode(node.pop("head_ids"))
+            head_ids = node.pop("head_ids")
+            node["text"] = tm.prompts.decode(head_ids) if show else None
+            if not show:
+                node["extra_key"] = None
         history.add(stats)
         return {
             "tree": tree,

@@ -4,7 +4,9 @@ In order, each answered in OpenAI's error shape:
 
 1. the API key (401), on every path but ``/health``: the docs and ``/openapi.json`` too, and
    before a byte of the body is read, so an unauthenticated client costs nothing. The cache
-   page's GET routes (``QUERY_KEY_PATHS``) also take it as ``?api_key=``, for a browser;
+   page's GET routes (``QUERY_KEY_PATHS``) also take it as ``?api_key=``, for a browser. The
+   key names the request's tenant (``api/tenants.py``), left in ``request.state``; the operator
+   routes want an admin key when any is configured (403 otherwise);
 2. the body's size (413): ``Content-Length`` over the limit is refused unread, a chunked body
    as soon as it passes the limit;
 3. lone UTF-16 surrogates (``"\\ud800"`` is valid JSON but not valid Unicode: no tokenizer
@@ -18,12 +20,12 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve.api.errors import error_body
+from radixserve.api.tenants import ADMIN_PATHS, Tenants
 
 OPEN_PATHS = frozenset({"/health"})
 # GET routes a browser opens (the cache page): the key may come as ``?api_key=`` there too
@@ -33,9 +35,9 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, api_key: str | None, max_request_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, tenants: Tenants, max_request_bytes: int) -> None:
         self.app = app
-        self.api_key = api_key.encode() if api_key is not None else None
+        self.tenants = tenants
         self.max_request_bytes = max_request_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -43,10 +45,9 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        if self.api_key is not None and scope["path"] not in OPEN_PATHS:
-            if not self._key_ok(headers.get(b"authorization", b"")) and not self._query_key_ok(
-                scope
-            ):
+        if self.tenants.required and scope["path"] not in OPEN_PATHS:
+            who = self._bearer(headers.get(b"authorization", b"")) or self._query_key(scope)
+            if who is None:
                 await _reply(
                     send,
                     401,
@@ -55,6 +56,11 @@ class RequestGuard:
                     [(b"www-authenticate", b"Bearer")],
                 )
                 return
+            tenant, admin = who
+            if self.tenants.admin_keys and not admin and _is_admin_path(scope["path"]):
+                await _reply(send, 403, "this route needs an admin API key", "admin_key_required")
+                return
+            scope.setdefault("state", {}).update(tenant=tenant, admin=admin)
         if scope.get("method") not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
@@ -77,20 +83,18 @@ class RequestGuard:
             return
         await self.app(scope, _replay(body, receive), send)
 
-    def _key_ok(self, header: bytes) -> bool:
-        assert self.api_key is not None
+    def _bearer(self, header: bytes) -> tuple[str, bool] | None:
         scheme, _, token = header.partition(b" ")
-        return scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), self.api_key)
+        return self.tenants.resolve(token.strip()) if scheme.lower() == b"bearer" else None
 
-    def _query_key_ok(self, scope: Scope) -> bool:
+    def _query_key(self, scope: Scope) -> tuple[str, bool] | None:
         path: str = scope["path"]
         if scope.get("method") != "GET" or not path.startswith(QUERY_KEY_PATHS):
-            return False
-        assert self.api_key is not None
+            return None
         for value in parse_qs(scope.get("query_string", b"").decode("latin-1")).get("api_key", []):
-            if secrets.compare_digest(value.encode(), self.api_key):
-                return True
-        return False
+            if (who := self.tenants.resolve(value.encode())) is not None:
+                return who
+        return None
 
     async def _read_body(self, receive: Receive) -> bytes | None:
         """The whole body, or None once it passes the limit (the rest is left unread)."""
@@ -117,6 +121,10 @@ class RequestGuard:
             "bytes (--max-request-bytes)",
             "request_too_large",
         )
+
+
+def _is_admin_path(path: str) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in ADMIN_PATHS)
 
 
 def _has_lone_surrogate(body: bytes) -> bool:

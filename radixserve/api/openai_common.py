@@ -23,6 +23,7 @@ from radixserve.api.responses import (
     TopLogprob,
     UsageInfo,
 )
+from radixserve.api.tenants import Tenants
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.result import RequestResult
@@ -35,6 +36,7 @@ class OpenAIServing:
 
     def __init__(self, tm: TokenizerManager, config: ServerConfig) -> None:
         self.tm = tm
+        self.tenants = Tenants.of(config)
         self.model_name = config.model_name
         path = config.engine.model_path or ""
         self.accepted_names = {
@@ -73,6 +75,7 @@ class OpenAIServing:
         prompt_param: str = "prompt",
         grammar: dict[str, str] | None = None,
         grammar_after_token: int | None = None,
+        extra_key: str | None = None,
     ) -> list[GenerateRequest]:
         """``n`` requests per prompt, choice index ``i * n + j``; ``top_logprobs`` None: no
         logprobs; ``grammar``: the output's constraint (None: the body's own, e.g.
@@ -94,6 +97,7 @@ class OpenAIServing:
                     input_ids=ids,
                     sampling_params=body.to_sampling_params(max_new, grammar),
                     priority=body.priority,
+                    extra_key=extra_key,
                     return_logprob=top_logprobs is not None,
                     top_logprobs_num=top_logprobs or 0,
                 )

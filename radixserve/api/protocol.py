@@ -152,6 +152,8 @@ class GenerateReqInput(BaseModel):
     log_metrics: bool = True  # accepted: every request is counted
     # with --reasoning-parser: the thinking as "reasoning_text", the answer as "text"
     separate_reasoning: bool = False
+    # vLLM's: a namespace of the prompt cache inside the caller's tenant (api/tenants.py)
+    cache_salt: str | None = None
     # what SGLang's router adds to every request it forwards: accepted, no-ops here (one model
     # is served, whatever `model` names; nothing is logged per request but metrics)
     model: str | None = None

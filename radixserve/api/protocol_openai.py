@@ -59,6 +59,8 @@ class OpenAISamplingFields(BaseModel):
     user: str | None = None
     metadata: dict[str, Any] | None = None
     prompt_cache_key: str | None = None
+    # vLLM's: a namespace of the prompt cache inside the caller's tenant (api/tenants.py)
+    cache_salt: str | None = None
     safety_identifier: str | None = None
     service_tier: str | None = None
     # a 400 when set (OPENAI_UNSUPPORTED)

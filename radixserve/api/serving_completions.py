@@ -61,6 +61,7 @@ class CompletionServing(OpenAIServing):
             "max_tokens",
             lambda prompt_len: max(min(DEFAULT_MAX_TOKENS, ctx - prompt_len), 0),
             body.logprobs,
+            extra_key=self.tenants.namespace(raw.state, body.cache_salt),
         )
         echoes = [self.tm.prompts.decode(p) if body.echo else "" for p in prompts]
         group = await open_requests(self.tm, requests, raw.is_disconnected)

@@ -29,6 +29,7 @@ from radixserve.api.streaming import (
     open_requests,
     sse,
 )
+from radixserve.api.tenants import Tenants
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.result import RequestResult, generate_result
 from radixserve.server.tokenizer_manager import ClientDisconnected, TokenizerManager
@@ -37,14 +38,18 @@ T = TypeVar("T")
 
 
 class NativeServing:
-    def __init__(self, tm: TokenizerManager, reasoning_parser: str | None = None) -> None:
+    def __init__(
+        self, tm: TokenizerManager, tenants: Tenants, reasoning_parser: str | None = None
+    ) -> None:
         self.tm = tm
+        self.tenants = tenants
         self.reasoning_parser = reasoning_parser
 
     async def generate(self, body: GenerateReqInput, raw: Request) -> Response:
         if body.separate_reasoning and self.reasoning_parser is None:
             raise ValueError("separate_reasoning needs a server started with --reasoning-parser")
-        requests, is_batch = await self.build_requests(body)
+        extra_key = self.tenants.namespace(raw.state, body.cache_salt)
+        requests, is_batch = await self.build_requests(body, extra_key)
         started = time.monotonic()
         group = await open_requests(self.tm, requests, raw.is_disconnected)
         with_text = body.return_text_in_logprobs
@@ -66,7 +71,9 @@ class NativeServing:
         assert self.reasoning_parser is not None
         return ReasoningParser.create(self.reasoning_parser)
 
-    async def build_requests(self, body: GenerateReqInput) -> tuple[list[GenerateRequest], bool]:
+    async def build_requests(
+        self, body: GenerateReqInput, extra_key: str | None = None
+    ) -> tuple[list[GenerateRequest], bool]:
         if (body.text is None) == (body.input_ids is None):
             raise ValueError("give exactly one of text and input_ids")
         limits = self.tm.config
@@ -106,6 +113,7 @@ class NativeServing:
                 input_ids=ids,
                 sampling_params=sp.to_sampling_params(max_new),
                 priority=prios[i] or 0,
+                extra_key=extra_key,
                 return_logprob=bool(logprob[i]),
                 top_logprobs_num=(tops[i] or 0) if logprob[i] else 0,
                 logprob_start_len=_or(starts[i], -1) if logprob[i] else -1,

@@ -55,7 +55,9 @@ function tooltip(params) {
   const n = d.node;
   if (n.parent === null) return `root: ${n.subtree_tokens} tokens cached`;
   const state = n.locked ? `locked (${n.lock_ref})` : "evictable";
-  const text = enc(n.text) + (n.num_tokens > 32 ? "&hellip;" : "");
+  const text = n.text === null
+    ? "<i>text shown to an admin API key only</i>"
+    : enc(n.text) + (n.num_tokens > 32 ? "&hellip;" : "");
   return `<div style="max-width:420px;white-space:pre-wrap">${n.num_tokens} tokens, ` +
     `${n.subtree_tokens} below; ${state}<br>last access ${n.last_access}` +
     (n.extra_key ? `<br>namespace ${enc(n.extra_key)}` : "") + `<hr>${text}</div>`;

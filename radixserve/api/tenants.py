@@ -1,0 +1,89 @@
+"""Tenants: who a request's API key belongs to, and the prompt-cache namespace that follows.
+
+Every ``--api-key`` is a tenant of its own; a keys file (``--api-keys-file``: lines ``TENANT
+KEY``, ``#`` comments) names tenants and may give one several keys. Each tenant's prompts live in
+their own namespace of the radix cache (the request's ``extra_key``), so neither
+``cached_tokens`` nor the time to the first token tells one tenant anything of another's
+prompts. ``cache_salt`` (vLLM's field, on every route) splits a tenant's namespace further and
+never reaches across tenants. ``--shared-prefix-cache`` puts every tenant back into one cache
+(salts still split it). ``--admin-api-key`` keys may also use the operator routes
+(:data:`ADMIN_PATHS`); when admin keys are configured, only they may.
+
+The ``RequestGuard`` resolves the key once, before the body is read, and leaves the tenant in
+the request's state (``request.state.tenant``, ``request.state.admin``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from radixserve.config import ServerConfig
+
+ADMIN_PATHS = ("/cache_tree", "/dashboard", "/flush_cache")
+ADMIN_TENANT = "admin"
+
+
+def tenant_of_key(key: str) -> str:
+    """The tenant of a key given alone (``--api-key``): named by a short hash, never the key."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:10]
+
+
+def read_keys_file(path: str | Path) -> tuple[tuple[str, str], ...]:
+    """``(tenant, key)`` pairs of a keys file; ``ValueError`` naming the line that is wrong."""
+    pairs = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        fields = text.split()
+        if len(fields) != 2:
+            raise ValueError(f"{path}:{number}: expected 'TENANT KEY', got {len(fields)} fields")
+        pairs.append((fields[0], fields[1]))
+    return tuple(pairs)
+
+
+@dataclass(frozen=True)
+class Tenants:
+    """Keys and the tenants they name; empty: an open server (one anonymous tenant)."""
+
+    keys: tuple[tuple[str, str], ...] = ()  # (tenant, key)
+    admin_keys: tuple[str, ...] = ()
+    shared_cache: bool = False
+
+    @classmethod
+    def of(cls, config: ServerConfig) -> Tenants:
+        return cls(config.tenant_keys, config.admin_api_keys, config.shared_prefix_cache)
+
+    @property
+    def required(self) -> bool:
+        return bool(self.keys or self.admin_keys)
+
+    def resolve(self, token: bytes) -> tuple[str, bool] | None:
+        """``(tenant, is_admin)`` of a presented key, or None. Every key is compared, each in
+        constant time."""
+        found: tuple[str, bool] | None = None
+        for key in self.admin_keys:
+            if secrets.compare_digest(token, key.encode()):
+                found = (ADMIN_TENANT, True)
+        for tenant, key in self.keys:
+            if secrets.compare_digest(token, key.encode()) and found is None:
+                found = (tenant, False)
+        return found
+
+    def may_see_text(self, admin: bool) -> bool:
+        """The cache page shows prompts' text to an admin key, or on an open server."""
+        return admin or not self.required
+
+    def namespace(self, state: Any, cache_salt: str | None) -> str | None:
+        """The radix-cache namespace (``extra_key``) of a request whose guard left ``state``."""
+        parts = []
+        tenant = getattr(state, "tenant", None)
+        if tenant is not None and not self.shared_cache:
+            parts.append(f"tenant:{tenant}")
+        if cache_salt:
+            parts.append(f"salt:{cache_salt}")
+        return "|".join(parts) or None

@@ -1,0 +1,106 @@
+"""Tenants (issue #28, item 1) on a real server: the digit probe learns nothing across tenants,
+``cache_salt`` splits a tenant's cache, ``--shared-prefix-cache`` opts back into one, and the
+operator routes want an admin key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from serving_harness import serving
+
+pytestmark = pytest.mark.timeout(180)
+
+A, B, ADMIN = "key-of-a", "key-of-b", "key-of-ops"
+SECRET = "Internal memo, do not share. The vault PIN is "
+
+
+def completion(url: str, key: str, prompt: str, **extra: object) -> dict:
+    body = {"prompt": prompt, "max_tokens": 1, "temperature": 0, **extra}
+    resp = httpx.post(
+        f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60
+    )
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def cached(url: str, key: str, prompt: str, **extra: object) -> int:
+    usage = completion(url, key, prompt, **extra)["usage"]
+    return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+def probe(url: str, key: str) -> list[int]:
+    """The digit probe: the secret's prefix followed by each digit; the cached length of each."""
+    return [cached(url, key, SECRET + f"{d} 3 9 1") for d in range(10)]
+
+
+@pytest.fixture(scope="module")
+def tenants_server(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    keys = tmp_path_factory.mktemp("keys") / "keys.txt"
+    keys.write_text(f"# tenant key\nteam-b {B}\nteam-b {B}-second\n")
+    args = ["--model", str(api_model_dir), "--api-key", A, "--api-keys-file", str(keys)]
+    args += ["--admin-api-key", ADMIN]
+    with serving(args, tmp_path_factory.mktemp("tenants") / "server.log", api_key=A) as server:
+        yield server
+
+
+def test_the_digit_probe_learns_nothing_across_tenants(tenants_server) -> None:
+    url = tenants_server.url
+    completion(url, A, SECRET + "7 3 9 1")  # tenant A's secret, now cached for A
+    other = probe(url, B)
+    assert len(set(other[1:])) == 1 and other[7] == other[1], other  # no digit stands out
+    assert cached(url, A, SECRET + "7 3 9 1") > other[7]  # A itself hits its own prompt
+    # the same tenant's second key shares its cache: it is one tenant
+    assert cached(url, f"{B}-second", SECRET + "5 3 9 1") == cached(url, B, SECRET + "5 3 9 1")
+
+
+def test_cache_salt_splits_a_tenant_and_never_reaches_another(tenants_server) -> None:
+    url = tenants_server.url
+    prompt = "A salted prompt that only its salt may hit, repeated to be long enough. " * 3
+    completion(url, A, prompt, cache_salt="s1")
+    assert cached(url, A, prompt, cache_salt="s1") > 0
+    assert cached(url, A, prompt, cache_salt="s2") == 0
+    assert cached(url, A, prompt) == 0
+    assert cached(url, B, prompt, cache_salt="s1") == 0  # the same salt in another tenant
+    native = httpx.post(
+        f"{url}/generate",
+        json={"text": prompt, "cache_salt": "s1", "sampling_params": {"max_new_tokens": 1}},
+        headers={"Authorization": f"Bearer {A}"},
+        timeout=60,
+    )
+    assert native.json()["meta_info"]["cached_tokens"] > 0
+
+
+def test_operator_routes_want_the_admin_key(tenants_server) -> None:
+    url = tenants_server.url
+    for path in ("/cache_tree", "/dashboard", "/flush_cache"):
+        resp = httpx.get(url + path, headers={"Authorization": f"Bearer {A}"}, timeout=30)
+        assert resp.status_code == 403, (path, resp.text)
+        assert resp.json()["error"]["code"] == "admin_key_required"
+    tree = httpx.get(f"{url}/cache_tree", headers={"Authorization": f"Bearer {ADMIN}"}).json()
+    assert any(n["text"] for n in tree["tree"]["nodes"] if n["parent"] is not None)
+    # the tenants' ordinary routes do not take the admin's key as theirs: it is its own tenant
+    assert (
+        httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
+    )
+
+
+def test_without_admin_keys_the_tree_shows_no_text(api_model_dir: Path, tmp_path: Path) -> None:
+    args = ["--model", str(api_model_dir), "--api-key", A, "--api-key", B]
+    with serving(args, tmp_path / "server.log", api_key=A) as server:
+        completion(server.url, A, SECRET + "7 3 9 1")
+        tree = httpx.get(
+            f"{server.url}/cache_tree", headers={"Authorization": f"Bearer {B}"}, timeout=30
+        ).json()
+        nodes = [n for n in tree["tree"]["nodes"] if n["parent"] is not None]
+        assert nodes and all(n["text"] is None and n["extra_key"] is None for n in nodes)
+
+
+def test_a_shared_prefix_cache_is_shared(api_model_dir: Path, tmp_path: Path) -> None:
+    args = ["--model", str(api_model_dir), "--api-key", A, "--api-key", B]
+    args += ["--shared-prefix-cache"]
+    with serving(args, tmp_path / "server.log", api_key=A) as server:
+        completion(server.url, A, SECRET + "7 3 9 1")
+        other = probe(server.url, B)
+        assert other[7] > max(other[:7] + other[8:]), other  # the leak the default closes
