@@ -254,6 +254,19 @@ def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
         help="most stop strings in one request; 400 past it",
     )
     add(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="most open HTTP connections; past it a new one closes the longest-idle one "
+        "(default: the descriptor limit less 128)",
+    )
+    add(
+        "--request-header-timeout",
+        type=float,
+        default=defaults.request_header_timeout_s,
+        help="seconds a new connection may take to send a whole request head before it is closed",
+    )
+    add(
         "--graceful-shutdown-timeout",
         type=float,
         default=defaults.graceful_shutdown_timeout_s,
@@ -323,6 +336,8 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         is_default_model=is_default,
         log_level=args.log_level,
         max_request_bytes=args.max_request_bytes,
+        max_connections=args.max_connections,
+        request_header_timeout_s=args.request_header_timeout,
         max_batch_sub_requests=args.max_batch_sub_requests,
         max_stop_strings=args.max_stop_strings,
         graceful_shutdown_timeout_s=args.graceful_shutdown_timeout,

@@ -27,6 +27,7 @@ from typing import Any
 import uvicorn
 
 from radixserve.api.app import create_app
+from radixserve.api.connections import ConnectionLimits, guarded_protocol, throttle_accept_errors
 from radixserve.api.metrics import ServingMetrics
 from radixserve.config import ServerConfig
 from radixserve.runtime.default_model import DESCRIPTION as DEFAULT_MODEL_DESCRIPTION
@@ -72,6 +73,11 @@ def launch_server(config: ServerConfig) -> int:
                 host=config.host,
                 port=config.port,
                 log_level=config.log_level,
+                http=guarded_protocol(
+                    ConnectionLimits.default(
+                        config.max_connections, config.request_header_timeout_s
+                    )
+                ),
                 # the drain (_supervise) ends every request first; this is a backstop
                 timeout_graceful_shutdown=int(config.graceful_shutdown_timeout_s) + 5,
             )
@@ -155,6 +161,7 @@ def _stop_children(children: dict[str, BaseProcess]) -> None:
 async def _serve(
     server: uvicorn.Server, config: ServerConfig, info: SchedulerInfo, tm: TokenizerManager
 ) -> int:
+    throttle_accept_errors(asyncio.get_running_loop())
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
