@@ -179,6 +179,8 @@ class ServerConfig:
     tenant_keys: tuple[tuple[str, str], ...] = ()
     admin_api_keys: tuple[str, ...] = ()
     shared_prefix_cache: bool = False
+    # a request header a trusted gateway sets to the tenant (e.g. x-tenant-id); None: keys only
+    tenant_header: str | None = None
     served_model_name: str | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None

@@ -165,6 +165,12 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "given, only these keys may use them",
     )
     add(
+        "--tenant-header",
+        default=None,
+        help="take the tenant from this request header when present (only behind a gateway "
+        "that sets it, e.g. x-tenant-id; the key is still checked)",
+    )
+    add(
         "--shared-prefix-cache",
         action="store_true",
         help="one prompt cache for every tenant (a tenant's cached_tokens and timing then "
@@ -329,6 +335,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         tenant_keys=_tenant_keys(args),
         admin_api_keys=tuple(args.admin_api_key or ()),
         shared_prefix_cache=args.shared_prefix_cache,
+        tenant_header=args.tenant_header,
         served_model_name=args.served_model_name,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,

@@ -57,6 +57,7 @@ class RequestGuard:
                 )
                 return
             tenant, admin = who
+            tenant = self.tenants.from_header(headers) or tenant
             if self.tenants.admin_keys and not admin and _is_admin_path(scope["path"]):
                 await _reply(send, 403, "this route needs an admin API key", "admin_key_required")
                 return

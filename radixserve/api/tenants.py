@@ -7,7 +7,9 @@ their own namespace of the radix cache (the request's ``extra_key``), so neither
 prompts. ``cache_salt`` (vLLM's field, on every route) splits a tenant's namespace further and
 never reaches across tenants. ``--shared-prefix-cache`` puts every tenant back into one cache
 (salts still split it). ``--admin-api-key`` keys may also use the operator routes
-(:data:`ADMIN_PATHS`); when admin keys are configured, only they may.
+(:data:`ADMIN_PATHS`); when admin keys are configured, only they may. Behind a gateway that
+holds the tenants' own keys and forwards one shared key (SGLang's ``smg``), ``--tenant-header``
+names the header it writes the tenant into; the header is trusted only when configured.
 
 The ``RequestGuard`` resolves the key once, before the body is read, and leaves the tenant in
 the request's state (``request.state.tenant``, ``request.state.admin``).
@@ -53,10 +55,17 @@ class Tenants:
     keys: tuple[tuple[str, str], ...] = ()  # (tenant, key)
     admin_keys: tuple[str, ...] = ()
     shared_cache: bool = False
+    header: bytes | None = None  # lower-case name of a trusted gateway's tenant header
 
     @classmethod
     def of(cls, config: ServerConfig) -> Tenants:
-        return cls(config.tenant_keys, config.admin_api_keys, config.shared_prefix_cache)
+        header = config.tenant_header.lower().encode() if config.tenant_header else None
+        return cls(config.tenant_keys, config.admin_api_keys, config.shared_prefix_cache, header)
+
+    def from_header(self, headers: dict[bytes, bytes]) -> str | None:
+        """The tenant a trusted gateway named in its header, if configured and present."""
+        value = headers.get(self.header) if self.header is not None else None
+        return "gateway:" + value.decode("latin-1") if value else None
 
     @property
     def required(self) -> bool:

@@ -104,3 +104,22 @@ def test_a_shared_prefix_cache_is_shared(api_model_dir: Path, tmp_path: Path) ->
         completion(server.url, A, SECRET + "7 3 9 1")
         other = probe(server.url, B)
         assert other[7] > max(other[:7] + other[8:]), other  # the leak the default closes
+
+
+def test_a_trusted_gateway_header_names_the_tenant(api_model_dir: Path, tmp_path: Path) -> None:
+    """Behind a gateway that forwards one key and writes the tenant into a header: each header
+    value is a tenant of its own; without the header the key's tenant serves."""
+    args = ["--model", str(api_model_dir), "--tenant-header", "X-Tenant-Id"]
+    with serving(args, tmp_path / "server.log", api_key=A) as server:
+
+        def hits(tenant: str | None, digit: int) -> int:
+            headers = {"Authorization": f"Bearer {A}"} | ({"x-tenant-id": tenant} if tenant else {})
+            body = {"prompt": SECRET + f"{digit} 3 9 1", "max_tokens": 1, "temperature": 0}
+            resp = httpx.post(f"{server.url}/v1/completions", json=body, headers=headers)
+            details = resp.json()["usage"].get("prompt_tokens_details") or {}
+            return int(details.get("cached_tokens") or 0)
+
+        hits("alice", 7)
+        assert hits("alice", 7) > 0
+        assert hits("bob", 7) == 0 and hits(None, 7) == 0  # neither another tenant nor the key's
+        assert hits(None, 7) > 0  # the key's own tenant caches for itself
