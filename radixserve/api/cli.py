@@ -264,7 +264,7 @@ def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="most open HTTP connections; past it a new one closes the longest-idle one "
-        "(default: the descriptor limit less 128)",
+        "(default: the descriptor limit less 128 and less the listen backlog)",
     )
     add(
         "--request-header-timeout",

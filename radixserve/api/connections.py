@@ -7,7 +7,7 @@ logged a traceback. :func:`guarded_protocol` makes uvicorn's h11 protocol class 
 - closes a connection that has not sent a whole request head within ``header_timeout_s``
   (uvicorn's own keep-alive timeout covers the time between requests);
 - keeps at most ``max_connections`` open (by default the descriptor limit less a reserve for
-  the process's own files and sockets): past it, a new connection closes the connection that
+  the process's own files and sockets and less the listen backlog): past it, a new connection closes the connection that
   has been idle longest (no request in progress: new, or between keep-alive requests), so a
   client that sends a request gets in; when none is idle, the new one is closed at once;
 
@@ -36,13 +36,18 @@ ACCEPT_LOG_INTERVAL_S = 10.0
 class ConnectionLimits:
     max_connections: int
     header_timeout_s: float = 10.0
+    # the listen backlog, which is also how many connections asyncio accepts in one go before
+    # any is closed: the cap leaves that many descriptors free, so accept() never runs out
+    # (out of descriptors, asyncio stops accepting for a second, and /health waits with the rest)
+    backlog: int = 512
 
     @classmethod
     def default(cls, max_connections: int | None, header_timeout_s: float) -> ConnectionLimits:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        backlog = max(16, min(512, soft // 4))
         if max_connections is None:
-            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-            max_connections = max(16, soft - FD_RESERVE)
-        return cls(max_connections, header_timeout_s)
+            max_connections = max(16, soft - FD_RESERVE - backlog)
+        return cls(max_connections, header_timeout_s, backlog)
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:

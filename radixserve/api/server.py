@@ -42,6 +42,7 @@ logger = logging.getLogger("radixserve.server")
 CHILD_STOP_TIMEOUT_S = 5.0
 DEAD_CHILD_GRACE_S = 1.0  # after a child dies: time to send the in-flight requests their 503s
 SUPERVISE_INTERVAL_S = 0.1
+KEEP_ALIVE_S = 75  # seconds an idle keep-alive connection stays open (nginx's default)
 
 
 class StartupError(RuntimeError):
@@ -67,17 +68,19 @@ def launch_server(config: ServerConfig) -> int:
         metrics = ServingMetrics(config.model_name)
         tm = TokenizerManager(config, endpoints, info, children=children, observer=metrics)
         app = create_app(tm, config, metrics)
+        limits = ConnectionLimits.default(config.max_connections, config.request_header_timeout_s)
         server = uvicorn.Server(
             uvicorn.Config(
                 app,
                 host=config.host,
                 port=config.port,
                 log_level=config.log_level,
-                http=guarded_protocol(
-                    ConnectionLimits.default(
-                        config.max_connections, config.request_header_timeout_s
-                    )
-                ),
+                # longer than clients keep idle connections (httpx 5 s, aiohttp 15 s): the client
+                # closes first, so it never sends on a connection the server is closing (a
+                # ReadError); under pressure the connection cap sheds idle ones anyway
+                timeout_keep_alive=KEEP_ALIVE_S,
+                http=guarded_protocol(limits),
+                backlog=limits.backlog,
                 # the drain (_supervise) ends every request first; this is a backstop
                 timeout_graceful_shutdown=int(config.graceful_shutdown_timeout_s) + 5,
             )

@@ -1,5 +1,5 @@
 """Issue #28, item 3: connections that send nothing cannot lock the server out. The server runs
-under a descriptor limit of 512 (so its connection cap is 384); the test holds 2,000 idle
+under a descriptor limit of 512 (so its connection cap is 256, its backlog 128); the test holds 2,000 idle
 connections (more than the limit) and /health and a completion still answer at once, the log
 stays small, and a slow request head is cut at the header timeout."""
 
