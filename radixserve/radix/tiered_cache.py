@@ -130,6 +130,29 @@ class TieredRadixCache(RadixCache):
         self._to_pool(path, slots)
         return slots
 
+    def first_corrupt(self, node: TreeNode) -> TreeNode | None:
+        """The first node (top down) of the tier part of the path ending at ``node`` whose
+        copy no longer has the checksums it was written with (a file tier's pages; a tier
+        without checksums has none), or None: checked right before a load-back."""
+        corrupt_pages = getattr(self.tier, "corrupt_pages", None)
+        if corrupt_pages is None:
+            return None
+        for n in self._tier_path(node):
+            if bool(corrupt_pages(n.tier_value).any()):
+                return n
+        return None
+
+    def drop_corrupt(self, node: TreeNode) -> bool:
+        """Forget the tier-only ``node`` (its copy failed its checksum) with its tier-only
+        subtree, so no match reaches it again; False (left in place) while a lock holds it."""
+        if node.lock_ref or node.value is not None:
+            return False
+        assert node.tier_value is not None
+        self.tier.forget(node.tier_value)
+        node.tier_value = None
+        self._drop_subtree(node)
+        return True
+
     def offload(self, node: TreeNode) -> torch.Tensor:
         """Swap out: move the pool part of the path ending at ``node`` that only the caller's one
         lock holds (``lock_ref == 1``) and no other pool node hangs under, bottom up, to the

@@ -21,6 +21,7 @@ with the overlap loop it runs while the previous batch computes).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -37,6 +38,8 @@ from radixserve.runtime.kv_layout import KVLayout
 from radixserve.runtime.prefix_cache_builder import build_prefix_cache
 from radixserve.types import Req
 
+logger = logging.getLogger(__name__)
+
 
 class KVManager:
     def __init__(
@@ -52,6 +55,7 @@ class KVManager:
         self.tree = tree
         self.kv_cache = kv_cache
         self.page_size = allocator.page_size
+        self._corrupt: list[Any] = []  # tier nodes a load-back found corrupt, to drop
 
     @classmethod
     def build(cls, config: EngineConfig, layout: KVLayout | None = None) -> KVManager:
@@ -112,6 +116,7 @@ class KVManager:
                 self.req_to_token_pool.free(rows)
                 for req in need_row:
                     req.req_pool_idx = None
+            self._drop_corrupt()
         else:
             for req in reqs:  # admitted again: the match now holds what it swapped out
                 self._drop_swap_lock(req)
@@ -242,6 +247,12 @@ class KVManager:
             # released since, may have loaded part of its tier part already
             match = tree.prefix_of(match.last_node)
             prefix = match.indices
+            if match.tier_len and (bad := tree.first_corrupt(match.last_node)) is not None:
+                # its copy changed since it was written: the batch is put back, the copy
+                # dropped once the batch's locks are (alloc_extend), the prefix computed again
+                self._corrupt.append(bad)
+                self._drop_swap_lock(req)  # a swapped-out request's KV too: it recomputes
+                return False
             if match.tier_len:
                 slots = self._alloc_or_evict(match.tier_len)
                 if slots is None:
@@ -252,6 +263,19 @@ class KVManager:
             self.req_to_token_pool.write(_row(req), 0, prefix)
         req.kv_len = req.prefix_len
         return True
+
+    def _drop_corrupt(self) -> None:
+        """The tier copies a load-back found corrupt leave the tree: the requests that wanted
+        them, back in the queue, match less next time and compute the rest."""
+        tree = self.tiered
+        for node in self._corrupt:
+            dropped = tree is not None and tree.drop_corrupt(node)
+            logger.warning(
+                "KV tier: a copy of %d tokens failed its checksum at load-back; %s",
+                len(node),
+                "dropped, computed again" if dropped else "still locked, dropped later",
+            )
+        self._corrupt.clear()
 
     def _alloc_or_evict(self, num_tokens: int) -> torch.Tensor | None:
         slots = self.allocator.alloc(num_tokens)

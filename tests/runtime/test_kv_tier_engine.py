@@ -3,6 +3,7 @@ evict -> load-back, swap-out -> swap-in and a restart over a file tier (float32,
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -91,6 +92,29 @@ def test_a_restarted_engine_hits_its_file_tier(engine_model_dir, hf_greedy, tmp_
     assert first["output_ids"] == hf_greedy(batch[0], MAX_NEW)
     assert first["meta_info"]["cached_tokens"] >= 56  # all but the last page-ish of the prompt
     assert stats["num_cached_prompt_tokens_tier"] == first["meta_info"]["cached_tokens"]
+
+
+def test_a_copy_corrupted_while_running_is_recomputed(
+    engine_model_dir, hf_greedy, tmp_path
+) -> None:
+    """Issue #28, item 2: ``kv.bin`` overwritten under a running engine (after the first round
+    was evicted to it): the load-back checks each page's checksum, drops the corrupt copies and
+    computes the prompts again; every output still equals HF's."""
+    batch = prompts(4)
+    expected = [hf_greedy(p, MAX_NEW) for p in batch]
+    tier = tmp_path / "tier"
+    with Engine(
+        str(engine_model_dir), dtype="float32", max_total_tokens=160, kv_tier_path=str(tier)
+    ) as engine:
+        outs = engine.generate(input_ids=batch, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == expected
+        storage = tier / "kv.bin"  # memory-mapped by the engine: the write reaches its pages
+        storage.write_bytes(os.urandom(storage.stat().st_size))
+        outs = engine.generate(input_ids=batch, sampling_params=GREEDY)
+        engine.check_integrity()
+        stats = engine.get_stats()
+    assert [o["output_ids"] for o in outs] == expected
+    assert stats["kv_tier_corrupt_pages"] > 0  # (copies written after the overwrite may hit)
 
 
 def test_a_tier_of_another_model_is_discarded(
