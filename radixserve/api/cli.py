@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from radixserve.api.cli_access import access_fields, add_access_flags
 from radixserve.config import (
     KV_TIER_WRITE_POLICIES,
     PREEMPTION_MODES,
@@ -146,37 +147,6 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="order by the requests' priority first (and preempt for much higher priority)",
     )
     add(
-        "--api-key",
-        action="append",
-        default=None,
-        help="require 'Authorization: Bearer KEY' on every route but /health; give it again for "
-        "more keys, each a tenant with its own prompt cache",
-    )
-    add(
-        "--api-keys-file",
-        default=None,
-        help="a file of 'TENANT KEY' lines: named tenants, several keys each (# comments)",
-    )
-    add(
-        "--admin-api-key",
-        action="append",
-        default=None,
-        help="a key for the operator routes (/cache_tree, /dashboard, /flush_cache); once any is "
-        "given, only these keys may use them",
-    )
-    add(
-        "--tenant-header",
-        default=None,
-        help="take the tenant from this request header when present (only behind a gateway "
-        "that sets it, e.g. x-tenant-id; the key is still checked)",
-    )
-    add(
-        "--shared-prefix-cache",
-        action="store_true",
-        help="one prompt cache for every tenant (a tenant's cached_tokens and timing then "
-        "reveal other tenants' prompts)",
-    )
-    add(
         "--dtype",
         choices=("auto", "float32", "bfloat16", "float16"),
         default=_DEFAULTS.dtype,
@@ -225,6 +195,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "template teaches)",
     )
     _add_limit_flags(serve)
+    add_access_flags(serve)
     add(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
@@ -258,19 +229,6 @@ def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
         type=int,
         default=defaults.max_stop_strings,
         help="most stop strings in one request; 400 past it",
-    )
-    add(
-        "--max-connections",
-        type=int,
-        default=None,
-        help="most open HTTP connections; past it a new one closes the longest-idle one "
-        "(default: the descriptor limit less 128 and less the listen backlog)",
-    )
-    add(
-        "--request-header-timeout",
-        type=float,
-        default=defaults.request_header_timeout_s,
-        help="seconds a new connection may take to send a whole request head before it is closed",
     )
     add(
         "--graceful-shutdown-timeout",
@@ -332,10 +290,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         engine=engine,
         host=args.host,
         port=args.port,
-        tenant_keys=_tenant_keys(args),
-        admin_api_keys=tuple(args.admin_api_key or ()),
-        shared_prefix_cache=args.shared_prefix_cache,
-        tenant_header=args.tenant_header,
+        **access_fields(args),
         served_model_name=args.served_model_name,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
@@ -343,26 +298,11 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         is_default_model=is_default,
         log_level=args.log_level,
         max_request_bytes=args.max_request_bytes,
-        max_connections=args.max_connections,
-        request_header_timeout_s=args.request_header_timeout,
         max_batch_sub_requests=args.max_batch_sub_requests,
         max_stop_strings=args.max_stop_strings,
         graceful_shutdown_timeout_s=args.graceful_shutdown_timeout,
         disable_docs=args.disable_docs,
     )
-
-
-def _tenant_keys(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
-    """``--api-key`` (each its own tenant) and ``--api-keys-file``'s (tenant, key) pairs."""
-    from radixserve.api.tenants import read_keys_file, tenant_of_key
-
-    pairs = tuple((tenant_of_key(key), key) for key in args.api_key or ())
-    if args.api_keys_file is not None:
-        try:
-            pairs += read_keys_file(args.api_keys_file)
-        except (OSError, ValueError) as exc:
-            raise SystemExit(f"--api-keys-file: {exc}") from None
-    return pairs
 
 
 def _read_template(path: str | None) -> str | None:
