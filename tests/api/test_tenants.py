@@ -86,17 +86,24 @@ def test_operator_routes_want_the_admin_key(tenants_server) -> None:
     )
 
 
-def test_without_admin_keys_the_tree_shows_no_text(api_model_dir: Path, tmp_path: Path) -> None:
-    args = ["--model", str(api_model_dir), "--api-key", A, "--api-key", B]
-    with serving(args, tmp_path / "server.log", api_key=A) as server:
-        completion(server.url, A, SECRET + "7 3 9 1")
-        tree = httpx.get(
-            f"{server.url}/cache_tree", headers={"Authorization": f"Bearer {B}"}, timeout=30
-        ).json()
-        nodes = [n for n in tree["tree"]["nodes"] if n["parent"] is not None]
-        assert nodes and all(n["text"] is None and n["extra_key"] is None for n in nodes)
+@pytest.fixture(scope="module")
+def keyed_server(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Two keys, no admin key, and a trusted gateway header."""
+    args = ["--model", str(api_model_dir), "--api-key", B, "--tenant-header", "X-Tenant-Id"]
+    with serving(args, tmp_path_factory.mktemp("keyed") / "server.log", api_key=A) as server:
+        yield server
 
 
+def test_without_admin_keys_the_tree_shows_no_text(keyed_server) -> None:
+    completion(keyed_server.url, A, SECRET + "7 3 9 1")
+    tree = httpx.get(
+        f"{keyed_server.url}/cache_tree", headers={"Authorization": f"Bearer {B}"}, timeout=30
+    ).json()
+    nodes = [n for n in tree["tree"]["nodes"] if n["parent"] is not None]
+    assert nodes and all(n["text"] is None and n["extra_key"] is None for n in nodes)
+
+
+@pytest.mark.slow
 def test_a_shared_prefix_cache_is_shared(api_model_dir: Path, tmp_path: Path) -> None:
     args = ["--model", str(api_model_dir), "--api-key", A, "--api-key", B]
     args += ["--shared-prefix-cache"]
@@ -106,20 +113,19 @@ def test_a_shared_prefix_cache_is_shared(api_model_dir: Path, tmp_path: Path) ->
         assert other[7] > max(other[:7] + other[8:]), other  # the leak the default closes
 
 
-def test_a_trusted_gateway_header_names_the_tenant(api_model_dir: Path, tmp_path: Path) -> None:
+def test_a_trusted_gateway_header_names_the_tenant(keyed_server) -> None:
     """Behind a gateway that forwards one key and writes the tenant into a header: each header
     value is a tenant of its own; without the header the key's tenant serves."""
-    args = ["--model", str(api_model_dir), "--tenant-header", "X-Tenant-Id"]
-    with serving(args, tmp_path / "server.log", api_key=A) as server:
+    memo = "Gateway " + SECRET
 
-        def hits(tenant: str | None, digit: int) -> int:
-            headers = {"Authorization": f"Bearer {A}"} | ({"x-tenant-id": tenant} if tenant else {})
-            body = {"prompt": SECRET + f"{digit} 3 9 1", "max_tokens": 1, "temperature": 0}
-            resp = httpx.post(f"{server.url}/v1/completions", json=body, headers=headers)
-            details = resp.json()["usage"].get("prompt_tokens_details") or {}
-            return int(details.get("cached_tokens") or 0)
+    def hits(tenant: str | None) -> int:
+        headers = {"Authorization": f"Bearer {A}"} | ({"x-tenant-id": tenant} if tenant else {})
+        body = {"prompt": memo + "7 3 9 1", "max_tokens": 1, "temperature": 0}
+        resp = httpx.post(f"{keyed_server.url}/v1/completions", json=body, headers=headers)
+        details = resp.json()["usage"].get("prompt_tokens_details") or {}
+        return int(details.get("cached_tokens") or 0)
 
-        hits("alice", 7)
-        assert hits("alice", 7) > 0
-        assert hits("bob", 7) == 0 and hits(None, 7) == 0  # neither another tenant nor the key's
-        assert hits(None, 7) > 0  # the key's own tenant caches for itself
+    hits("alice")
+    assert hits("alice") > 0
+    assert hits("bob") == 0 and hits(None) == 0  # neither another tenant nor the key's
+    assert hits(None) > 0  # the key's own tenant caches for itself

@@ -18,8 +18,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(420)
-def test_dry_run_writes_every_file(tmp_path: Path) -> None:
+def dry_run(tmp_path: Path, *stages: str) -> Path:
+    """``device_gpu.sh --device cpu [stages]``; returns its $OUT after checking it exited 0."""
     out = tmp_path / "out"
     env = {
         **os.environ,
@@ -28,7 +28,7 @@ def test_dry_run_writes_every_file(tmp_path: Path) -> None:
         "BENCH_DIR": str(tmp_path / "models"),
     }
     proc = subprocess.run(
-        ["bash", "benchmarks/device_gpu.sh", "--device", "cpu"],
+        ["bash", "benchmarks/device_gpu.sh", "--device", "cpu", *stages],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -36,6 +36,21 @@ def test_dry_run_writes_every_file(tmp_path: Path) -> None:
         timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_the_script_runs_its_stages_in_order(tmp_path: Path) -> None:
+    """The quick stages in the default suite (the whole dry run is slow: make test-slow)."""
+    log = (dry_run(tmp_path, "info", "jit") / "run.log").read_text()
+    assert log.index("=== info") < log.index("=== jit") and "info: exit 0" in log
+    assert "jit: exit 0" in log and "heads 32/8, head_dim 128" in log  # every attention shape
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_dry_run_writes_every_file(tmp_path: Path) -> None:
+    out = dry_run(tmp_path)
     log = (out / "run.log").read_text()
     for stage in ("install", "info", "jit", "tests", "idle", "bench"):
         assert f"{stage}: exit 0" in log, log[-3000:]

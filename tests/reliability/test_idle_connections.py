@@ -22,10 +22,10 @@ FD_LIMIT = 512
 IDLE = 2000
 
 
-@pytest.fixture
-def limited_server(rel_model_dir: Path, tmp_path: Path):
+@pytest.fixture(scope="module")
+def limited_server(rel_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     port = free_port()
-    log = tmp_path / "server.log"
+    log = tmp_path_factory.mktemp("limited") / "server.log"
     serve = [sys.executable, "-m", "radixserve", "serve", "--model", str(rel_model_dir)]
     serve += ["--port", str(port), "--request-header-timeout", "2"]
     cmd = ["bash", "-c", f'ulimit -n {FD_LIMIT} && exec "$@"', "serve", *serve]
