@@ -86,13 +86,7 @@ def tiny_model_dirs(
     tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any
 ) -> dict[str, Path]:
     """arch -> directory of a tiny float32 checkpoint with its tokenizer, written once per session."""
-    from radixserve.models.tiny import write_tiny_model
-
-    root = tmp_path_factory.mktemp("tiny_models")
-    return {
-        arch: write_tiny_model(root / arch, arch, tokenizer=tiny_tokenizer, **spec)
-        for arch, spec in TINY_MODEL_SPECS.items()
-    }
+    return _write_models(tmp_path_factory.mktemp("tiny_models"), TINY_MODEL_SPECS, tiny_tokenizer)
 
 
 @pytest.fixture(scope="session")
@@ -100,12 +94,17 @@ def device_model_dirs(
     tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any
 ) -> dict[str, Path]:
     """arch -> a checkpoint of :data:`DEVICE_MODEL_SPECS` (2 layers, float32 on disk)."""
+    return _write_models(
+        tmp_path_factory.mktemp("device_models"), DEVICE_MODEL_SPECS, tiny_tokenizer
+    )
+
+
+def _write_models(root: Path, specs: dict[str, dict[str, Any]], tokenizer: Any) -> dict[str, Path]:
     from radixserve.models.tiny import write_tiny_model
 
-    root = tmp_path_factory.mktemp("device_models")
     return {
-        arch: write_tiny_model(root / arch, arch, tokenizer=tiny_tokenizer, **spec)
-        for arch, spec in DEVICE_MODEL_SPECS.items()
+        arch: write_tiny_model(root / arch, arch, tokenizer=tokenizer, **spec)
+        for arch, spec in specs.items()
     }
 
 

@@ -1,5 +1,6 @@
 """``radixserve serve --kv-tier-path``: a server stopped with SIGTERM writes its tier's index,
-and the next server on the same directory serves the first request's prefix from the tier."""
+and the next server on the same directory serves the first request's prefix from the tier; a
+page whose bytes changed in between is dropped and computed again (issue #28, item 2)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from serving_harness import start_server, stop_server
@@ -17,10 +19,11 @@ from serving_harness import start_server, stop_server
 from radixserve.api.cli import build_parser, make_server_config
 
 PROMPT = [(7 * i + 3) % 900 + 5 for i in range(80)]
+OTHER = [(11 * i + 5) % 900 + 5 for i in range(80)]  # another first token: a node of its own
 
 
-def generate(url: str) -> dict:
-    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+def generate(url: str, prompt: list[int] = PROMPT) -> dict:
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
     r = httpx.post(f"{url}/generate", json=body, timeout=60)
     r.raise_for_status()
     return r.json()
@@ -28,50 +31,55 @@ def generate(url: str) -> dict:
 
 def _corrupt(tier: Path, how: str) -> None:
     """Between a clean stop and a restart: the whole ``kv.bin`` overwritten with random bytes,
-    or 64 KiB zeroed where layer 0's V of the first tokens lives (what the index names)."""
+    or (``zeroed``) layer 0's K of the node the index holds for ``OTHER`` zeroed."""
     storage = tier / "kv.bin"
     if how == "random":
         storage.write_bytes(os.urandom(storage.stat().st_size))
         return
-    header = json.loads((tier / "tier.json").read_text())
-    layout = header["layout"]
+    layout = json.loads((tier / "tier.json").read_text())["layout"]
     elem = torch.empty((), dtype=getattr(torch, layout["dtype"].removeprefix("torch."))).itemsize
-    offset = header["num_slots"] * layout["num_kv_heads"] * layout["head_dim"] * elem
+    per_slot = layout["num_kv_heads"] * layout["head_dim"] * elem  # layer 0's K comes first
+    with np.load(tier / "index.npz") as index:
+        key_lens, keys, slots = index["key_lens"], index["keys"], index["slots"]
+    starts = np.cumsum(key_lens) - key_lens
+    entry = next(i for i, start in enumerate(starts) if keys[start] == OTHER[0])
     with open(storage, "r+b") as f:
-        f.seek(offset)
-        f.write(bytes(64 << 10))
+        for slot in slots[starts[entry] : starts[entry] + key_lens[entry]]:
+            f.seek(int(slot) * per_slot)
+            f.write(bytes(per_slot))
 
 
-def _restart(args: list[str], log: Path) -> tuple[dict, dict, str]:
-    """A server over the same tier: the generation, its scheduler stats, its /metrics."""
+def _restart(args: list[str], log: Path) -> tuple[list[dict], dict, str]:
+    """A server over the same tier: both prompts' generations, its stats, its /metrics."""
     server = start_server(args, log)
     try:
-        out = generate(server.url)
+        outs = [generate(server.url, p) for p in (PROMPT, OTHER)]
         stats = httpx.get(f"{server.url}/get_server_info", timeout=10).json()["scheduler"]
         metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
     finally:
         assert stop_server(server) == 0
-    return out, stats, metrics
+    return outs, stats, metrics
 
 
-def test_a_restarted_server_hits_its_file_tier_and_recomputes_a_corrupt_one(
+def test_a_restarted_server_hits_its_file_tier_and_recomputes_a_corrupt_node(
     api_model_dir: Path, tmp_path: Path
 ) -> None:
-    """The second server serves the first request's prefix from the tier; then 64 KiB of
-    ``kv.bin`` zeroed where the index's pages live (issue #28, item 2): the third server's
-    pages fail their checksums, are dropped and computed again, and the answer is the same."""
+    """Two prompts, two nodes in the index; between the stop and the restart one node's bytes
+    are zeroed. The second server serves the intact one from the tier and computes the other
+    again: both answers are the first server's."""
     args = ["--model", str(api_model_dir), "--max-total-tokens", "512"]
     args += ["--kv-tier-path", str(tmp_path / "tier"), "--kv-tier-size", "4MB"]
     before, stats, _ = _restart(args, tmp_path / "first.log")
     assert stats["kv_tier"].startswith("file:") and stats["kv_tier_capacity_tokens"] > 0
-    assert before["meta_info"]["cached_tokens"] == 0
+    assert before[0]["meta_info"]["cached_tokens"] == 0
     assert (tmp_path / "tier" / "index.npz").exists()
-    after, _, _ = _restart(args, tmp_path / "second.log")
-    assert after["output_ids"] == before["output_ids"]
-    assert after["meta_info"]["cached_tokens"] == len(PROMPT) - 1
-    assert "tokens restored" in (tmp_path / "second.log").read_text()
     _corrupt(tmp_path / "tier", "zeroed")
-    _assert_recomputed(args, tmp_path / "third.log", before)
+    after, stats, metrics = _restart(args, tmp_path / "second.log")
+    assert [a["output_ids"] for a in after] == [b["output_ids"] for b in before]
+    assert after[0]["meta_info"]["cached_tokens"] == len(PROMPT) - 1  # from the tier
+    assert after[1]["meta_info"]["cached_tokens"] == 0  # its copy was dropped
+    _assert_counted(stats, metrics, tmp_path / "second.log")
+    assert "tokens restored" in (tmp_path / "second.log").read_text()
 
 
 @pytest.mark.slow
@@ -82,13 +90,13 @@ def test_a_tier_overwritten_with_random_bytes_is_recomputed(
     args += ["--kv-tier-path", str(tmp_path / "tier"), "--kv-tier-size", "4MB"]
     before, _, _ = _restart(args, tmp_path / "first.log")
     _corrupt(tmp_path / "tier", "random")
-    _assert_recomputed(args, tmp_path / "second.log", before)
+    after, stats, metrics = _restart(args, tmp_path / "second.log")
+    assert [a["output_ids"] for a in after] == [b["output_ids"] for b in before]
+    assert all(a["meta_info"]["cached_tokens"] == 0 for a in after)
+    _assert_counted(stats, metrics, tmp_path / "second.log")
 
 
-def _assert_recomputed(args: list[str], log: Path, before: dict) -> None:
-    after, stats, metrics = _restart(args, log)
-    assert after["output_ids"] == before["output_ids"]
-    assert after["meta_info"]["cached_tokens"] == 0  # nothing of the prompt came from the tier
+def _assert_counted(stats: dict, metrics: str, log: Path) -> None:
     assert stats["kv_tier_corrupt_pages"] > 0
     assert "radixserve:kv_tier_corrupt_pages_total" in metrics
     assert "failed their checksum" in log.read_text()

@@ -49,8 +49,7 @@ def test_a_full_queue_answers_429_and_a_small_pool_bounds_chat(
         assert all(d["usage"]["completion_tokens"] == 48 for d in done)
 
         oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
-        with pytest.raises(openai.RateLimitError):  # the client's own type for a 429
-            asyncio.run(_flood_then(server.url, oai))
+        asyncio.run(_flood_then(server.url, oai))
         info = httpx.get(f"{server.url}/get_server_info", timeout=30).json()
         assert info["integrity_ok"] is True, info["integrity_error"]
         assert info["scheduler"]["num_running_reqs"] == info["scheduler"]["num_waiting_reqs"] == 0
@@ -61,22 +60,26 @@ def model_name_of(url: str) -> str:
 
 
 async def _flood_then(url: str, oai: openai.OpenAI) -> None:
-    """Fill the queue with raw requests, then ask meanwhile: streamed, and through the
-    official client."""
-    flood = asyncio.ensure_future(_post_all(url, 8, max_tokens=400))  # ~0.5 s each, one by one
-    await asyncio.sleep(0.15)
-    try:
-        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            body = {"prompt": "x", "max_tokens": 2, "stream": True}
-            streamed = await client.post("/v1/completions", json=body)
-        assert streamed.status_code == 429, streamed.text  # refused before the stream starts
-        assert streamed.headers["retry-after"] == "1"
-        await asyncio.to_thread(
-            oai.completions.create,
-            model=model_name_of(url),
-            prompt="x",
-            max_tokens=2,
-            temperature=0,
-        )
-    finally:
-        await flood
+    """Streamed requests and the official client's, sent all at once beside long ones: with one
+    running and BOUND waiting at most, some of each must be refused (429 before any stream
+    starts, ``RateLimitError`` in the client)."""
+    model = model_name_of(url)
+
+    def official() -> BaseException | None:
+        try:
+            oai.completions.create(model=model, prompt="x", max_tokens=2, temperature=0)
+        except openai.RateLimitError as exc:
+            return exc
+        return None
+
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        body = {"prompt": "x", "max_tokens": 2, "stream": True}
+        flood = _post_all(url, BOUND + 1, max_tokens=500)
+        streams = [client.post("/v1/completions", json=body) for _ in range(6)]
+        calls = [asyncio.to_thread(official) for _ in range(6)]
+        _, *rest = await asyncio.gather(flood, *streams, *calls)
+    streamed, refused = rest[:6], rest[6:]
+    limited = [r for r in streamed if r.status_code == 429]
+    assert limited and all(r.headers["retry-after"] == "1" for r in limited), streamed
+    assert all(r.status_code in (200, 429) for r in streamed)
+    assert any(isinstance(e, openai.RateLimitError) for e in refused)

@@ -10,6 +10,8 @@ import httpx
 import pytest
 from serving_harness import serving
 
+from radixserve.api.tenants import Tenants
+
 pytestmark = pytest.mark.timeout(180)
 
 A, B, ADMIN = "key-of-a", "key-of-b", "key-of-ops"
@@ -40,7 +42,7 @@ def tenants_server(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text(f"# tenant key\nteam-b {B}\nteam-b {B}-second\n")
     args = ["--model", str(api_model_dir), "--api-key", A, "--api-keys-file", str(keys)]
-    args += ["--admin-api-key", ADMIN]
+    args += ["--admin-api-key", ADMIN, "--tenant-header", "X-Tenant-Id"]
     with serving(args, tmp_path_factory.mktemp("tenants") / "server.log", api_key=A) as server:
         yield server
 
@@ -86,21 +88,24 @@ def test_operator_routes_want_the_admin_key(tenants_server) -> None:
     )
 
 
-@pytest.fixture(scope="module")
-def keyed_server(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """Two keys, no admin key, and a trusted gateway header."""
-    args = ["--model", str(api_model_dir), "--api-key", B, "--tenant-header", "X-Tenant-Id"]
-    with serving(args, tmp_path_factory.mktemp("keyed") / "server.log", api_key=A) as server:
-        yield server
+def test_without_admin_keys_only_an_open_server_shows_text() -> None:
+    """The cache page's rule (the route applies it: the admin test above sees the text)."""
+    keyed = Tenants(keys=(("a", A),))
+    assert not keyed.may_see_text(admin=False)
+    assert Tenants().may_see_text(admin=False)  # no keys: one user, who sees the cache
+    assert Tenants(keys=(("a", A),), admin_keys=(ADMIN,)).may_see_text(admin=True)
 
 
-def test_without_admin_keys_the_tree_shows_no_text(keyed_server) -> None:
-    completion(keyed_server.url, A, SECRET + "7 3 9 1")
-    tree = httpx.get(
-        f"{keyed_server.url}/cache_tree", headers={"Authorization": f"Bearer {B}"}, timeout=30
-    ).json()
-    nodes = [n for n in tree["tree"]["nodes"] if n["parent"] is not None]
-    assert nodes and all(n["text"] is None and n["extra_key"] is None for n in nodes)
+@pytest.mark.slow
+def test_without_admin_keys_the_tree_shows_no_text(api_model_dir: Path, tmp_path: Path) -> None:
+    args = ["--model", str(api_model_dir), "--api-key", B]
+    with serving(args, tmp_path / "server.log", api_key=A) as server:
+        completion(server.url, A, SECRET + "7 3 9 1")
+        tree = httpx.get(
+            f"{server.url}/cache_tree", headers={"Authorization": f"Bearer {B}"}, timeout=30
+        ).json()
+        nodes = [n for n in tree["tree"]["nodes"] if n["parent"] is not None]
+        assert nodes and all(n["text"] is None and n["extra_key"] is None for n in nodes)
 
 
 @pytest.mark.slow
@@ -113,7 +118,7 @@ def test_a_shared_prefix_cache_is_shared(api_model_dir: Path, tmp_path: Path) ->
         assert other[7] > max(other[:7] + other[8:]), other  # the leak the default closes
 
 
-def test_a_trusted_gateway_header_names_the_tenant(keyed_server) -> None:
+def test_a_trusted_gateway_header_names_the_tenant(tenants_server) -> None:
     """Behind a gateway that forwards one key and writes the tenant into a header: each header
     value is a tenant of its own; without the header the key's tenant serves."""
     memo = "Gateway " + SECRET
@@ -121,7 +126,7 @@ def test_a_trusted_gateway_header_names_the_tenant(keyed_server) -> None:
     def hits(tenant: str | None) -> int:
         headers = {"Authorization": f"Bearer {A}"} | ({"x-tenant-id": tenant} if tenant else {})
         body = {"prompt": memo + "7 3 9 1", "max_tokens": 1, "temperature": 0}
-        resp = httpx.post(f"{keyed_server.url}/v1/completions", json=body, headers=headers)
+        resp = httpx.post(f"{tenants_server.url}/v1/completions", json=body, headers=headers)
         details = resp.json()["usage"].get("prompt_tokens_details") or {}
         return int(details.get("cached_tokens") or 0)
 
