@@ -34,6 +34,7 @@ from radixserve.radix import PrefixCache
 from radixserve.radix.base import MatchResult
 from radixserve.radix.tier_index import save_index
 from radixserve.radix.tiered_cache import TieredRadixCache
+from radixserve.radix.tree_node import TreeNode
 from radixserve.runtime.kv_layout import KVLayout
 from radixserve.runtime.prefix_cache_builder import build_prefix_cache
 from radixserve.types import Req
@@ -55,7 +56,7 @@ class KVManager:
         self.tree = tree
         self.kv_cache = kv_cache
         self.page_size = allocator.page_size
-        self._corrupt: list[Any] = []  # tier nodes a load-back found corrupt, to drop
+        self._corrupt: list[TreeNode] = []  # tier nodes a load-back found corrupt, to drop
 
     @classmethod
     def build(cls, config: EngineConfig, layout: KVLayout | None = None) -> KVManager:
