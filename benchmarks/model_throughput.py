@@ -104,6 +104,9 @@ def stream_bandwidth(
     return copy, read
 
 
+CELL = 22  # characters per table cell: "1402.3 (1390.1-1410.7)"
+
+
 class OurSide:
     """Drives ModelRunner like a scheduler would, with a fixed slot layout: token ``p`` of row
     ``r`` lives in KV slot ``1 + r * ctx + p`` (slot 0 is the padding slot)."""
@@ -169,6 +172,18 @@ def streamed_bytes(model: torch.nn.Module) -> int:
     total = sum(t.numel() * t.element_size() for t in [*model.parameters(), *buffers.values()])
     embed = model.embed_tokens  # type: ignore[union-attr]
     if model.head_int8 is not None or model.lm_head is not None:  # type: ignore[union-attr]
+        total -= embed.numel() * embed.element_size()
+    return total
+
+
+def side_bytes(side: OurSide | HFSide) -> int:
+    """The weight bytes a decode step of ``side`` reads: its own dtypes (int8 reads half)."""
+    if isinstance(side, OurSide):
+        return streamed_bytes(side.runner.model)
+    model = side.model
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed = model.get_input_embeddings().weight
+    if model.get_output_embeddings().weight is not embed:  # untied: few embedding rows read
         total -= embed.numel() * embed.element_size()
     return total
 
@@ -251,7 +266,7 @@ def llama_sides(args: argparse.Namespace, slots: int, ctx: int) -> list[LlamaSid
 def run_all(args: argparse.Namespace, model_dir: Path, bandwidth: float) -> None:
     max_bs = max(args.batch_sizes, default=1)
     # llama.cpp's sequences grow by 2 + decode_steps per repetition (see llama_side.py)
-    ctx = max(args.prompt_len, args.context_len) + (args.reps + 1) * (args.decode_steps + 2) + 8
+    ctx = max(*args.prompt_len, args.context_len) + (args.reps + 1) * (args.decode_steps + 2) + 8
     torch_linear = args.linear == "torch"
     ours = [OurSide(model_dir, c, max_bs, ctx, torch_linear, args.device) for c in args.configs]
     hf = [HFSide(model_dir, getattr(torch, d), args.device) for d in args.hf_dtypes]
@@ -282,32 +297,45 @@ def measure(
     for ls in llama:
         print(f"{ls.name}: {' '.join(ls.server.cmd)}")
     columns = ratio_columns(args.configs, len(hf), [s.outtype for s in llama])
-    names = "".join(f"{s.name:>18s}" for s in sides)
-    print(f"{'tokens/s':24s}{names}{ratio_header(columns)}")
+    names = "".join(f"{s.name:>{CELL}s}" for s in sides)
+    print(f"{'tokens/s: median (min-max)':28s}{names}{ratio_header(columns)}")
 
     rows: list[dict[str, object]] = []  # what --json writes
 
-    def report(name: str, values: list[float]) -> None:
-        cells = "".join(f"{v:18.1f}" for v in values)
-        print(f"{name:24s}{cells}{ratio_cells(columns, values)}")
+    def report(name: str, samples: list[list[float]]) -> None:
+        """One row: each side's median (min-max) of ``samples`` (tokens/s per repetition); the
+        ratios are of the medians."""
+        values = [statistics.median(v) for v in samples]
+        cells = "".join(
+            f"{m:.1f} ({min(v):.1f}-{max(v):.1f})".rjust(CELL)
+            for m, v in zip(values, samples, strict=True)
+        )
+        print(f"{name:28s}{cells}{ratio_cells(columns, values)}")
+        per_side = {
+            s.name: {"min": min(v), "median": m, "max": max(v)}
+            for s, m, v in zip(sides, values, samples, strict=True)
+        }
         rows.append(
-            {"row": name, "tokens_per_s": {s.name: v for s, v in zip(sides, values, strict=True)}}
+            {
+                "row": name,
+                "tokens_per_s": {k: d["median"] for k, d in per_side.items()},
+                "spread": per_side,
+            }
         )
 
-    prompt = torch.randint(0, vocab, (1, args.prompt_len), generator=gen)
-    for side in sides:  # warm-up
-        side.prefill(prompt)
-    times: list[list[float]] = [[] for _ in sides]
-    for _ in range(args.reps):  # interleaved, so host noise hits every side alike
-        for i, side in enumerate(sides):
-            synchronize()
-            start = time.perf_counter()
+    for prompt_len in args.prompt_len:
+        prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen)
+        for side in sides:  # warm-up
             side.prefill(prompt)
-            synchronize()
-            times[i].append(time.perf_counter() - start)
-    report(
-        f"prefill {args.prompt_len} tok", [args.prompt_len / statistics.median(t) for t in times]
-    )
+        times: list[list[float]] = [[] for _ in sides]
+        for _ in range(args.reps):  # interleaved, so host noise hits every side alike
+            for i, side in enumerate(sides):
+                synchronize()
+                start = time.perf_counter()
+                side.prefill(prompt)
+                synchronize()
+                times[i].append(time.perf_counter() - start)
+        report(f"prefill {prompt_len} tok", [[prompt_len / t for t in ts] for ts in times])
 
     for bs in args.batch_sizes:
         prompts = torch.randint(0, vocab, (bs, args.context_len), generator=gen)
@@ -325,7 +353,7 @@ def measure(
                 times[i].append(run.step_time(args.decode_steps))
         del runs
         step = [statistics.median(t) for t in times]
-        report(f"decode b={bs} ctx={args.context_len}", [bs / t for t in step])
+        report(f"decode b={bs} ctx={args.context_len}", [[bs / t for t in ts] for ts in times])
         # the bytes a step must read: the weights once, the KV of every token of the batch
         # (the context grows over the repetitions: its middle)
         ctx = args.context_len + (args.reps + 1) * args.decode_steps // 2
@@ -334,7 +362,7 @@ def measure(
         for s, t in zip(sides, step, strict=True):
             if isinstance(s, LlamaSide):
                 continue
-            bound_s = (streamed_bytes(ours[0].runner.model) + kv_read) / bandwidth
+            bound_s = (side_bytes(s) + kv_read) / bandwidth
             shares.append(f"{s.name} {bound_s / t:.0%}")
             rows[-1].setdefault("bound_fraction", {})[s.name] = bound_s / t
         print(f"{'  of the bandwidth bound':24s}  " + ", ".join(shares))
@@ -374,7 +402,9 @@ def main() -> None:
     parser.add_argument(
         "--batch-sizes", nargs="*", type=int, default=[1, 8, 32], help="none: prefill only"
     )
-    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument(
+        "--prompt-len", type=int, nargs="+", default=[512], help="one prefill row per length"
+    )
     parser.add_argument("--context-len", type=int, default=512)
     parser.add_argument("--decode-steps", type=int, default=16)
     parser.add_argument("--reps", type=int, default=3)

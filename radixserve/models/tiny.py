@@ -151,7 +151,11 @@ def write_tiny_model(
 
 
 def write_qwen25_05b_shaped(
-    out_dir: str | Path, dtype: torch.dtype = torch.bfloat16, seed: int = 0, tokenizer: Any = None
+    out_dir: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    tokenizer: Any = None,
+    init_device: str = "cpu",
 ) -> Path:
     """A random model of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads,
     intermediate 4864, vocab 151936, tied embeddings), weights in ``dtype`` (~1 GB in bf16).
@@ -173,6 +177,7 @@ def write_qwen25_05b_shaped(
         vocab_size=151936,
         initializer_range=0.02,
         rope_theta=1000000.0,
+        init_device=init_device,
     )
 
 
