@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from radixserve.models.kernels import (
     MAX_M,
+    Q8_BLOCK,
     TORCH_ONLY,
     CpuKernels,
     _ext,
@@ -53,11 +54,16 @@ def _weights(
 
 
 def _assert_close(
-    y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, q8: bool = False
+    y: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    block: int | None = None,
 ) -> None:
-    """``q8``: the kernel's int8 route, whose x is ``q8_reference(x)``."""
+    """``block``: a kernel's int8 route, whose x is ``q8_reference(x, block)`` (Q8_BLOCK: the
+    skinny GEMM's, K: the AMX GEMM's per-row quantization)."""
     bf = None if b is None else b.float()
-    xr = q8_reference(x) if q8 else x.float()
+    xr = q8_reference(x, block) if block else x.float()
     ref = F.linear(xr, w, bf)
     scale = F.linear(xr.abs(), w.abs(), None if b is None else bf.abs())  # type: ignore[union-attr]
     assert y.dtype == x.dtype and y.shape == ref.shape
@@ -87,12 +93,14 @@ def test_skinny_matches_reference(
         b = torch.randn(n, generator=gen).to(x_dtype) if with_bias else None
         y = module.try_linear(x, wk, scale, b, MAX_M, 1)  # the kernel itself, 1-byte tasks
         assert y is not None
-        q8 = w_dtype == torch.int8
+        q8 = Q8_BLOCK if w_dtype == torch.int8 else None
         _assert_close(y, x, w, b, q8)
         routed = variant_kernels.linear(x, wk, b, scale)  # the dispatching route
         if q8 and m > variant_kernels.int8_max_m and variant_kernels.gemm:
             _assert_close(routed, x, w, b)  # the packed GEMM: x not quantized
-        elif q8 and m > variant_kernels.int8_max_m:  # AMX CPUs: torch's GEMM (see TORCH_ONLY's)
+        elif q8 and m > variant_kernels.int8_max_m and variant_kernels.amx_int8:
+            _assert_close(routed, x, w, b, k)  # the AMX GEMM: x quantized per row
+        elif q8 and m > variant_kernels.int8_max_m:
             fp32 = variant_kernels.gemm_in_fp32
             assert torch.equal(routed, torch_linear(x, wk, b, scale, fp32_compute=fp32))
         else:
@@ -233,7 +241,8 @@ def test_packed_gemm_matches_reference(
     variant_kernels: CpuKernels, x_dtype: torch.dtype, w_dtype: torch.dtype
 ) -> None:
     """gemm.cpp (more rows than the skinny GEMM takes) against F.linear in float32 on the same
-    stored values; x is not quantized there, whatever the weight."""
+    stored values; x is not quantized there, whatever the weight, except for int8 weights in
+    the amx variant, which take them to amx_gemm.cpp (x quantized per row)."""
     module = variant_kernels.module
     assert module is not None
     gen = torch.Generator().manual_seed(7)
@@ -244,7 +253,8 @@ def test_packed_gemm_matches_reference(
         b = torch.randn(n, generator=gen).to(x_dtype) if with_bias else None
         y = module.try_linear(x, wk, scale, b, MAX_M, 1, True)
         assert y is not None
-        _assert_close(y, x, w, b)
+        amx = w_dtype == torch.int8 and variant_kernels.amx_int8
+        _assert_close(y, x, w, b, k if amx else None)
         assert module.try_linear(x, wk, scale, b, MAX_M, 1) is None  # without gemm: torch's
 
 
@@ -264,7 +274,7 @@ def test_packed_gemm_layouts_routing_and_threads(variant_kernels: CpuKernels) ->
         _assert_close(y, x, w.float(), None)
     x = torch.randn(MAX_M + 20, 300, generator=gen).to(torch.bfloat16)
     want = k.module.try_linear(x, w, None, None, MAX_M, 1, True) if k.gemm else None
-    assert k.gemm == (not _ext.cpu_has_native_bf16() and k.variant in PACKED_GEMM_VARIANTS)
+    assert k.gemm == (k.variant in PACKED_GEMM_VARIANTS)  # avx2: no native bf16 in its CPUs
     if want is not None:
         assert torch.equal(k.linear(x, w), want)
         q, scale = quantize_int8(w.float())
@@ -292,6 +302,9 @@ def test_variant_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_ext, "_flags_cache", [frozenset(avx512 | {"avx512_bf16", "avx512_vnni"})])
     assert _ext.best_variant() == "avx512_bf16"
     assert _ext.best_variant("avx2") == "avx2"  # RADIXSERVE_CPU_ISA=avx2 forces the lower one
+    amx = avx512 | {"avx512_bf16", "avx512_vnni", "amx_tile", "amx_int8", "amx_bf16"}
+    monkeypatch.setattr(_ext, "_flags_cache", [frozenset(amx)])
+    assert _ext.best_variant() == "amx" and _ext.best_variant("avx512_bf16") == "avx512_bf16"
     with pytest.raises(ValueError, match="unknown CPU kernel variant"):
         _ext.best_variant("sse9")
     assert not _ext.can_execute("neon")  # an x86 CPU never runs the aarch64 build
@@ -303,40 +316,20 @@ def test_variant_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     assert CpuKernels.build() is TORCH_ONLY  # nothing to build on such a CPU
 
 
-def test_amx_cpus_send_taller_bf16_products_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With AMX-BF16, bf16 weights use the kernel up to AMX_BF16_MAX_M rows, torch's GEMM beyond,
-    int8 weights up to AMX_INT8_MAX_M; fp32 weights keep MAX_M. The flag is faked: only the
-    routing is checked here."""
-    variant = _ext.best_variant()
-    if variant is None or _ext.load_variant(variant) is None:
-        pytest.skip("this CPU runs no kernel variant")
-    real = _ext.cpu_flags()
-    monkeypatch.setattr(_ext, "_flags_cache", [real | {"amx_bf16", "avx512_bf16"}])
-    k = CpuKernels.build(variant)
-    assert k.bf16_max_m == AMX_BF16_MAX_M < MAX_M and not k.gemm_in_fp32
-    assert k.int8_max_m == AMX_INT8_MAX_M < MAX_M
-    monkeypatch.setattr(_ext, "_flags_cache", [real - {"amx_bf16"}])
-    plain = CpuKernels.build(variant)  # no AMX: the packed GEMM's rows, or MAX_M without it
-    want = (GEMM_BF16_MAX_M, GEMM_INT8_MAX_M) if plain.gemm else (MAX_M, MAX_M)
-    assert (plain.bf16_max_m, plain.int8_max_m) == want and not k.gemm
-    assert k.module is not None
-    gen = torch.Generator().manual_seed(5)
-    w = torch.randn(40, 64, generator=gen).to(torch.bfloat16)
-    for m in (AMX_BF16_MAX_M, AMX_BF16_MAX_M + 1):
-        x = torch.randn(m, 64, generator=gen).to(torch.bfloat16)
-        kernel = k.module.try_linear(x, w, None, None, MAX_M, 1)
-        want = kernel if m <= AMX_BF16_MAX_M else F.linear(x, w)
-        assert torch.equal(k.linear(x, w), want)
-        x32 = x.float()
-        assert torch.equal(
-            k.linear(x32, w.float()), k.module.try_linear(x32, w.float(), None, None, MAX_M, 1)
-        )
-    q, scale = quantize_int8(w.float())
-    for m in (AMX_INT8_MAX_M, AMX_INT8_MAX_M + 1):
-        x = torch.randn(m, 64, generator=gen).to(torch.bfloat16)
-        kernel = k.module.try_linear(x, q, scale, None, MAX_M, 1)
-        want = kernel if m <= AMX_INT8_MAX_M else torch_linear(x, q, None, scale)
-        assert torch.equal(k.linear(x, q, None, scale), want)
+def test_routing_follows_the_variant_not_the_cpu() -> None:
+    """Each variant routes as a CPU of that variant would, whatever this CPU has: so
+    ``RADIXSERVE_CPU_ISA=avx2`` on an AMX Xeon routes as an AVX2 CPU (packed GEMM, fp32 GEMMs)."""
+    avx2 = CpuKernels.routing("avx2")
+    assert avx2.gemm and avx2.gemm_in_fp32 and not avx2.amx_int8
+    assert (avx2.bf16_max_m, avx2.int8_max_m) == (GEMM_BF16_MAX_M, GEMM_INT8_MAX_M)
+    for name in ("avx512", "avx512_bf16", "neon"):
+        k = CpuKernels.routing(name)
+        assert not k.gemm and not k.amx_int8 and (k.bf16_max_m, k.int8_max_m) == (MAX_M, MAX_M)
+        assert k.gemm_in_fp32 == (name != "avx512_bf16")
+    amx = CpuKernels.routing("amx")
+    assert amx.amx_int8 and not amx.gemm and not amx.gemm_in_fp32
+    assert (amx.bf16_max_m, amx.int8_max_m) == (AMX_BF16_MAX_M, AMX_INT8_MAX_M) < (MAX_M, MAX_M)
+    assert CpuKernels.routing("amx").module is None  # the decision alone, nothing built
 
 
 def test_unavailable_extension_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:

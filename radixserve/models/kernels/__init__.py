@@ -6,6 +6,7 @@ of a layer (SiLU-and-mul, RoPE, the KV store). A model receives its
 from radixserve.models.kernels.attention import AttentionKernel
 from radixserve.models.kernels.cpu_kernels import MAX_M, TORCH_ONLY, TORCH_Q8, CpuKernels
 from radixserve.models.kernels.linear import (
+    Q8_BLOCK,
     q8_reference,
     quantize_int8,
     quantize_rows_q8,
@@ -16,6 +17,7 @@ __all__ = [
     "AttentionKernel",
     "CpuKernels",
     "MAX_M",
+    "Q8_BLOCK",
     "TORCH_ONLY",
     "TORCH_Q8",
     "q8_reference",

@@ -1,6 +1,6 @@
 """Build and load the CPU kernels extension, one build per ISA variant, never raising.
 
-One C++ source set (``gemv.cpp``, ``gemm.cpp``, ``attention_kernel.cpp``, ``norm.cpp``,
+One C++ source set (``gemv.cpp``, ``gemm.cpp``, ``amx_gemm.cpp``, ``attention_kernel.cpp``, ``norm.cpp``,
 ``pointwise.cpp``, written against the SIMD vocabulary of ``simd.h``, bound in
 ``bindings.cpp``) is compiled once per variant with that variant's ``-m`` flags (like
 llama.cpp's CPU variants or ATen's CPU capability dispatch):
@@ -9,6 +9,8 @@ llama.cpp's CPU variants or ATen's CPU capability dispatch):
 - ``avx512``: AVX-512 F/BW/VL/DQ (Skylake-X, Ice Lake, Zen 4): 16 lanes;
 - ``avx512_bf16``: the same plus ``-mavx512bf16 -mavx512vnni`` (Cooper Lake, Sapphire Rapids,
   Zen 4: each of them has both; VNNI runs the int8 dot products);
+- ``amx``: the same plus ``-mamx-tile -mamx-int8 -mamx-bf16`` (Sapphire Rapids and later): int8
+  products taller than the skinny GEMM's rows run on AMX tiles (``amx_gemm.cpp``);
 - ``neon``: aarch64 Advanced SIMD (every 64-bit Arm CPU: Graviton, Ampere, Apple): 4 lanes.
 
 :func:`best_variant` picks the highest one the CPU's flags allow (at most a requested one, so an
@@ -49,6 +51,7 @@ SOURCES = tuple(
     for n in (
         "gemv.cpp",
         "gemm.cpp",
+        "amx_gemm.cpp",
         "attention_kernel.cpp",
         "norm.cpp",
         "pointwise.cpp",
@@ -78,6 +81,11 @@ VARIANTS = (  # lowest first
         "avx512_bf16",
         (*_AVX512, "-mavx512bf16", "-mavx512vnni"),
         _AVX512_FLAGS | {"avx512_bf16", "avx512_vnni"},
+    ),
+    Variant(
+        "amx",
+        (*_AVX512, "-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-int8", "-mamx-bf16"),
+        _AVX512_FLAGS | {"avx512_bf16", "avx512_vnni", "amx_tile", "amx_int8", "amx_bf16"},
     ),
     # NEON (asimd) is part of every aarch64 CPU: no flag to add
     Variant("neon", (), frozenset({"asimd"}), ("aarch64", "arm64")),

@@ -13,15 +13,17 @@ products per block: :data:`TORCH_Q8` is that route's torch reference), :meth:`rm
 operations around them) to ``pointwise.cpp``. Larger products are compute-bound: on CPUs
 without native bf16, bf16 and int8 weights go to the packed GEMM of ``gemm.cpp`` (fp32 FMAs,
 the weights widened in its packing) from ``GEMM_BF16_MAX_M`` / ``GEMM_INT8_MAX_M`` rows on,
-fp32 weights to torch's GEMM beyond ``MAX_M``; elsewhere torch's GEMM takes them all. On CPUs
-with AMX-BF16, bf16 weights go to torch's GEMM from ``AMX_BF16_MAX_M`` rows on and int8
-weights (widened to bf16) from ``AMX_INT8_MAX_M``: its AMX tiles outrun the kernel's vector
-instructions from there.
+fp32 weights to torch's GEMM beyond ``MAX_M``; elsewhere torch's GEMM takes them all. With the
+``amx`` variant (CPUs with AMX), bf16 weights go to torch's GEMM (oneDNN, on the AMX tiles) from
+``AMX_BF16_MAX_M`` rows on, and int8 weights to ``amx_gemm.cpp`` from ``AMX_INT8_MAX_M``: int8
+tiles (TDPBSSD) times ``x`` quantized per row, the weights read in place. The routing follows the
+variant, not the CPU: a lower variant forced (``RADIXSERVE_CPU_ISA``) routes as a CPU of that
+variant would (torch's own GEMMs still use what the CPU has).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 
 import torch
@@ -47,13 +49,14 @@ CPU (2 pinned cores, 48 4864x896 bf16 weights, GB/s of weight read, two runs): t
 12.4 / 7.0 / 4.5 / 3.4 / 1.4 at M = 1 / 8 / 16 / 24 / 32 / 64, F.linear 9.6 / 9.2-9.6 / 11.0 /
 10.1 / 8.3-9.1 / 6.2. With 16 here a 64-token prefill already ran at 1.6-3.5x HF there."""
 
-AMX_INT8_MAX_M = 32
-"""Most rows of ``x`` sent to the skinny GEMM with int8 weights on a CPU with AMX-BF16: beyond it
-torch widens the weight to bf16 (exact) and runs the AMX GEMM. Measured there (2 pinned cores,
-96 4864x896 int8 weights, GB/s of int8 read, gemv_bench --int8): the kernel (VNNI) 17.3 / 7.4 /
-2.2 / 1.2 / 0.5 at M = 1 / 8 / 32 / 64 / 128, torch 3.1 / 2.8 / 2.9 / 2.6 / 1.4. Whole model,
-batch-32 decode with 16 here (torch's route): 88.8 tok/s against bf16's 164 (the widening of
-every weight, the lm_head's 136 MB included, per step), so 32 rows stay on the kernel."""
+AMX_INT8_MAX_M = 1
+"""Most rows of ``x`` sent to the skinny GEMM with int8 weights in the ``amx`` variant; beyond it
+the AMX int8 GEMM (``amx_gemm.cpp``). Measured on a Sapphire Rapids-class Xeon (2 threads, 96
+cache-cold 4864x896 int8 weights, GB/s of int8 read, ``gemv_bench.py --int8``, median of 5): the
+skinny GEMM (VNNI) 22.0 / 18.0 / 13.3 / 10.8 / 6.6 / 3.3 / 1.8 / 1.0 / 0.2 at M = 1 / 2 / 4 / 8 /
+16 / 32 / 64 / 128 / 512, the AMX GEMM 21.5 / 21.7 / 21.3 / 21.5 / 21.3 / 15.7 / 12.7 / 9.3 /
+3.2, torch's bf16 GEMM on the same weights in bf16 6.6 ... 2.1 (the same work). Batch 1 keeps
+the skinny GEMM: as fast, and its x blocks of 32 are finer than one scale per row."""
 
 GEMM_BF16_MAX_M = 24
 """Most rows of ``x`` sent to the skinny GEMM with bf16 weights where the packed GEMM takes the
@@ -64,6 +67,9 @@ taller products. Measured on the AVX2 host (2 threads, 0.5B-shape weights 9728x8
 GEMM_INT8_MAX_M = 48
 """The same with int8 weights, whose skinny route (x as Q8, int8 products) is faster: M = 32:
 146-173 / 148-151; 64: 151-170 / 168-174; 128: 149-173 / 176-179."""
+
+NATIVE_BF16_VARIANTS = frozenset({"avx512_bf16", "amx"})
+"""Variants whose CPUs multiply bf16 natively (torch's bf16 GEMMs then need no fp32 detour)."""
 
 PACKED_GEMM_VARIANTS = frozenset({"avx2"})
 """Variants whose packed GEMM is measured and used (on CPUs without native bf16); the others are
@@ -78,14 +84,15 @@ class CpuKernels:
     """Which CPU kernels a model uses. Immutable; see the module docstring."""
 
     module: ModuleType | None = None  # the extension of `variant`; None: torch paths only
-    variant: str | None = None  # "avx2", "avx512" or "avx512_bf16"
+    variant: str | None = None  # "avx2", "avx512", "avx512_bf16", "amx" or "neon"
     dense: bool = False  # linear layers, RMSNorm, SiLU-and-mul and RoPE through the kernels
     attention: bool = False  # the cpu_kernel attention backend may run
     gemm_in_fp32: bool = False  # large bf16 products run torch's GEMM in float32
     gemm: bool = False  # larger bf16/int8 products run gemm.cpp's packed GEMM, not torch's
     bf16_max_m: int = MAX_M  # most rows of x for the skinny GEMM with bf16 weights
     int8_max_m: int = MAX_M  # the same with int8 weights
-    q8_reference: bool = False  # torch only: int8 products up to int8_max_m rows see x as Q8
+    amx_int8: bool = False  # int8 products taller than int8_max_m on AMX tiles, x per row
+    q8_reference: bool = False  # torch only: int8 products see x as the kernels quantize it
 
     @classmethod
     def build(
@@ -98,18 +105,23 @@ class CpuKernels:
         module = _ext.load_variant(variant) if variant and (dense or attention) else None
         if module is None:
             return TORCH_ONLY
-        amx = "amx_bf16" in _ext.cpu_flags()
-        native_bf16 = _ext.cpu_has_native_bf16()
+        return replace(cls.routing(variant), module=module, dense=dense, attention=attention)
+
+    @classmethod
+    def routing(cls, variant: str) -> CpuKernels:
+        """How ``variant``'s kernels route products (no module: the decision alone). A function
+        of the variant, never of this CPU's other flags: a forced lower variant routes as a CPU
+        of that variant would."""
+        amx = variant == "amx"
+        native_bf16 = variant in NATIVE_BF16_VARIANTS
         gemm = not native_bf16 and variant in PACKED_GEMM_VARIANTS
         return cls(
-            module,
-            variant,
-            dense,
-            attention,
+            variant=variant,
             gemm_in_fp32=not native_bf16,
             gemm=gemm,
             bf16_max_m=AMX_BF16_MAX_M if amx else GEMM_BF16_MAX_M if gemm else MAX_M,
             int8_max_m=AMX_INT8_MAX_M if amx else GEMM_INT8_MAX_M if gemm else MAX_M,
+            amx_int8=amx,
         )
 
     def linear(
@@ -130,12 +142,17 @@ class CpuKernels:
                     if dtype == torch.int8
                     else MAX_M
                 )
-                gemm = self.gemm and dtype != torch.float32
+                gemm = (self.gemm and dtype != torch.float32) or (
+                    self.amx_int8 and dtype == torch.int8
+                )
                 y = self.module.try_linear(x, weight, scale, bias, max_m, MIN_TASK_BYTES, gemm)
                 if y is not None:
                     return y
-        if self.q8_reference and scale is not None and x.numel() <= self.int8_max_m * x.shape[-1]:
-            return torch_linear(q8_reference(x), weight, bias, scale).to(x.dtype)
+        if self.q8_reference and scale is not None:
+            if x.numel() <= self.int8_max_m * x.shape[-1]:  # the skinny GEMM's Q8 blocks
+                return torch_linear(q8_reference(x), weight, bias, scale).to(x.dtype)
+            if self.amx_int8:  # the AMX GEMM's rows
+                return torch_linear(q8_reference(x, x.shape[-1]), weight, bias, scale).to(x.dtype)
         return torch_linear(x, weight, bias, scale, fp32_compute=self.gemm_in_fp32)
 
     def rms_norm(
@@ -224,6 +241,7 @@ TORCH_ONLY = CpuKernels()
 
 TORCH_Q8 = CpuKernels(q8_reference=True)
 """No kernels, but the kernels' numerics in torch: int8 products of at most ``int8_max_m`` rows
-multiply ``x`` quantized per block of 32 (``q8_reference``), as the skinny GEMM does (give it
-the ``int8_max_m`` of the kernels it stands for: ``dataclasses.replace``). The reference of the
-kernels' int8 route in tests."""
+multiply ``x`` quantized per block of 32 (``q8_reference``), as the skinny GEMM does, and with
+``amx_int8`` taller ones ``x`` quantized per row, as the AMX GEMM does (give it the
+``int8_max_m`` and ``amx_int8`` of the kernels it stands for: ``dataclasses.replace``). The
+reference of the kernels' int8 route in tests."""

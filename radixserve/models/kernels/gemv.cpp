@@ -268,8 +268,8 @@ bool is_vector(const at::Tensor& t, int64_t n, at::ScalarType dtype) {
 // kernels: x (and bias) fp32 or bf16, w fp32 or bf16 (no scale) or int8 (fp32 scale required),
 // dense CPU tensors, no autograd, and 1 <= M = x.numel() / K <= max_m (the skinny GEMM; tasks
 // of at least min_task_bytes of weight are spread over torch's intra-op threads) or, with
-// `gemm`, any larger M (gemm.cpp's packed GEMM); otherwise None, and the caller uses its torch
-// path.
+// `gemm`, any larger M (int8 weights on AMX tiles in the amx variant, amx_gemm.cpp; otherwise
+// gemm.cpp's packed GEMM); otherwise None, and the caller uses its torch path.
 std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
                                      const std::optional<at::Tensor>& scale,
                                      const std::optional<at::Tensor>& bias, int64_t max_m,
@@ -293,7 +293,10 @@ std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
   }
   const int64_t ldx = row_stride(x, K);
   if (ldx < 0) return std::nullopt;
-  if (M > max_m) return packed_gemm(x, ldx, w, scale, bias, M);
+  if (M > max_m) {
+    if (wt == at::kChar && amx_int8_available()) return amx_int8_gemm(x, ldx, w, *scale, bias, M);
+    return packed_gemm(x, ldx, w, scale, bias, M);
+  }
   at::Tensor y;
   rs::with_dtypes(wt, xt, [&](auto w_type, auto x_type) {
     using WT = decltype(w_type);

@@ -29,23 +29,25 @@ Q8_BLOCK = 32
 """Values of ``x`` per int8 scale in the kernel's int8 products (llama.cpp's Q8_0 block)."""
 
 
-def quantize_rows_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` ``[..., K]`` -> (int8 ``[..., K]``, fp32 scales ``[..., ceil(K / 32)]``), as the
+def quantize_rows_q8(x: torch.Tensor, block: int = Q8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` ``[..., K]`` -> (int8 ``[..., K]``, fp32 scales ``[..., ceil(K / block)]``), as the
     kernel quantizes ``x`` (gemv_lanes.h ``quantize_row_q8``, the same fp32 operations): per
-    block of 32, ``d = max|x| / 127``, ``q = round_half_even(x * (1 / d))``, 0 where ``d = 0``."""
+    block of 32, ``d = max|x| / 127``, ``q = round_half_even(x * (1 / d))``, 0 where ``d = 0``.
+    ``block = K``: one scale per row, as the AMX GEMM quantizes ``x`` (amx_gemm.cpp)."""
     k = x.shape[-1]
-    blocks = F.pad(x.float(), (0, -k % Q8_BLOCK)).unflatten(-1, (-1, Q8_BLOCK))
+    blocks = F.pad(x.float(), (0, -k % block)).unflatten(-1, (-1, block))
     d = blocks.abs().amax(-1) / 127.0
     inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
     q = torch.round(blocks * inv[..., None]).to(torch.int8)
     return q.flatten(-2)[..., :k], d
 
 
-def q8_reference(x: torch.Tensor) -> torch.Tensor:
-    """What the kernel's int8 products see of ``x``: its Q8 quantization, dequantized (fp32)."""
-    q, d = quantize_rows_q8(x)
+def q8_reference(x: torch.Tensor, block: int = Q8_BLOCK) -> torch.Tensor:
+    """What the kernel's int8 products see of ``x``: its quantization in blocks of ``block``
+    (``K``: per row), dequantized (fp32)."""
+    q, d = quantize_rows_q8(x, block)
     k = x.shape[-1]
-    full = F.pad(q.float(), (0, -k % Q8_BLOCK)).unflatten(-1, (-1, Q8_BLOCK)) * d[..., None]
+    full = F.pad(q.float(), (0, -k % block)).unflatten(-1, (-1, block)) * d[..., None]
     return full.flatten(-2)[..., :k]
 
 

@@ -48,7 +48,10 @@ inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 
 #if defined(__x86_64__) && defined(__AVX512F__)
 
-#if defined(__AVX512BF16__)
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512BF16__)
+#define RS_ISA_NAME "amx"
+#define RS_HAS_AMX 1
+#elif defined(__AVX512BF16__)
 #define RS_ISA_NAME "avx512_bf16"
 #else
 #define RS_ISA_NAME "avx512"

@@ -1,0 +1,299 @@
+// int8 GEMM on AMX tiles (TDPBSSD) for products taller than the skinny GEMM's rows, on CPUs
+// with AMX-INT8 (Sapphire Rapids and later; the "amx" variant of _ext.py).
+//
+//   y[m, n] = s[n] * d[m] * sum_k q[m, k] * w[n, k] (+ bias[n]),  x [M, K] -> q, d; w [N, K] int8
+//
+// x is quantized per row, once per call: d[m] = max_k |x[m, k]| / 127, q = round-half-even(x *
+// (1 / d)) (0 where d = 0), the int8 activations of SGLang's and vLLM's W8A8 paths on CPUs; the
+// torch reference is linear.py's q8_reference with one block per row. Products are exact int32
+// sums over all of K, scaled once at the end in fp32.
+//
+// The tiles compute y's transpose: a tile of 16 weight rows x 64 bytes of K is read straight
+// from w's row-major layout (the A operand, rows ldw apart: the weights are never packed or
+// widened), and x's int8 rows, packed once per call into the VNNI layout the B operand needs
+// (16 groups of 4 k x 16 rows of x per 1 KB tile), are the other. One register block is 2 x 2
+// tiles (32 weight rows x 32 rows of x, 4 TDPBSSD per 64 k); a block with fewer rows uses 1 x 2,
+// 2 x 1 or 1 x 1. Threads split the weight rows (at::parallel_for); each sets its own tile
+// configuration. Weight rows and k past the end are read from a zero-padded copy, never past
+// the tensor. Without AMX (any other variant), amx_int8_gemm is not called (try_linear checks
+// amx_int8_available()).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include "linear.h"
+#include "simd.h"
+
+#if defined(RS_HAS_AMX)
+#ifndef RS_AMX_CHUNK
+#define RS_AMX_CHUNK (1 << 20)
+#endif
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace {
+
+using namespace rs;
+
+constexpr int64_t kTk = 64;   // bytes of K per tile row
+constexpr int64_t kTm = 16;   // rows per tile
+constexpr int64_t kTile = kTm * kTk;  // bytes per tile
+constexpr int64_t kChunkBytes = RS_AMX_CHUNK;
+
+// The tile configuration every thread loads (palette 1): tiles 0-3 accumulate (16 x 16 int32),
+// 4-5 hold weight rows (A), 6-7 packed x (B); all 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  TileConfig() {
+    for (int t = 0; t < 8; ++t) {
+      colsb[t] = kTk;
+      rows[t] = kTm;
+    }
+  }
+};
+
+// Linux hands a process AMX tile data only on request (arch_prctl ARCH_REQ_XCOMP_PERM); asked
+// once, the grant covers every thread.
+bool request_amx() {
+  constexpr int kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  static const bool granted = syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  return granted;
+}
+
+// v[i][j] <-> v[j][i] for 16 vectors of 16 32-bit lanes, in registers: 32-bit and 64-bit
+// unpacks make 4 x 4 blocks inside each 128-bit lane, two rounds of 128-bit lane shuffles place
+// them.
+inline void transpose16(__m512 (&v)[16]) {
+  __m512 t[16];
+  for (int a = 0; a < 8; ++a) {
+    t[2 * a] = _mm512_unpacklo_ps(v[2 * a], v[2 * a + 1]);
+    t[2 * a + 1] = _mm512_unpackhi_ps(v[2 * a], v[2 * a + 1]);
+  }
+  __m512 u[16];  // u[4g + c], 128-bit lane l: column 4l + c of rows 4g .. 4g + 3
+  for (int g = 0; g < 4; ++g) {
+    const __m512d t0 = _mm512_castps_pd(t[4 * g]), t1 = _mm512_castps_pd(t[4 * g + 1]);
+    const __m512d t2 = _mm512_castps_pd(t[4 * g + 2]), t3 = _mm512_castps_pd(t[4 * g + 3]);
+    u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
+    const __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+    const __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+    v[c] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+    v[4 + c] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+    v[8 + c] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+    v[12 + c] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
+  }
+}
+
+inline __mmask16 first(int64_t n) { return n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1); }
+
+// One row of x quantized: d = max|x| / 127, q = round-half-even(x * (1 / d)) into out (K bytes).
+template <class XT>
+float quantize_row(const XT* x, int64_t K, int8_t* out) {
+  VF amax = zero();
+  int64_t k = 0;
+  for (; k + W <= K; k += W) amax = max(amax, abs(load(x + k)));
+  if (k < K) amax = max(amax, abs(load_tail(x + k, K - k)));
+  const float d = hmax(amax) / 127.0f;
+  const VF inv = set1(d > 0.0f ? 1.0f / d : 0.0f);
+  for (k = 0; k < K; k += W) {
+    const int64_t n = std::min<int64_t>(W, K - k);
+    const VF v = n == W ? load(x + k) : load_tail(x + k, n);
+    _mm_mask_storeu_epi8(out + k, first(n), _mm512_cvtsepi32_epi8(to_int(round(mul(v, inv)))));
+  }
+  return d;
+}
+
+// x's rows quantized per row (d[m]) and packed for the B tiles: for row block mb and k block kb,
+// 1 KB at ((mb * nkb) + kb) * kTile, holding int32 word (k4, j) = the 4 bytes q[16 mb + j][64 kb
+// + 4 k4 .. + 3]: each k block of 16 rows transposed as 16 x 16 words. Rows past M and k past K
+// are zero.
+template <class XT>
+void quantize_pack(const XT* x, int64_t ldx, int64_t M, int64_t K, int64_t nkb, int8_t* packed,
+                   float* d) {
+  const int64_t K64 = nkb * kTk;
+  at::parallel_for(0, (M + kTm - 1) / kTm, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<int8_t> rows(static_cast<size_t>(kTm * K64));
+    for (int64_t mb = b0; mb < b1; ++mb) {
+      std::fill(rows.begin(), rows.end(), 0);
+      for (int64_t j = 0; j < kTm && mb * kTm + j < M; ++j) {
+        const int64_t m = mb * kTm + j;
+        d[m] = quantize_row(x + m * ldx, K, rows.data() + j * K64);
+      }
+      int8_t* out = packed + mb * nkb * kTile;
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        __m512 v[16];
+        for (int j = 0; j < 16; ++j) v[j] = _mm512_loadu_ps(reinterpret_cast<const float*>(rows.data() + j * K64 + kb * kTk));
+        transpose16(v);
+        for (int k4 = 0; k4 < 16; ++k4) _mm512_storeu_ps(reinterpret_cast<float*>(out + kb * kTile + k4 * kTk), v[k4]);
+      }
+    }
+  });
+}
+
+// C (tiles 0-3) = sum over nkb k blocks of the NB weight tiles at a (rows lda apart, 16 rows
+// each, the second 16 rows after the first) times the MB packed x tiles at b (the second one
+// nkb tiles after the first); the NB x MB results stored to c, 256 int32 each.
+template <int NB, int MB>
+void tile_block(const int8_t* a, int64_t lda, const int8_t* b, int64_t nkb, int32_t* c) {
+  _tile_zero(0);
+  if constexpr (MB > 1) _tile_zero(1);
+  if constexpr (NB > 1) _tile_zero(2);
+  if constexpr (NB > 1 && MB > 1) _tile_zero(3);
+  const int8_t* a1 = a + kTm * lda;
+  const int8_t* b1 = b + nkb * kTile;
+  for (int64_t kb = 0; kb < nkb; ++kb) {
+    _tile_loadd(4, a + kb * kTk, lda);
+    _tile_loadd(6, b + kb * kTile, kTk);
+    if constexpr (MB > 1) _tile_loadd(7, b1 + kb * kTile, kTk);
+    _tile_dpbssd(0, 4, 6);
+    if constexpr (MB > 1) _tile_dpbssd(1, 4, 7);
+    if constexpr (NB > 1) {
+      _tile_loadd(5, a1 + kb * kTk, lda);
+      _tile_dpbssd(2, 5, 6);
+      if constexpr (MB > 1) _tile_dpbssd(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, kTk);
+  if constexpr (MB > 1) _tile_stored(1, c + 256, kTk);
+  if constexpr (NB > 1) _tile_stored(2, c + 512, kTk);
+  if constexpr (NB > 1 && MB > 1) _tile_stored(3, c + 768, kTk);
+}
+
+template <int NB>
+void tile_rows(int mb_count, const int8_t* a, int64_t lda, const int8_t* b, int64_t nkb,
+               int32_t* c) {
+  if (mb_count > 1) {
+    tile_block<NB, 2>(a, lda, b, nkb, c);
+  } else {
+    tile_block<NB, 1>(a, lda, b, nkb, c);
+  }
+}
+
+// y rows [m0, m0 + 32) x columns [n0, n0 + 32) from the int32 tiles c (tile (i, j) at
+// (i * 2 + j) * 256, word [n][m]): y = acc * (d[m] * s[n]) + bias[n], cast once. Each tile is
+// scaled along m, transposed in registers, and stored 16 columns at a time.
+template <class XT>
+void epilogue(const Linear<int8_t, XT>& o, const float* d, const int32_t* c, int64_t n0,
+              int64_t m0) {
+  for (int i = 0; i < 2; ++i) {
+    const int64_t nb = n0 + i * kTm, nn = std::min<int64_t>(kTm, o.N - nb);
+    if (nn <= 0) break;
+    const __mmask16 nmask = first(nn);
+    const __m512 bias = o.bias != nullptr ? load_tail(o.bias + nb, nn) : zero();
+    for (int j = 0; j < 2; ++j) {
+      const int64_t mb = m0 + j * kTm, mm = std::min<int64_t>(kTm, o.M - mb);
+      if (mm <= 0) break;
+      const __m512 dm = _mm512_maskz_loadu_ps(first(mm), d + mb);
+      const int32_t* t = c + (i * 2 + j) * 256;
+      __m512 v[16];
+      for (int r = 0; r < 16; ++r) {
+        const float s = r < nn ? o.scale[nb + r] : 0.0f;
+        const __m512 acc = _mm512_cvtepi32_ps(_mm512_loadu_si512(t + r * kTm));
+        v[r] = _mm512_mul_ps(acc, _mm512_mul_ps(dm, _mm512_set1_ps(s)));
+      }
+      transpose16(v);  // v[m - mb]: lanes n - nb
+      for (int64_t r = 0; r < mm; ++r) {
+        XT* out = o.y + (mb + r) * o.ldy + nb;
+        const __m512 y = _mm512_add_ps(v[r], bias);
+        if constexpr (std::is_same_v<XT, float>) {
+          _mm512_mask_storeu_ps(out, nmask, y);
+        } else {
+          _mm256_mask_storeu_epi16(out, nmask, (__m256i)_mm512_cvtneps_pbh(y));
+        }
+      }
+    }
+  }
+}
+
+template <class XT>
+void run(const Linear<int8_t, XT>& o) {
+  const int64_t nkb = (o.K + kTk - 1) / kTk, K64 = nkb * kTk;
+  const int64_t mbs = (o.M + kTm - 1) / kTm;
+  std::vector<int8_t> packed(static_cast<size_t>(mbs * nkb * kTile));
+  std::vector<float> d(static_cast<size_t>(o.M));
+  quantize_pack(o.x, o.ldx, o.M, o.K, nkb, packed.data(), d.data());
+  const int64_t pairs = (o.N + 2 * kTm - 1) / (2 * kTm);  // blocks of 32 weight rows
+  // Rows of w read in place: whole pairs of 16 rows when K is whole 64-byte blocks (else a
+  // tile row of the last weight row would read past the tensor), other pairs from a padded copy.
+  const bool k_whole = o.K % kTk == 0;
+  // The rows of x in chunks of about kChunkBytes of packed x (whole pairs of row blocks), so
+  // a chunk stays in L2 while every weight row block meets it.
+  const int64_t chunk = std::max<int64_t>(2, kChunkBytes / (K64 * kTm) / 2 * 2);
+  for (int64_t c0 = 0; c0 < mbs; c0 += chunk) {
+    const int64_t c1 = std::min(mbs, c0 + chunk);
+    at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
+    static const TileConfig config;
+    _tile_loadconfig(&config);
+    alignas(64) int32_t c[4 * 256];
+    std::vector<int8_t> pad;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * 2 * kTm, rows = std::min<int64_t>(2 * kTm, o.N - n0);
+      const int8_t* a = o.w + n0 * o.ldw;
+      int64_t lda = o.ldw;
+      if (!k_whole || rows < 2 * kTm) {
+        pad.assign(static_cast<size_t>(2 * kTm * K64), 0);
+        for (int64_t r = 0; r < rows; ++r) {
+          std::memcpy(pad.data() + r * K64, a + r * o.ldw, static_cast<size_t>(o.K));
+        }
+        a = pad.data();
+        lda = K64;
+      }
+      for (int64_t mb = c0; mb < c1; mb += 2) {
+        const int8_t* b = packed.data() + mb * nkb * kTile;
+        const int mb_count = static_cast<int>(std::min<int64_t>(2, c1 - mb));
+        if (rows > kTm) {
+          tile_rows<2>(mb_count, a, lda, b, nkb, c);
+        } else {
+          tile_rows<1>(mb_count, a, lda, b, nkb, c);
+        }
+        epilogue(o, d.data(), c, n0, mb * kTm);
+      }
+    }
+    _tile_release();
+  });
+  }
+}
+
+}  // namespace
+
+bool amx_int8_available() { return request_amx(); }
+
+at::Tensor amx_int8_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
+                         const at::Tensor& scale, const std::optional<at::Tensor>& bias,
+                         int64_t M) {
+  at::Tensor y;
+  if (x.scalar_type() == at::kBFloat16) {
+    run(rs::linear_operands<int8_t, rs::bf16>(x, ldx, w, scale, bias, M, y));
+  } else {
+    run(rs::linear_operands<int8_t, float>(x, ldx, w, scale, bias, M, y));
+  }
+  return y;
+}
+
+#else  // no AMX in this variant
+
+bool amx_int8_available() { return false; }
+
+at::Tensor amx_int8_gemm(const at::Tensor&, int64_t, const at::Tensor&, const at::Tensor&,
+                         const std::optional<at::Tensor>&, int64_t) {
+  TORCH_CHECK(false, "amx_int8_gemm: this build has no AMX");
+}
+
+#endif
