@@ -143,20 +143,29 @@ def bench_shapes(args: argparse.Namespace, routes: dict[str, Route]) -> None:
 
 
 def bench_int8(args: argparse.Namespace) -> None:
-    """96 cache-cold 4864x896 int8 weights (418 MB, like the bf16 table's 48): the kernel of each
-    variant (x quantized to Q8, int8 dot products) against torch (the weight widened per call,
-    then F.linear: fp32 where bf16 GEMMs are emulated, bf16 on AMX / AVX512-BF16 CPUs)."""
+    """96 cache-cold 4864x896 int8 weights (418 MB, like the bf16 table's 48): the skinny kernel
+    of each variant (x quantized to Q8, int8 dot products), on an AMX CPU the AMX GEMM (x
+    quantized per row, int8 tiles) at every M, and radixserve's routed ``linear()``, against
+    torch (the weight widened per call, then F.linear: fp32 where bf16 GEMMs are emulated, bf16
+    on AMX / AVX512-BF16 CPUs) and against F.linear on the same weights stored in bf16 (twice the
+    bytes: shown as the int8 GB/s of the same work)."""
     gen = torch.Generator().manual_seed(2)
     weights = [quantize_int8(torch.randn(INTER, HIDDEN, generator=gen) * 0.02) for _ in range(96)]
+    bf16 = {id(q): (q.float() * s[:, None]).to(torch.bfloat16) for q, s in weights}
     nbytes = sum(q.numel() for q, _ in weights)
     fp32 = KERNELS.gemm_in_fp32
     routes: dict[str, Route] = {
         "torch": lambda x, q, s: torch_linear(x, q, None, s, fp32_compute=fp32),
+        "bf16 F.linear": lambda x, q, s: F.linear(x, bf16[id(q)]),
+        "linear()": lambda x, q, s: KERNELS.linear(x, q, None, s),
     }
     for name in dict.fromkeys([KERNELS.variant or "", *args.variants]):
         module = _ext.load_variant(name) if name else None
         if module is not None:
             routes[f"kernel[{name}]"] = partial(_int8_kernel, module)
+    amx = _ext.load_variant("amx") if _ext.can_execute("amx") else None
+    if amx is not None:
+        routes["amx GEMM"] = lambda x, q, s: amx.try_linear(x, q, s, None, 0, MIN_TASK_BYTES, True)
     rows = []
     for m in args.ms:
         x = torch.randn(m, HIDDEN, generator=gen).to(torch.bfloat16)
