@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 30000
 PYTEST_ARGS ?=
 
-.PHONY: install serve test test-slow lint format bench clean gpu-wheels
+.PHONY: install serve test test-slow test-bench lint format bench clean gpu-wheels
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,10 @@ test: lint
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+# every script in benchmarks/ on its smallest workload (tests/bench/test_bench_scripts.py)
+test-bench: $(STAMP)
+	$(BIN)/python -m pytest -q -m bench $(PYTEST_ARGS)
 
 format: $(STAMP)
 	$(BIN)/ruff format radixserve tests benchmarks examples

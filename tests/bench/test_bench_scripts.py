@@ -1,0 +1,247 @@
+"""Every script in ``benchmarks/`` run once on its smallest workload, so none rots unnoticed
+(`make test-bench`; a script once called a model writer with a keyword it lacked, and nothing
+ran it until a benchmark session did).
+
+Each script runs as its README says, ``python benchmarks/<script> ARGS`` (``bash`` for the
+``.sh``), in a subprocess from the repository root with this interpreter, on the tiny random
+Llama of ``tiny_llama_dir`` where it takes a model, one repetition, the smallest batch and
+the shortest lengths; it must exit 0, print no traceback, print the rows named in
+:data:`EXPECTED` and write the files named in :data:`OUTPUT_FILES`. Never a speed: timings on a
+shared machine mean nothing here. A new script in ``benchmarks/`` fails
+:func:`test_every_script_has_a_smoke_entry` until it has an entry here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCHMARKS = REPO / "benchmarks"
+SUBPROCESS_TIMEOUT_S = 240
+
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(SUBPROCESS_TIMEOUT_S + 60)]
+
+# Placeholders in the arguments and environments below: {model} the tiny model's directory,
+# {out} the test's tmp_path, {url} a `radixserve serve` on the tiny model (started for the test).
+SCRIPT_ARGS: dict[str, list[str]] = {
+    "gemm_bench.py": ["--rounds", "1", "--ms", "16"],
+    # the weights are Qwen2.5-0.5B's, fixed: no compile, no fp32 or decode-pass tables; the int8
+    # table (with one extra variant's route) is what device_cpu.sh's `ab` stage runs
+    "gemv_bench.py": [
+        *("--rounds", "1", "--ms", "1", "--no-compile", "--no-fp32", "--no-decode"),
+        *("--int8", "--variants", "avx2"),
+    ],
+    "int8_accuracy.py": ["--model-dir", "{model}", "--prompt-len", "4", "--tokens", "2"],
+    # llama.cpp's sources (convert_hf_to_gguf.py) and its llama-server binary are not on this
+    # machine and every sub-command needs one of them: --help only
+    "llamacpp.py": ["--help"],
+    "load.py": [
+        *("--url", "{url}", "--clients", "1", "--seconds", "1", "--json", "{out}/load.json"),
+        *("--health-p99-ms", "60000"),  # a busy machine must not fail the smoke run
+    ],
+    # no llama.cpp side (--llama-gguf needs llama-server); one radixserve side in float32 and one
+    # with int8 weights, one HF side
+    "model_throughput.py": [
+        *("--model-dir", "{model}", "--configs", "float32", "bfloat16+int8"),
+        *("--hf-dtypes", "float32", "--batch-sizes", "1", "--prompt-len", "8"),
+        *("--context-len", "8", "--decode-steps", "1", "--reps", "1", "--bandwidth-mib", "16"),
+        *("--json", "{out}/throughput.json"),
+    ],
+    "multiturn_chat.py": [
+        *("--quick", "--model", "{model}", "--baselines", "none"),
+        *("--conversations", "2", "--turns", "2", "--out", "{out}/bench", "--name", "mt"),
+    ],
+    # the tree at HEAD as "before": any checkout has it (the default revision needs full history)
+    "radix_ops.py": [
+        *("--rev", "HEAD", "--conversations", "2", "--turns", "2", "--num-systems", "1"),
+        *("--system-len", "8", "--question-len", "2", "4", "--answer-len", "2", "4"),
+        *("--capacity", "64", "--repeat", "1"),
+    ],
+    "scheduler_idle.py": [
+        *("--shapes", "qwen25-0.5b", "--batches", "1", "--context", "8", "--steps", "2"),
+        *("--warmup", "1", "--json", "{out}/idle.json"),
+    ],
+    # its own tiny model (written to a temp dir); --compare-rev (a git worktree) is not run
+    "scheduler_overhead.py": ["--batch", "1", "--steps", "2", "--prompt-len", "8"],
+    "shared_prefix.py": [
+        *("--quick", "--model", "{model}", "--baselines", "none"),
+        *("--groups", "1", "--prompts-per-group", "2", "--out", "{out}/bench", "--name", "sp"),
+    ],
+    "sim_speed.py": [
+        "--requests",
+        "20",
+        "--groups",
+        "2",
+        "--kv-tokens",
+        "4096",
+        "--max-running",
+        "4",
+    ],
+    "sim_starvation.py": [
+        *("--hot", "20", "--cold", "2", "--hot-prefix", "32", "--clients", "4"),
+        *("--kv-tokens", "2048"),
+    ],
+    "sim_vs_real.py": ["--model", "{model}", "--shapes", "a"],
+    # --max-new-tokens stays at its default: every constrained output must be whole JSON
+    "structured.py": ["--model", "{model}", "--batch-size", "1"],
+    "tp_throughput.py": [
+        *("--model-dir", "{model}", "--dtype", "float32", "--prompt-len", "8"),
+        *("--batch-sizes", "1", "--decode-steps", "2", "--reps", "1"),
+    ],
+    # `info` and `bench` (model_throughput.py with the script's own flags); `ab` is gemv_bench.py
+    # with the flags of its entry above, and `test` is the test suite itself
+    "device_cpu.sh": ["info", "bench"],
+}
+
+# Environment variables per script (on top of this process's environment), placeholders as above.
+SCRIPT_ENV: dict[str, dict[str, str]] = {
+    "device_cpu.sh": {
+        "OUT": "{out}/device_out",
+        "MODEL": "{model}",
+        "PY": sys.executable,
+        "BATCHES": "1",
+        "REPS": "1",
+    },
+}
+
+# Modules the scripts import, with no entry point of their own.
+HELPERS = {"llama_side.py", "git_revision.py"}
+
+# Scripts whose smoke run lives in another test module.
+COVERED_ELSEWHERE = {"device_gpu.sh": "tests/bench/test_device_gpu_dry_run.py"}
+
+# Patterns (re.MULTILINE) the script's output must match: rows it prints once it did its work.
+EXPECTED: dict[str, list[str]] = {
+    "gemm_bench.py": [r"^\s*M\s+shape\s+torch fp32", r"^\s*16\s+layer\s+\d"],
+    "gemv_bench.py": [
+        r"^lm_head 151936x896 bf16: GB/s",
+        r"^96 x 4864x896 int8: GB/s",
+        r"^M=1\s+\d",
+    ],
+    "int8_accuracy.py": [r"bfloat16\+int8 vs bf16 over 2 steps: .* greedy token agrees at"],
+    "llamacpp.py": [r"\{convert,serve,check\}"],
+    "load.py": [r"^requests\s+[1-9]", r"^errors\s+0$", r"^integrity_ok\s+True$"],
+    "model_throughput.py": [r"^prefill 8 tok\s+\d", r"^decode b=1 ctx=8\s+\d", r"bandwidth bound"],
+    "multiturn_chat.py": [r"^radixserve\s+\d", r"^hit rate radixserve: "],
+    "radix_ops.py": [r"^matched lengths identical in all runs", r"^after\s+int32\s+[\d,]+"],
+    "scheduler_idle.py": [r"sched CPU", r"^qwen25-0\.5b\s+1\s+on\s+async\s+\d"],
+    "scheduler_overhead.py": [r"^\s*current: step\s+[\d.]+ ms .* overlap step\s+[\d.]+ ms"],
+    "shared_prefix.py": [r"^radixserve\s+\d", r"^hit rate radixserve: "],
+    "sim_speed.py": [r"^20 requests, ", r"^sim fcfs\s+\d"],
+    "sim_starvation.py": [r"cold TTFT p99", r"^dfs-weight\s+on\s+\d"],
+    "sim_vs_real.py": [r"^shape a: wall real [\d.]+ s, sim [\d.]+ s", r"^sim \(a\)\s+\d"],
+    "structured.py": [
+        r"^json, jump-forward\s+decode steps\s+\d+",
+        r"^unconstrained\s+decode steps\s+\d+",
+        r"^mask per step at batch 1: ",
+    ],
+    "tp_throughput.py": [r"^decode bs=1 ms/step\s+[\d.]+\s+[\d.]+", r"all-gather \[1, \d+\]"],
+    "device_cpu.sh": [r"^=== bench ", r"^decode b=1 ctx=512\s+\d", r"^=== done "],
+}
+
+# Files (under the test's tmp_path) the script must leave, non-empty; JSON must parse.
+OUTPUT_FILES: dict[str, list[str]] = {
+    "load.py": ["load.json"],
+    "model_throughput.py": ["throughput.json"],
+    "multiturn_chat.py": ["bench/mt.json", "bench/mt.png"],
+    "scheduler_idle.py": ["idle.json"],
+    "shared_prefix.py": ["bench/sp.json", "bench/sp.png"],
+    "device_cpu.sh": ["device_out/info.log", "device_out/bench.log"],
+}
+
+
+def script_files() -> set[str]:
+    return {p.name for p in BENCHMARKS.iterdir() if p.suffix in (".py", ".sh") and p.is_file()}
+
+
+def test_every_script_has_a_smoke_entry() -> None:
+    """Each script in benchmarks/ is run here, or is a helper, or is run by another test."""
+    entries = [set(SCRIPT_ARGS), HELPERS, set(COVERED_ELSEWHERE)]
+    assert sum(map(len, entries)) == len(set().union(*entries)), "a script is listed twice"
+    files = script_files()
+    missing = files - set().union(*entries)
+    assert not missing, f"add a smoke entry to SCRIPT_ARGS (or HELPERS) for {sorted(missing)}"
+    stale = set().union(*entries) - files
+    assert not stale, f"no such script in benchmarks/: {sorted(stale)}"
+    for name in HELPERS:
+        assert "__main__" not in (BENCHMARKS / name).read_text(), f"{name} has an entry point"
+    for name in SCRIPT_ARGS:
+        text = (BENCHMARKS / name).read_text()
+        assert name.endswith(".sh") or 'if __name__ == "__main__"' in text, name
+    for table in (EXPECTED, OUTPUT_FILES, SCRIPT_ENV):
+        assert set(table) <= set(SCRIPT_ARGS)
+    assert set(EXPECTED) == set(SCRIPT_ARGS), "every smoke run checks what it printed"
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``cmd`` in its own process group, killed whole (with any children) at the timeout."""
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{cmd[1]} ran past {SUBPROCESS_TIMEOUT_S} s:\n{out[-4000:]}\n{err[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPT_ARGS))
+def test_script_runs(script: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    with ExitStack() as stack:
+        values = {"out": str(tmp_path)}
+        templates = [*SCRIPT_ARGS[script], *SCRIPT_ENV.get(script, {}).values()]
+        if any("{model}" in t or "{url}" in t for t in templates):
+            values["model"] = str(request.getfixturevalue("tiny_llama_dir"))
+        if any("{url}" in t for t in templates):
+            harness = str(REPO / "tests" / "api")  # the servers' harness, as tests/reliability
+            if harness not in sys.path:
+                sys.path.insert(0, harness)
+            from serving_harness import serving
+
+            server = stack.enter_context(
+                serving(["--model", values["model"]], tmp_path / "server.log")
+            )
+            values["url"] = server.url
+        args = [a.format(**values) for a in SCRIPT_ARGS[script]]
+        env = {
+            **os.environ,
+            **{k: v.format(**values) for k, v in SCRIPT_ENV.get(script, {}).items()},
+        }
+        # benchmarks/ import each other by name (python puts the script's directory first; the
+        # processes they start need it too)
+        path = [str(BENCHMARKS), str(REPO), env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, path))
+        env["PYTHONUNBUFFERED"] = "1"
+        runner = ["bash"] if script.endswith(".sh") else [sys.executable]
+        proc = _run([*runner, str(BENCHMARKS / script), *args], env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    )
+    assert "Traceback" not in output, output[-6000:]
+    for pattern in EXPECTED[script]:
+        assert re.search(pattern, proc.stdout, re.MULTILINE), (
+            f"no {pattern!r} in:\n{proc.stdout[-4000:]}"
+        )
+    for name in OUTPUT_FILES.get(script, []):
+        path = tmp_path / name
+        assert path.is_file() and path.stat().st_size > 0, f"{script} wrote no {name}"
+        if path.suffix == ".json":
+            json.loads(path.read_text())
