@@ -66,7 +66,8 @@ def main() -> None:
     print(f"packed GEMM in linear(): {k.gemm} (skinny up to {k.bf16_max_m} / {k.int8_max_m} rows)")
     table = routes(k)
     gen = torch.Generator().manual_seed(0)
-    weights = {}
+    # per shape: "stored" (bf16 or int8), "scale" (None for bf16), "fp32" (the weight, widened)
+    weights: dict[str, dict[str, torch.Tensor | None]] = {}
     for name, (n, kk) in SHAPES.items():
         w = torch.randn(n, kk, generator=gen) * 0.05
         if args.int8:
@@ -79,14 +80,14 @@ def main() -> None:
         totals = dict.fromkeys(table, 0.0)
         flops_total = 0.0
         for name, (n, kk) in SHAPES.items():
-            w = dict(weights[name])
+            ws = dict(weights[name])
             x = torch.randn(m, kk, generator=gen).bfloat16()
-            w["x32"] = x.float()
+            ws["x32"] = x.float()
             times: dict[str, list[float]] = {r: [] for r in table}
             for _ in range(args.rounds + 1):  # the first round warms up
                 for r, f in table.items():
                     start = time.perf_counter()
-                    f(x, w)
+                    f(x, ws)
                     times[r].append(time.perf_counter() - start)
             flops = 2.0 * m * n * kk
             flops_total += flops

@@ -29,7 +29,7 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import zmq
@@ -40,7 +40,7 @@ from radixserve.models.forward_batch import ForwardBatch
 from radixserve.radix import RadixCache
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.runtime.kv_manager import KVManager
-from radixserve.runtime.model_runner import LogitsOutput
+from radixserve.runtime.model_runner import LogitsOutput, ModelRunner
 from radixserve.runtime.model_worker import BatchResult, ModelWorker
 from radixserve.runtime.schedule_batch import ScheduleBatch
 from radixserve.runtime.scheduler import Scheduler
@@ -129,11 +129,14 @@ class ModelledRunner:
 class ModelledWorker(ModelWorker):
     """The real worker; finishing a batch first waits for its modelled step to end."""
 
-    runner: ModelledRunner
+    def __init__(self, runner: ModelledRunner, max_rows: int, overlap: bool) -> None:
+        # ModelWorker is typed for a ModelRunner; ModelledRunner has the part of one it uses
+        super().__init__(cast(ModelRunner, runner), max_rows, overlap)
+        self.modelled = runner
 
     def _finish(self, batch: ScheduleBatch, launched: Any) -> BatchResult:  # type: ignore[override]
         assert batch.forward_batch is not None
-        self.runner.wait(batch.forward_batch)
+        self.modelled.wait(batch.forward_batch)
         return ModelWorker._finish(batch, launched)
 
 
@@ -183,7 +186,7 @@ def measure(
         None,
     )
     runner = ModelledRunner(config, shape, sync)
-    worker = ModelledWorker(runner, batch, overlap)  # type: ignore[arg-type]
+    worker = ModelledWorker(runner, batch, overlap)
     scheduler = Scheduler(config, kv=kv, worker=worker)
     gen = torch.Generator().manual_seed(batch)
     for i in range(batch):

@@ -31,7 +31,8 @@ def trace(hot: int, cold: int, hot_prefix: int, seed: int) -> tuple[list[SimSess
     rng = np.random.default_rng(seed)
     prefix = rng.integers(3, 32000, hot_prefix, dtype=np.int32)
     every = max(hot // max(cold, 1), 1)
-    sessions, cold_ids = [], set()
+    sessions: list[SimSession] = []
+    cold_ids: set[int] = set()
     for i in range(hot + cold):
         is_cold = i % (every + 1) == every and len(cold_ids) < cold
         user = rng.integers(3, 32000, 384 if is_cold else 32, dtype=np.int32)
@@ -73,7 +74,7 @@ def main() -> None:
                 config, constants=dataclasses.replace(config.constants, max_skipped_passes=0)
             )
         result = Simulation(SimOptions(config, cost, parallel=args.clients), sessions).run()
-        ttft = {True: [], False: []}
+        ttft: dict[bool, list[float]] = {True: [], False: []}  # cold -> TTFTs
         for r in result.records:
             assert r.first_token_s is not None
             ttft[r.sid in cold].append(r.first_token_s - r.sent_s)

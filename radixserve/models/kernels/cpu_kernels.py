@@ -103,7 +103,7 @@ class CpuKernels:
         ``ValueError`` for an unknown ``isa``."""
         variant = _ext.best_variant(isa)
         module = _ext.load_variant(variant) if variant and (dense or attention) else None
-        if module is None:
+        if module is None or variant is None:
             return TORCH_ONLY
         return replace(cls.routing(variant), module=module, dense=dense, attention=attention)
 
