@@ -30,11 +30,19 @@ PAIRS = {"bfloat16": "bf16", "float32": "f32", "bfloat16+int8": "q8_0", "float32
 
 class LlamaSide:
     def __init__(
-        self, binary: Path, outtype: str, gguf: Path, port: int, slots: int, threads: int, ctx: int
+        self,
+        binary: Path,
+        outtype: str,
+        gguf: Path,
+        port: int,
+        slots: int,
+        threads: int,
+        ctx: int,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.name = f"llama {outtype}"
         self.outtype = outtype
-        self.server = LlamaServer(binary, gguf, port, slots, threads, ctx).__enter__()
+        self.server = LlamaServer(binary, gguf, port, slots, threads, ctx, extra).__enter__()
         self.pool = ThreadPoolExecutor(max_workers=slots)
 
     def close(self) -> None:

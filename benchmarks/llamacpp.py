@@ -119,6 +119,25 @@ def _convert_in_child(source: str, pads_normal: bool, argv: list[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+REPACK_HINT = (
+    "llama.cpp repacks Q8_0 weights for AMX on CPUs that have it, and that repack crashes at "
+    "warm-up (SIGSEGV) on some builds: pass --no-repack to llama-server "
+    "(model_throughput.py --llama-arg=--no-repack, llamacpp.py serve ... --llama-args "
+    "--no-repack), or set LLAMA_ARG_REPACK=0"
+)
+
+
+def crash_message(returncode: int, cmd: list[str], log_tail: str) -> str:
+    """Why llama-server exited with ``returncode``, and what to do when it is the known AMX
+    repack crash (a SIGSEGV without ``--no-repack``)."""
+    how = f"killed by signal {-returncode}" if returncode < 0 else f"exited with {returncode}"
+    message = f"llama-server {how}:\n{log_tail}"
+    repacking = "--no-repack" not in cmd and os.environ.get("LLAMA_ARG_REPACK") != "0"
+    if returncode == -signal.SIGSEGV and repacking:
+        message += f"\n{REPACK_HINT}"
+    return message
+
+
 def _die_with_parent() -> None:
     if sys.platform == "linux":
         import ctypes
@@ -168,9 +187,7 @@ class LlamaServer:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"llama-server exited with {self.proc.returncode}:\n{self.tail()}"
-                )
+                raise RuntimeError(crash_message(self.proc.returncode, self.cmd, self.tail()))
             with contextlib.suppress(OSError, urllib.error.HTTPError):
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
                     if r.status == 200:
@@ -201,8 +218,17 @@ class LlamaServer:
         request = urllib.request.Request(
             f"{self.url}{route}", data, {"Content-Type": "application/json"}
         )
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return dict(json.loads(response.read()))
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return dict(json.loads(response.read()))
+        except (OSError, urllib.error.URLError) as e:  # a server that died mid-request says why
+            if self.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(2.0)  # a dropped connection can come before its exit
+            if self.proc is not None and self.proc.poll() is not None:
+                message = crash_message(self.proc.returncode, self.cmd, self.tail())
+                raise RuntimeError(message) from e
+            raise
 
     def complete(
         self, prompt: list[int], n_predict: int, cache_prompt: bool = True
@@ -244,6 +270,12 @@ def main() -> None:
         p.add_argument("--slots", type=int, default=8, help="-np")
         p.add_argument("--threads", type=int, default=2, help="-t and -tb")
         p.add_argument("--ctx", type=int, default=16384, help="-c: all slots together")
+        p.add_argument(
+            "--llama-args",
+            nargs=argparse.REMAINDER,
+            default=[],
+            help="the rest of the line goes to llama-server as it is (e.g. --no-repack)",
+        )
     check_p.add_argument("--tokenizer-ids", type=int, default=2048, help="the tokenizer's size")
     check_p.add_argument("--vocab", type=int, default=151936, help="the model's vocabulary")
     args = parser.parse_args()
@@ -255,7 +287,13 @@ def main() -> None:
         return
     binary = args.server or default_server(llama_cpp_dir(args.llama_cpp_dir))
     server = LlamaServer(
-        binary, args.gguf, args.port, args.slots, args.threads, args.ctx // args.slots
+        binary,
+        args.gguf,
+        args.port,
+        args.slots,
+        args.threads,
+        args.ctx // args.slots,
+        tuple(args.llama_args),
     )
     with server:
         print(f"llama-server at {server.url}: {' '.join(server.cmd)}", flush=True)

@@ -15,9 +15,10 @@ once with ``radixserve.models.tiny``, on the CPU or (``--device cuda``) a GPU:
 Every side (each ``--configs`` entry of radixserve: a dtype, ``+int8`` for int8 weights; each
 ``--hf-dtypes`` entry of transformers; each ``--llama-gguf`` entry of llama.cpp, a llama-server
 of ``--threads`` threads driven over HTTP, see ``llama_side.py``) runs greedy steps interleaved
-repetition by repetition, so host noise hits all alike; each figure is the median over
-``--reps`` repetitions, printed as soon as its row is measured. The header names the CPU kernel
-variant this machine runs. Example (short run)::
+repetition by repetition, so host noise hits all alike; each cell is the median over ``--reps``
+repetitions with their min and max, printed as soon as its row is measured (``--prompt-len``
+takes several lengths: one prefill row each). The header names the CPU kernel variant this
+machine runs. Example (short run)::
 
     python benchmarks/model_throughput.py --configs bfloat16 bfloat16+int8 --hf-dtypes float32 \
         --batch-sizes 1 8 --reps 2
@@ -28,6 +29,9 @@ columns then pair rs bfloat16 with llama bf16 and rs bfloat16+int8 with llama q8
 
     python benchmarks/model_throughput.py --configs bfloat16 bfloat16+int8 --hf-dtypes float32 \
         --llama-server $LLAMA_CPP_DIR/build/bin/llama-server --llama-gguf bf16 q8_0 --threads 2
+
+On CPUs with AMX, llama.cpp's Q8_0 repack can crash llama-server at warm-up (SIGSEGV); the side
+then stops with that reason and the remedy, ``--llama-arg=--no-repack`` (``llamacpp.py``).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from llama_side import (
 )
 
 from radixserve.config import EngineConfig
+from radixserve.models.decoder import DecoderForCausalLM
 from radixserve.models.forward_batch import ForwardBatch
 from radixserve.models.huge_pages import huge_page_buffer
 from radixserve.models.kernels import _ext
@@ -90,10 +95,10 @@ def stream_bandwidth(
     ordinary memory or (``huge``) in transparent huge pages, as radixserve keeps its CPU
     weights (None where the system refuses them)."""
     if huge:
-        buffers = [huge_page_buffer(num_bytes) for _ in range(2)]
-        if buffers[0] is None or buffers[1] is None:
+        a, b = huge_page_buffer(num_bytes), huge_page_buffer(num_bytes)
+        if a is None or b is None:
             return None
-        src, dst = (b.view(torch.float32) for b in buffers)
+        src, dst = a.view(torch.float32), b.view(torch.float32)
         src.fill_(1.0)
         dst.zero_()
     else:
@@ -104,7 +109,7 @@ def stream_bandwidth(
     return copy, read
 
 
-CELL = 22  # characters per table cell: "1402.3 (1390.1-1410.7)"
+CELL = 22  # characters per table cell: " 1402.3 (1390-1411)"
 
 
 class OurSide:
@@ -165,13 +170,13 @@ class OurSide:
         return self.runner.forward(batch).next_token_logits.argmax(-1)
 
 
-def streamed_bytes(model: torch.nn.Module) -> int:
+def streamed_bytes(model: DecoderForCausalLM) -> int:
     """Weight bytes one decode step reads: every parameter and weight buffer, except an
     embedding table that is not also the lm_head (only a few of its rows are read)."""
     buffers = {n: b for n, b in model.named_buffers() if "scale" in n or "int8" in n}
     total = sum(t.numel() * t.element_size() for t in [*model.parameters(), *buffers.values()])
-    embed = model.embed_tokens  # type: ignore[union-attr]
-    if model.head_int8 is not None or model.lm_head is not None:  # type: ignore[union-attr]
+    embed = model.embed_tokens
+    if model.head_int8 is not None or model.lm_head is not None:
         total -= embed.numel() * embed.element_size()
     return total
 
@@ -195,7 +200,9 @@ class HFSide:
         self.name = f"HF {str(dtype).removeprefix('torch.')}"
         self.device = torch.device(device)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-        self.model = model.to(self.device).eval()
+        # transformers wraps `to` in functools.wraps(nn.Module.to): the stubs' _Wrapped keeps the
+        # unbound signature, so mypy wants `self` as the first argument
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
 
     def prefill(self, prompts: torch.Tensor) -> tuple[torch.Tensor, object]:
         from transformers import DynamicCache
@@ -259,7 +266,8 @@ def llama_sides(args: argparse.Namespace, slots: int, ctx: int) -> list[LlamaSid
             if not path.is_file():
                 print(f"converting {args.model_dir} to {path} ...")
                 convert(args.model_dir, outtype, path)
-        sides.append(LlamaSide(binary, outtype, path, free_port(), slots, threads, ctx))
+        extra = tuple(args.llama_args)
+        sides.append(LlamaSide(binary, outtype, path, free_port(), slots, threads, ctx, extra))
     return sides
 
 
@@ -307,7 +315,7 @@ def measure(
         ratios are of the medians."""
         values = [statistics.median(v) for v in samples]
         cells = "".join(
-            f"{m:.1f} ({min(v):.1f}-{max(v):.1f})".rjust(CELL)
+            f"{m:.1f} ({min(v):.0f}-{max(v):.0f})".rjust(CELL)
             for m, v in zip(values, samples, strict=True)
         )
         print(f"{name:28s}{cells}{ratio_cells(columns, values)}")
@@ -359,12 +367,14 @@ def measure(
         ctx = args.context_len + (args.reps + 1) * args.decode_steps // 2
         kv_read = kv_bytes_per_token(ours[0].runner) * bs * ctx
         shares = []
+        fractions: dict[str, float] = {}  # ours is never empty: the row always gets the key
+        rows[-1]["bound_fraction"] = fractions
         for s, t in zip(sides, step, strict=True):
             if isinstance(s, LlamaSide):
                 continue
             bound_s = (side_bytes(s) + kv_read) / bandwidth
             shares.append(f"{s.name} {bound_s / t:.0%}")
-            rows[-1].setdefault("bound_fraction", {})[s.name] = bound_s / t
+            fractions[s.name] = bound_s / t
         print(f"{'  of the bandwidth bound':24s}  " + ", ".join(shares))
     if args.json:
         with open(args.json, "w") as f:
@@ -434,6 +444,13 @@ def main() -> None:
         default="qwen25-0.5b",
         help="the random model written to --model-dir when it holds none",
     )
+    parser.add_argument(
+        "--llama-arg",
+        dest="llama_args",
+        action="append",
+        default=[],
+        help="one extra llama-server flag or value per use, e.g. --llama-arg=--no-repack",
+    )
     parser.add_argument("--json", default=None, help="also write every row here")
     parser.add_argument(
         "--bandwidth-mib", type=int, default=1024, help="the buffer of the bandwidth measurement"
@@ -447,13 +464,17 @@ def main() -> None:
         init = args.device if args.device.startswith("cuda") else "cpu"
         SHAPE_WRITERS[args.model_shape](args.model_dir, init_device=init)
     if args.device.startswith("cuda"):
-        copy, read = stream_bandwidth(args.bandwidth_mib << 20, device=args.device)
+        bw = stream_bandwidth(args.bandwidth_mib << 20, device=args.device)
+        assert bw is not None  # only huge pages can be refused
+        copy, read = bw
         props = torch.cuda.get_device_properties(args.device)
         print(f"GPU: {props.name}, {props.total_memory / 2**30:.0f} GiB; torch {torch.__version__}")
         print(f"HBM bandwidth: copy {copy / 1e9:.0f} GB/s (read+write), sum {read / 1e9:.0f} GB/s")
         run_all(args, args.model_dir, max(copy, read))
         return
-    copy, read = stream_bandwidth(args.bandwidth_mib << 20)
+    bw = stream_bandwidth(args.bandwidth_mib << 20)
+    assert bw is not None  # only huge pages can be refused
+    copy, read = bw
     huge = stream_bandwidth(args.bandwidth_mib << 20, huge=True)
     variant = _ext.best_variant(EngineConfig().cpu_isa)
     flags = sorted(f for f in _ext.cpu_flags() if f.startswith(("avx", "fma", "f16c", "amx")))

@@ -48,3 +48,62 @@ def test_parse_ggufs(llama_side: ModuleType) -> None:
     assert parsed == {"bf16": None, "q8_0": Path("/x/m-q8.gguf")}
     with pytest.raises(SystemExit, match="q4_k"):
         llama_side.parse_ggufs(["q4_k=/x.gguf"])
+
+
+FAKE_SERVER = """#!{python}
+# A stand-in for llama-server: without --no-repack it dies of SIGSEGV at warm-up ({crash}),
+# as llama.cpp's AMX repack of Q8_0 weights does; with it, it serves /health and /completion.
+import http.server, json, os, signal, sys
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+if "--no-repack" not in args and "{crash}" == "start":
+    os.kill(os.getpid(), signal.SIGSEGV)
+class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{{}}")
+    def do_POST(self):
+        if "--no-repack" not in args:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        body = json.dumps({{"tokens": [1], "timings": {{"prompt_n": 1}}}}).encode()
+        self.send_response(200); self.end_headers(); self.wfile.write(body)
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def _fake_server(tmp_path: Path, crash: str) -> Path:
+    import sys
+
+    path = tmp_path / f"llama-server-{crash}"
+    path.write_text(FAKE_SERVER.format(python=sys.executable, crash=crash))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("crash", ["start", "request"])
+def test_a_repack_crash_names_the_remedy(
+    llama_side: ModuleType, tmp_path: Path, crash: str
+) -> None:
+    """A llama-server killed by SIGSEGV, at warm-up or during a request, raises with the AMX
+    repack remedy; with --no-repack passed through as an extra flag, the same server serves."""
+    import socket
+
+    import llamacpp
+
+    def port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    binary = _fake_server(tmp_path, crash)
+    gguf = tmp_path / "m.gguf"
+    with pytest.raises(RuntimeError, match="(?s)killed by signal 11.*LLAMA_ARG_REPACK=0"):
+        with llamacpp.LlamaServer(binary, gguf, port(), slots=1) as server:
+            server.complete([1, 2], 1)
+    with llamacpp.LlamaServer(binary, gguf, port(), 1, 2, 64, ("--no-repack",)) as server:
+        assert "--no-repack" in server.cmd
+        assert server.complete([1, 2], 1)["tokens"] == [1]
+    message = llamacpp.crash_message(-11, ["llama-server", "--no-repack"], "log")
+    assert "LLAMA_ARG_REPACK" not in message  # already off: no advice to turn it off
+    assert llamacpp.crash_message(1, ["llama-server"], "log").startswith("llama-server exited")
