@@ -53,12 +53,15 @@ SOURCES = tuple(
         "gemm.cpp",
         "amx_gemm.cpp",
         "attention_kernel.cpp",
+        "attention_amx.cpp",
         "norm.cpp",
         "pointwise.cpp",
         "bindings.cpp",
     )
 )
-HEADERS = (_DIR / "simd.h", _DIR / "gemv_lanes.h", _DIR / "linear.h")
+HEADERS = tuple(
+    _DIR / n for n in ("simd.h", "gemv_lanes.h", "linear.h", "amx.h", "attention_task.h")
+)
 LDFLAGS = ("-fopenmp",)  # resolves to the libgomp torch already loaded (same soname)
 _AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c")
 _AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"})

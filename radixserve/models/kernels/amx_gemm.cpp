@@ -16,7 +16,7 @@
 // 2 x 1 or 1 x 1. Threads split the weight rows (at::parallel_for); each sets its own tile
 // configuration. Weight rows and k past the end are read from a zero-padded copy, never past
 // the tensor. Without AMX (any other variant), amx_int8_gemm is not called (try_linear checks
-// amx_int8_available()).
+// amx_available()).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
@@ -28,6 +28,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "linear.h"
 #include "simd.h"
 
@@ -42,66 +43,10 @@ namespace {
 
 using namespace rs;
 
-constexpr int64_t kTk = 64;   // bytes of K per tile row
-constexpr int64_t kTm = 16;   // rows per tile
+constexpr int64_t kTk = kTileBytes;  // bytes of K per tile row
+constexpr int64_t kTm = kTileRows;   // rows per tile
 constexpr int64_t kTile = kTm * kTk;  // bytes per tile
 constexpr int64_t kChunkBytes = RS_AMX_CHUNK;
-
-// The tile configuration every thread loads (palette 1): tiles 0-3 accumulate (16 x 16 int32),
-// 4-5 hold weight rows (A), 6-7 packed x (B); all 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-  TileConfig() {
-    for (int t = 0; t < 8; ++t) {
-      colsb[t] = kTk;
-      rows[t] = kTm;
-    }
-  }
-};
-
-// Linux hands a process AMX tile data only on request (arch_prctl ARCH_REQ_XCOMP_PERM); asked
-// once, the grant covers every thread.
-bool request_amx() {
-  constexpr int kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  static const bool granted = syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  return granted;
-}
-
-// v[i][j] <-> v[j][i] for 16 vectors of 16 32-bit lanes, in registers: 32-bit and 64-bit
-// unpacks make 4 x 4 blocks inside each 128-bit lane, two rounds of 128-bit lane shuffles place
-// them.
-inline void transpose16(__m512 (&v)[16]) {
-  __m512 t[16];
-  for (int a = 0; a < 8; ++a) {
-    t[2 * a] = _mm512_unpacklo_ps(v[2 * a], v[2 * a + 1]);
-    t[2 * a + 1] = _mm512_unpackhi_ps(v[2 * a], v[2 * a + 1]);
-  }
-  __m512 u[16];  // u[4g + c], 128-bit lane l: column 4l + c of rows 4g .. 4g + 3
-  for (int g = 0; g < 4; ++g) {
-    const __m512d t0 = _mm512_castps_pd(t[4 * g]), t1 = _mm512_castps_pd(t[4 * g + 1]);
-    const __m512d t2 = _mm512_castps_pd(t[4 * g + 2]), t3 = _mm512_castps_pd(t[4 * g + 3]);
-    u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
-    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
-    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
-    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
-    const __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
-    const __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
-    const __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
-    v[c] = _mm512_shuffle_f32x4(v0, v2, 0x88);
-    v[4 + c] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
-    v[8 + c] = _mm512_shuffle_f32x4(v1, v3, 0x88);
-    v[12 + c] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
-  }
-}
-
-inline __mmask16 first(int64_t n) { return n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1); }
 
 // One row of x quantized: d = max|x| / 127, q = round-half-even(x * (1 / d)) into out (K bytes).
 template <class XT>
@@ -115,7 +60,7 @@ float quantize_row(const XT* x, int64_t K, int8_t* out) {
   for (k = 0; k < K; k += W) {
     const int64_t n = std::min<int64_t>(W, K - k);
     const VF v = n == W ? load(x + k) : load_tail(x + k, n);
-    _mm_mask_storeu_epi8(out + k, first(n), _mm512_cvtsepi32_epi8(to_int(round(mul(v, inv)))));
+    _mm_mask_storeu_epi8(out + k, first_lanes(n), _mm512_cvtsepi32_epi8(to_int(round(mul(v, inv)))));
   }
   return d;
 }
@@ -195,12 +140,12 @@ void epilogue(const Linear<int8_t, XT>& o, const float* d, const int32_t* c, int
   for (int i = 0; i < 2; ++i) {
     const int64_t nb = n0 + i * kTm, nn = std::min<int64_t>(kTm, o.N - nb);
     if (nn <= 0) break;
-    const __mmask16 nmask = first(nn);
+    const __mmask16 nmask = first_lanes(nn);
     const __m512 bias = o.bias != nullptr ? load_tail(o.bias + nb, nn) : zero();
     for (int j = 0; j < 2; ++j) {
       const int64_t mb = m0 + j * kTm, mm = std::min<int64_t>(kTm, o.M - mb);
       if (mm <= 0) break;
-      const __m512 dm = _mm512_maskz_loadu_ps(first(mm), d + mb);
+      const __m512 dm = _mm512_maskz_loadu_ps(first_lanes(mm), d + mb);
       const int32_t* t = c + (i * 2 + j) * 256;
       __m512 v[16];
       for (int r = 0; r < 16; ++r) {
@@ -239,8 +184,7 @@ void run(const Linear<int8_t, XT>& o) {
   for (int64_t c0 = 0; c0 < mbs; c0 += chunk) {
     const int64_t c1 = std::min(mbs, c0 + chunk);
     at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
-    static const TileConfig config;
-    _tile_loadconfig(&config);
+    const TileScope tiles;
     alignas(64) int32_t c[4 * 256];
     std::vector<int8_t> pad;
     for (int64_t p = p0; p < p1; ++p) {
@@ -266,14 +210,19 @@ void run(const Linear<int8_t, XT>& o) {
         epilogue(o, d.data(), c, n0, mb * kTm);
       }
     }
-    _tile_release();
   });
   }
 }
 
 }  // namespace
 
-bool amx_int8_available() { return request_amx(); }
+// Linux hands a process AMX tile data only on request (arch_prctl ARCH_REQ_XCOMP_PERM); asked
+// once, the grant covers every thread.
+bool amx_available() {
+  constexpr int kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  static const bool granted = syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  return granted;
+}
 
 at::Tensor amx_int8_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
                          const at::Tensor& scale, const std::optional<at::Tensor>& bias,
@@ -289,7 +238,7 @@ at::Tensor amx_int8_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
 
 #else  // no AMX in this variant
 
-bool amx_int8_available() { return false; }
+bool amx_available() { return false; }
 
 at::Tensor amx_int8_gemm(const at::Tensor&, int64_t, const at::Tensor&, const at::Tensor&,
                          const std::optional<at::Tensor>&, int64_t) {

@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "gemv_lanes.h"
 #include "linear.h"
 #include "simd.h"
@@ -294,7 +295,7 @@ std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
   const int64_t ldx = row_stride(x, K);
   if (ldx < 0) return std::nullopt;
   if (M > max_m) {
-    if (wt == at::kChar && amx_int8_available()) return amx_int8_gemm(x, ldx, w, *scale, bias, M);
+    if (wt == at::kChar && amx_available()) return amx_int8_gemm(x, ldx, w, *scale, bias, M);
     return packed_gemm(x, ldx, w, scale, bias, M);
   }
   at::Tensor y;

@@ -72,8 +72,7 @@ at::Tensor packed_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
                        const std::optional<at::Tensor>& scale,
                        const std::optional<at::Tensor>& bias, int64_t M);
 // The int8 GEMM on AMX tiles (amx_gemm.cpp): w [N, K] int8 with scale [N], x quantized per row.
-// Only where amx_int8_available(): the "amx" variant on a CPU (and kernel) that grants AMX.
-bool amx_int8_available();
+// Only where amx_available() (amx.h): the "amx" variant on a CPU (and kernel) that grants AMX.
 at::Tensor amx_int8_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
                          const at::Tensor& scale, const std::optional<at::Tensor>& bias,
                          int64_t M);
