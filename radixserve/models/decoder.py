@@ -139,6 +139,10 @@ class DecoderLayer(nn.Module):
         batch: ForwardBatch,
         backend: AttentionBackend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if batch.is_decode:
+            fused = self._fused(x, residual, cos, sin, batch, backend)
+            if fused is not None:
+                return fused
         if residual is None:
             residual, h = x, self.input_layernorm(x)
         else:
@@ -146,6 +150,34 @@ class DecoderLayer(nn.Module):
         h = self.self_attn(h, cos, sin, batch, backend)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
+
+    def _fused(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: ForwardBatch,
+        backend: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """This layer in one kernel call (``CpuKernels.decoder_layer``: Python leaves a decode
+        step), bit for bit what the op-by-op path below computes; ``None`` where it does not
+        apply (tensor parallel, q/k norms, another attention backend, torch's GEMM)."""
+        attn, mlp = self.self_attn, self.mlp
+        if attn.tp.size > 1 or attn.qk_norm or self.input_layernorm.eps != attn.eps:
+            return None
+        attention = backend.fused_args(attn.layer_id, batch)
+        if attention is None:
+            return None
+        weights: list[torch.Tensor | None] = [
+            self.input_layernorm.weight,
+            self.post_attention_layernorm.weight,
+        ]
+        for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            weights += [linear.weight, linear.weight_scale, linear.bias]
+        return attn.kernels.decoder_layer(
+            x, residual, weights, attn.eps, cos, sin, attn.num_heads, attn.num_kv_heads, attention
+        )
 
 
 class DecoderForCausalLM(nn.Module):

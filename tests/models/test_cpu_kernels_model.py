@@ -23,6 +23,7 @@ import torch
 from radixserve.memory_pool import KVCache, ReqToTokenPool
 from radixserve.models.attention.cpu_kernel import CpuKernelBackend
 from radixserve.models.attention.registry import create_attention_backend
+from radixserve.models.decoder import DecoderLayer
 from radixserve.models.forward_batch import ForwardBatch
 from radixserve.models.kernels import TORCH_ONLY, TORCH_Q8, CpuKernels
 from radixserve.models.loader import load_model
@@ -153,3 +154,35 @@ def test_long_prefill_on_packed_gemm(
     gen = torch.Generator().manual_seed(9)
     prompts = [torch.randint(0, 250, (n,), generator=gen).tolist() for n in (70, 80)]
     check_against_reference(path, replace(variant_kernels, gemm=True), *case, prompts)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1] or 'dense'}")
+def test_decode_layers_in_one_call_equal_op_by_op(
+    variant_kernels: CpuKernels,
+    tiny_model_dirs: dict[str, Path],
+    family: str,
+    case: tuple[str, str | None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A decode step's layers run as one kernel call each (layer.cpp), bit for bit the op-by-op
+    path (the same kernels in the same order), which the tests above hold to the torch
+    reference. Qwen3's q/k norms keep it op by op."""
+    path = tiny_model_dirs[family]
+    fused_calls: list[bool] = []
+    decoder_layer = CpuKernels.decoder_layer
+
+    def counted(self: CpuKernels, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = decoder_layer(self, *args, **kwargs)
+        fused_calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(CpuKernels, "decoder_layer", counted)
+    fused, _ = run_model(path, variant_kernels, *case)
+    if family == "qwen3":
+        assert not fused_calls  # q/k norms: op by op
+    else:
+        assert fused_calls and all(fused_calls), "a decode layer fell back to op by op"
+    monkeypatch.setattr(DecoderLayer, "_fused", lambda self, *args: None)
+    op_by_op, _ = run_model(path, variant_kernels, *case)
+    assert torch.equal(fused, op_by_op)

@@ -60,3 +60,9 @@ class AttentionBackend(Protocol):
     ) -> torch.Tensor:
         """As :meth:`forward_extend` with one token per request (``num_tokens == bs``)."""
         ...
+
+    def fused_args(self, layer_id: int, batch: ForwardBatch) -> tuple[object, ...] | None:
+        """What ``CpuKernels.decoder_layer`` needs of this backend for ``layer_id`` (the KV
+        buffers, the slots, rows and lengths of ``batch``, the scale and window), or ``None``
+        where the attention is not the CPU kernel's (the layer then runs op by op)."""
+        ...

@@ -72,6 +72,23 @@ class CpuKernelBackend:
 
     forward_decode = forward_extend  # a decode batch is an extend of one token per request
 
+    def fused_args(self, layer_id: int, batch: ForwardBatch) -> tuple[object, ...] | None:
+        """The attention operands of ``try_decoder_layer`` (layer.cpp), in its order."""
+        assert batch is self._batch, "init_forward_metadata first"
+        k_buf, v_buf = self.kv_cache.get_kv(layer_id)
+        spec = self.spec
+        return (
+            k_buf,
+            v_buf,
+            batch.out_cache_loc,
+            self.req_to_token,
+            batch.req_pool_indices,
+            batch.extend_prefix_lens,
+            batch.extend_seq_lens,
+            spec.scaling,
+            spec.sliding_windows[layer_id] or 0,
+        )
+
 
 def usable(kernels: CpuKernels | None, kv_cache: KVCache, spec: AttentionSpec) -> bool:
     """Whether :class:`CpuKernelBackend` can run this KV with ``kernels``."""

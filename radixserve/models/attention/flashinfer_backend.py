@@ -150,6 +150,9 @@ class FlashInferBackend:
     ) -> torch.Tensor:
         return self._run(self._prefill, q, k, v, layer_id, batch)
 
+    def fused_args(self, layer_id: int, batch: ForwardBatch) -> None:
+        return None  # the layer runs op by op
+
     def forward_decode(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:

@@ -171,6 +171,9 @@ class TorchNativeBackend:
         o = out.view(bs * e, spec.num_heads * d)
         return o if md.q_dest is None else o.index_select(0, md.q_dest)
 
+    def fused_args(self, layer_id: int, batch: ForwardBatch) -> None:
+        return None  # the layer runs op by op
+
     def forward_decode(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:

@@ -56,6 +56,7 @@ SOURCES = tuple(
         "attention_amx.cpp",
         "norm.cpp",
         "pointwise.cpp",
+        "layer.cpp",
         "bindings.cpp",
     )
 )
@@ -194,6 +195,7 @@ def _build(variant: Variant) -> ModuleType:
         "try_rotary_",
         "try_split_rope_",
         "try_store_kv",
+        "try_decoder_layer",
     ):
         if not hasattr(module, fn):
             raise ImportError(f"{name} lacks {fn}")

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "simd.h"
 
@@ -32,6 +33,14 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> try_split_rope_(
 bool try_store_kv(at::Tensor& k_buf, at::Tensor& v_buf, const at::Tensor& slots,
                   const at::Tensor& k, const at::Tensor& v);
 
+std::optional<std::tuple<at::Tensor, at::Tensor>> try_decoder_layer(
+    const at::Tensor& x, const std::optional<at::Tensor>& residual,
+    const std::vector<std::optional<at::Tensor>>& w, double eps, int64_t max_m,
+    int64_t min_task_bytes, bool gemm, const at::Tensor& cos, const at::Tensor& sin,
+    int64_t heads, int64_t kv_heads, at::Tensor& k_buf, at::Tensor& v_buf,
+    const at::Tensor& slots, const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+    const at::Tensor& prefix_lens, const at::Tensor& extend_lens, double scale, int64_t window);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("isa") = RS_ISA_NAME;
   m.def("try_linear", &try_linear,
@@ -53,6 +62,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("try_split_rope_", &try_split_rope_,
         "(q, k, v) views of qkv with q and k rotated in place, or None if not applicable",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("try_decoder_layer", &try_decoder_layer,
+        "(mlp output, residual sum) of one decoder layer in one call, or None (layer.cpp)",
         py::call_guard<py::gil_scoped_release>());
   m.def("try_store_kv", &try_store_kv,
         "k_buf[slots] = k, v_buf[slots] = v; False (nothing written) if not applicable",

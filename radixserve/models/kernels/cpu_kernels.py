@@ -134,17 +134,7 @@ class CpuKernels:
         """``(x @ weight.T) * scale + bias``, through the skinny GEMM where it applies."""
         if self.module is not None and self.dense and x.is_cpu:
             if not torch.compiler.is_compiling():
-                dtype = weight.dtype
-                max_m = (
-                    self.bf16_max_m
-                    if dtype == torch.bfloat16
-                    else self.int8_max_m
-                    if dtype == torch.int8
-                    else MAX_M
-                )
-                gemm = (self.gemm and dtype != torch.float32) or (
-                    self.amx_int8 and dtype == torch.int8
-                )
+                max_m, gemm = self._route(weight.dtype)
                 y = self.module.try_linear(x, weight, scale, bias, max_m, MIN_TASK_BYTES, gemm)
                 if y is not None:
                     return y
@@ -154,6 +144,52 @@ class CpuKernels:
             if self.amx_int8:  # the AMX GEMM's rows
                 return torch_linear(q8_reference(x, x.shape[-1]), weight, bias, scale).to(x.dtype)
         return torch_linear(x, weight, bias, scale, fp32_compute=self.gemm_in_fp32)
+
+    def _route(self, dtype: torch.dtype) -> tuple[int, bool]:
+        """(most rows for the skinny GEMM, taller ones to the kernel's packed or AMX GEMM) for
+        weights of ``dtype``."""
+        if dtype == torch.bfloat16:
+            return self.bf16_max_m, self.gemm
+        if dtype == torch.int8:
+            return self.int8_max_m, self.gemm or self.amx_int8
+        return MAX_M, False
+
+    def decoder_layer(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        residual: torch.Tensor | None,
+        weights: list[torch.Tensor | None],  # see layer.cpp: 2 norms, 4 x (weight, scale, bias)
+        eps: float,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        attention: tuple[object, ...],  # CpuKernelBackend.fused_args: KV, rows, lengths, scale
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A whole decoder layer in one kernel call (``layer.cpp``), bit for bit the per-op
+        path; ``None`` where it does not apply (then the caller runs the per-op path)."""
+        if not (self._pointwise(x) and self.attention):
+            return None
+        weight = weights[2]
+        assert weight is not None
+        max_m, gemm = self._route(weight.dtype)
+        if x.shape[0] > max_m and not gemm:  # a linear would go to torch's GEMM
+            return None
+        done = self.module.try_decoder_layer(  # type: ignore[union-attr]
+            x,
+            residual,
+            weights,
+            eps,
+            max_m,
+            MIN_TASK_BYTES,
+            gemm,
+            cos,
+            sin,
+            heads,
+            kv_heads,
+            *attention,
+        )
+        return None if done is None else (done[0], done[1])
 
     def rms_norm(
         self,
