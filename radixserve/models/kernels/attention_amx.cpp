@@ -83,36 +83,13 @@ void softmax_rows(const Problem<bf16>& p, int64_t i, int64_t j0, AmxScratch& s) 
     }
     const VF sc = set1(p.scale);
     for (int64_t j = 0; j < kAk; j += W) store(sr + j, mul(load(sr + j), sc));
-    if (j0 + kAk - 1 > pos || (p.window > 0 && j0 <= pos - p.window)) {
-      for (int64_t j = 0; j < kAk; ++j) {
-        const int64_t key = j0 + j;
-        if (key > pos || (p.window > 0 && key <= pos - p.window)) sr[j] = kNegInf;
-      }
-    }
-    VF mx = set1(kNegInf);
-    for (int64_t j = 0; j < kAk; j += W) mx = max(mx, load(sr + j));
-    const float bmax = hmax(mx);
-    if (bmax == kNegInf) {
-      std::memset(pr, 0, kAk * sizeof(bf16));
-      continue;
-    }
-    const float m_old = s.m[row], m_new = std::max(m_old, bmax);
-    if (m_old != m_new) {
-      const float alpha = std::exp(m_old - m_new);  // 0 when m_old is -inf
-      s.l[row] *= alpha;
-      const VF a = set1(alpha);
-      float* o = &s.o[row * d];
-      for (int64_t c = 0; c < d; c += W) store(o + c, mul(load(o + c), a));
-      s.m[row] = m_new;
-    }
-    const VF mv = set1(m_new);
-    VF sum = zero();
-    for (int64_t j = 0; j < kAk; j += W) {
-      const VF e = exp_nonpos(sub(load(sr + j), mv));
-      sum = add(sum, e);
+    const auto to_bf16 = [pr](int64_t j, VF e) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + j), (__m256i)_mm512_cvtneps_pbh(e));
+    };
+    if (!softmax_step(sr, kAk, j0, pos, p.window, s.m[row], s.l[row], &s.o[row * d], d,
+                      to_bf16)) {
+      std::memset(pr, 0, kAk * sizeof(bf16));
     }
-    s.l[row] += hsum(sum);
   }
 }
 

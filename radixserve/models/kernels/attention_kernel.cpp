@@ -118,36 +118,10 @@ void tile_block(int64_t d, float scale, int64_t window, int64_t j0, int64_t nk, 
       std::fill(sr, sr + kBk, 0.0f);
       continue;
     }
-    if (j0 + kBk - 1 > pos || (window > 0 && j0 <= pos - window)) {
-      for (int64_t j = 0; j < kBk; ++j) {
-        const int64_t key = j0 + j;
-        if (key > pos || (window > 0 && key <= pos - window)) sr[j] = kNegInf;
-      }
-    }
-    VF mx = set1(kNegInf);
-    for (int64_t j = 0; j < kBk; j += W) mx = max(mx, load(sr + j));
-    const float bmax = hmax(mx);
-    if (bmax == kNegInf) {
+    const auto keep = [sr](int64_t j, VF e) { store(sr + j, e); };
+    if (!softmax_step(sr, kBk, j0, pos, window, s.m[row], s.l[row], &s.o[row * d], d, keep)) {
       std::fill(sr, sr + kBk, 0.0f);
-      continue;
     }
-    const float m_old = s.m[row], m_new = std::max(m_old, bmax);
-    if (m_old != m_new) {
-      const float alpha = std::exp(m_old - m_new);  // 0 when m_old is -inf
-      s.l[row] *= alpha;
-      const VF a = set1(alpha);
-      float* o = &s.o[row * d];
-      for (int64_t c = 0; c < d; c += W) store(o + c, mul(load(o + c), a));
-      s.m[row] = m_new;
-    }
-    const VF mv = set1(m_new);
-    VF sum = zero();
-    for (int64_t j = 0; j < kBk; j += W) {
-      const VF e = exp_nonpos(sub(load(sr + j), mv));
-      sum = add(sum, e);
-      store(sr + j, e);
-    }
-    s.l[row] += hsum(sum);
   }
   int64_t c0 = 0;
   for (; c0 + 2 * W <= d; c0 += 2 * W) pv_chunk<2>(d, nk, s, r0, c0);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -48,6 +49,43 @@ void run_dynamic(int64_t n, MakeState&& make_state, F&& fn) {
     auto state = make_state();
     for (int64_t i = next++; i < n; i = next++) fn(state, i);
   });
+}
+
+// One query row's online-softmax step against n scaled scores sr (keys j0 ..; n a multiple of
+// W): masks the keys the row at pos may not see (after it, or outside the window), and where
+// its running max m grows, rescales its sum l and output o [d]. Then emit(j, e) takes each W
+// lanes of e = exp(sr - m) (the probabilities before normalising), whose sum is added to l.
+// Returns false, emitting nothing, when no key is visible.
+template <class Emit>
+inline bool softmax_step(float* sr, int64_t n, int64_t j0, int64_t pos, int64_t window,
+                         float& m, float& l, float* o, int64_t d, Emit&& emit) {
+  if (j0 + n - 1 > pos || (window > 0 && j0 <= pos - window)) {
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t key = j0 + j;
+      if (key > pos || (window > 0 && key <= pos - window)) sr[j] = kNegInf;
+    }
+  }
+  VF mx = set1(kNegInf);
+  for (int64_t j = 0; j < n; j += W) mx = max(mx, load(sr + j));
+  const float bmax = hmax(mx);
+  if (bmax == kNegInf) return false;
+  const float m_new = std::max(m, bmax);
+  if (m != m_new) {
+    const float alpha = std::exp(m - m_new);  // 0 when m is -inf
+    l *= alpha;
+    const VF a = set1(alpha);
+    for (int64_t c = 0; c < d; c += W) store(o + c, mul(load(o + c), a));
+    m = m_new;
+  }
+  const VF mv = set1(m_new);
+  VF sum = zero();
+  for (int64_t j = 0; j < n; j += W) {
+    const VF e = exp_nonpos(sub(load(sr + j), mv));
+    sum = add(sum, e);
+    emit(j, e);
+  }
+  l += hsum(sum);
+  return true;
 }
 
 // The tasks of a bf16 batch on AMX tiles (attention_amx.cpp; the amx variant only, where
