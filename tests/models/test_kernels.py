@@ -96,10 +96,10 @@ def test_skinny_matches_reference(
         q8 = Q8_BLOCK if w_dtype == torch.int8 else None
         _assert_close(y, x, w, b, q8)
         routed = variant_kernels.linear(x, wk, b, scale)  # the dispatching route
-        if q8 and m > variant_kernels.int8_max_m and variant_kernels.gemm:
-            _assert_close(routed, x, w, b)  # the packed GEMM: x not quantized
-        elif q8 and m > variant_kernels.int8_max_m and variant_kernels.amx_int8:
+        if q8 and m > variant_kernels.int8_max_m and variant_kernels.amx_int8:
             _assert_close(routed, x, w, b, k)  # the AMX GEMM: x quantized per row
+        elif q8 and m > variant_kernels.int8_max_m and variant_kernels.int8_gemm:
+            _assert_close(routed, x, w, b)  # the packed GEMM: x not quantized
         elif q8 and m > variant_kernels.int8_max_m:
             fp32 = variant_kernels.gemm_in_fp32
             assert torch.equal(routed, torch_linear(x, wk, b, scale, fp32_compute=fp32))
@@ -277,6 +277,7 @@ def test_packed_gemm_layouts_routing_and_threads(variant_kernels: CpuKernels) ->
     assert k.gemm == (k.variant in PACKED_GEMM_VARIANTS)  # avx2: no native bf16 in its CPUs
     if want is not None:
         assert torch.equal(k.linear(x, w), want)
+    if k.int8_gemm:  # int8 past int8_max_m rows: the kernels' packed (or AMX) GEMM
         q, scale = quantize_int8(w.float())
         assert torch.equal(
             k.linear(x, q, None, scale), k.module.try_linear(x, q, scale, None, MAX_M, 1, True)
@@ -320,14 +321,15 @@ def test_routing_follows_the_variant_not_the_cpu() -> None:
     """Each variant routes as a CPU of that variant would, whatever this CPU has: so
     ``RADIXSERVE_CPU_ISA=avx2`` on an AMX Xeon routes as an AVX2 CPU (packed GEMM, fp32 GEMMs)."""
     avx2 = CpuKernels.routing("avx2")
-    assert avx2.gemm and avx2.gemm_in_fp32 and not avx2.amx_int8
+    assert avx2.gemm and avx2.int8_gemm and avx2.gemm_in_fp32 and not avx2.amx_int8
     assert (avx2.bf16_max_m, avx2.int8_max_m) == (GEMM_BF16_MAX_M, GEMM_INT8_MAX_M)
     for name in ("avx512", "avx512_bf16", "neon"):
         k = CpuKernels.routing(name)
         assert not k.gemm and not k.amx_int8 and (k.bf16_max_m, k.int8_max_m) == (MAX_M, MAX_M)
         assert k.gemm_in_fp32 == (name != "avx512_bf16")
+        assert k.int8_gemm == (name == "avx512_bf16")  # int8 past MAX_M rows: the packed GEMM
     amx = CpuKernels.routing("amx")
-    assert amx.amx_int8 and not amx.gemm and not amx.gemm_in_fp32
+    assert amx.amx_int8 and amx.int8_gemm and not amx.gemm and not amx.gemm_in_fp32
     assert (amx.bf16_max_m, amx.int8_max_m) == (AMX_BF16_MAX_M, AMX_INT8_MAX_M) < (MAX_M, MAX_M)
     assert CpuKernels.routing("amx").module is None  # the decision alone, nothing built
 

@@ -75,6 +75,13 @@ PACKED_GEMM_VARIANTS = frozenset({"avx2"})
 """Variants whose packed GEMM is measured and used (on CPUs without native bf16); the others are
 built and tested with it but keep torch's GEMM until measured on their CPUs."""
 
+INT8_PACKED_GEMM_VARIANTS = frozenset({"avx512_bf16"})
+"""Variants with native bf16 but no AMX whose int8 products taller than ``MAX_M`` rows go to the
+packed GEMM: torch would widen every weight to bf16 per call. Measured on an AMX Xeon forced to
+this variant (``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16``, 2 threads, ``gemm_bench.py --int8``, one
+0.5B layer, GFLOP/s): M = 128: packed 253, skinny 251, torch 191; M = 512: packed 280, skinny
+198, torch 187."""
+
 MIN_TASK_BYTES = 64 * 1024
 """Weight bytes per thread task; a smaller product runs on one thread."""
 
@@ -89,6 +96,7 @@ class CpuKernels:
     attention: bool = False  # the cpu_kernel attention backend may run
     gemm_in_fp32: bool = False  # large bf16 products run torch's GEMM in float32
     gemm: bool = False  # larger bf16/int8 products run gemm.cpp's packed GEMM, not torch's
+    int8_gemm: bool = False  # int8 products taller than int8_max_m stay in the kernels
     bf16_max_m: int = MAX_M  # most rows of x for the skinny GEMM with bf16 weights
     int8_max_m: int = MAX_M  # the same with int8 weights
     amx_int8: bool = False  # int8 products taller than int8_max_m on AMX tiles, x per row
@@ -121,6 +129,7 @@ class CpuKernels:
             gemm=gemm,
             bf16_max_m=AMX_BF16_MAX_M if amx else GEMM_BF16_MAX_M if gemm else MAX_M,
             int8_max_m=AMX_INT8_MAX_M if amx else GEMM_INT8_MAX_M if gemm else MAX_M,
+            int8_gemm=gemm or amx or variant in INT8_PACKED_GEMM_VARIANTS,
             amx_int8=amx,
         )
 
@@ -151,7 +160,7 @@ class CpuKernels:
         if dtype == torch.bfloat16:
             return self.bf16_max_m, self.gemm
         if dtype == torch.int8:
-            return self.int8_max_m, self.gemm or self.amx_int8
+            return self.int8_max_m, self.int8_gemm
         return MAX_M, False
 
     def decoder_layer(
