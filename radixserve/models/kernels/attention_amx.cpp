@@ -95,40 +95,26 @@ void softmax_rows(const Problem<bf16>& p, int64_t i, int64_t j0, AmxScratch& s) 
 
 void run_task_amx(const Problem<bf16>& p, const Task& t, AmxScratch& s) {
   const TileScope tiles;
-  const int64_t g = p.g, d = p.d, chunks = d / 32;
-  const int64_t rows = (t.t1 - t.t0) * g, tiles_m = (rows + kTileRows - 1) / kTileRows;
+  const int64_t d = p.d, chunks = d / 32;
+  const int64_t rows = (t.t1 - t.t0) * p.g, tiles_m = (rows + kTileRows - 1) / kTileRows;
   const int64_t padded = tiles_m * kTileRows;
-  int64_t pmax = -1, pmin = std::numeric_limits<int64_t>::max();
-  for (int64_t r = 0; r < padded; ++r) {
+  const auto copy_q = [&](int64_t r, const bf16* qs) {
     bf16* qd = &s.q[r * d];
-    if (r < rows) {
-      const int64_t tok = t.t0 + r / g;
-      s.pos[r] = p.prefix[t.b] + tok;
-      const bf16* qs = p.q + (p.q_start[t.b] + tok) * p.q_stride + (t.h * g + r % g) * d;
-      std::memcpy(qd, qs, d * sizeof(bf16));
-      pmin = std::min(pmin, s.pos[r]);
-      pmax = std::max(pmax, s.pos[r]);
-    } else {
-      s.pos[r] = -1;
+    if (qs == nullptr) {
       std::memset(qd, 0, d * sizeof(bf16));
+    } else {
+      std::memcpy(qd, qs, d * sizeof(bf16));
     }
-    s.m[r] = kNegInf;
-    s.l[r] = 0.0f;
-  }
+  };
+  const auto [pmin, pmax] =
+      init_rows(p, t, padded, s.pos.data(), s.m.data(), s.l.data(), copy_q);
   std::fill(s.o.begin(), s.o.begin() + padded * d, 0.0f);
   const int32_t* slots = p.req_to_token + p.row[t.b] * p.r2t_stride;
   const int64_t first = p.window > 0 ? std::max<int64_t>(0, pmin - p.window + 1) / kAk * kAk : 0;
   for (int64_t j0 = first; j0 <= pmax; j0 += kAk) {
     pack_block(p, slots, t.h, j0, std::min(kAk, p.seq[t.b] - j0), s);
     for (int64_t i = 0; i < tiles_m; ++i) {
-      int64_t tmin = std::numeric_limits<int64_t>::max(), tmax = -1;
-      for (int64_t r = i * kTileRows; r < (i + 1) * kTileRows; ++r) {
-        if (s.pos[r] < 0) continue;
-        tmin = std::min(tmin, s.pos[r]);
-        tmax = std::max(tmax, s.pos[r]);
-      }
-      if (tmax < j0) continue;  // nothing visible yet (also: all padding)
-      if (p.window > 0 && j0 + kAk - 1 <= tmin - p.window) continue;
+      if (!rows_see_block(&s.pos[i * kTileRows], kTileRows, j0, kAk, p.window)) continue;
       _tile_zero(0);
       _tile_zero(1);
       for (int64_t c = 0; c < chunks; ++c) {
@@ -154,12 +140,7 @@ void run_task_amx(const Problem<bf16>& p, const Task& t, AmxScratch& s) {
       }
     }
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t tok = t.t0 + r / g;
-    bf16* dst = p.out + ((p.q_start[t.b] + tok) * p.H + t.h * g + r % g) * d;
-    const VF inv = set1(s.l[r] > 0.0f ? 1.0f / s.l[r] : 0.0f);
-    for (int64_t c = 0; c < d; c += W) store(dst + c, mul(load(&s.o[r * d + c]), inv));
-  }
+  store_rows(p, t, s.o.data(), s.l.data());
 }
 }  // namespace
 

@@ -130,48 +130,29 @@ void tile_block(int64_t d, float scale, int64_t window, int64_t j0, int64_t nk, 
 
 template <class T>
 void run_task(const Problem<T>& p, const Task& t, Scratch& s) {
-  const int64_t g = p.g, d = p.d;
-  const int64_t rows = (t.t1 - t.t0) * g, padded = (rows + kTile - 1) / kTile * kTile;
-  int64_t pmin = std::numeric_limits<int64_t>::max(), pmax = -1;
-  for (int64_t r = 0; r < padded; ++r) {
+  const int64_t d = p.d;
+  const int64_t rows = (t.t1 - t.t0) * p.g, padded = (rows + kTile - 1) / kTile * kTile;
+  const auto widen_q = [&](int64_t r, const T* qs) {
     float* qd = &s.q[r * d];
-    if (r < rows) {
-      const int64_t tok = t.t0 + r / g;  // token index within request
-      s.pos[r] = p.prefix[t.b] + tok;
-      const T* qs = p.q + (p.q_start[t.b] + tok) * p.q_stride + (t.h * g + r % g) * d;
-      for (int64_t c = 0; c < d; c += W) store(qd + c, load(qs + c));
-      pmin = std::min(pmin, s.pos[r]);
-      pmax = std::max(pmax, s.pos[r]);
-    } else {
-      s.pos[r] = -1;
+    if (qs == nullptr) {
       std::fill(qd, qd + d, 0.0f);
+      return;
     }
-    s.m[r] = kNegInf;
-    s.l[r] = 0.0f;
-  }
+    for (int64_t c = 0; c < d; c += W) store(qd + c, load(qs + c));
+  };
+  const auto [pmin, pmax] =
+      init_rows(p, t, padded, s.pos.data(), s.m.data(), s.l.data(), widen_q);
   std::fill(s.o.begin(), s.o.begin() + padded * d, 0.0f);
   const int32_t* slots = p.req_to_token + p.row[t.b] * p.r2t_stride;
   const int64_t first = p.window > 0 ? std::max<int64_t>(0, pmin - p.window + 1) / kBk * kBk : 0;
   for (int64_t j0 = first; j0 <= pmax; j0 += kBk) {
     widen_block(p, slots, t.h, j0, std::min(kBk, p.seq[t.b] - j0), s);
     for (int64_t r0 = 0; r0 < padded; r0 += kTile) {
-      int64_t tmin = std::numeric_limits<int64_t>::max(), tmax = -1;
-      for (int64_t r = r0; r < r0 + kTile; ++r) {
-        if (s.pos[r] < 0) continue;
-        tmin = std::min(tmin, s.pos[r]);
-        tmax = std::max(tmax, s.pos[r]);
-      }
-      if (tmax < j0) continue;  // nothing visible yet (also: all padding)
-      if (p.window > 0 && j0 + kBk - 1 <= tmin - p.window) continue;  // all left of the window
+      if (!rows_see_block(&s.pos[r0], kTile, j0, kBk, p.window)) continue;
       tile_block(d, p.scale, p.window, j0, std::min(kBk, p.seq[t.b] - j0), s, r0);
     }
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t tok = t.t0 + r / g;
-    T* dst = p.out + ((p.q_start[t.b] + tok) * p.H + t.h * g + r % g) * d;
-    const VF inv = set1(s.l[r] > 0.0f ? 1.0f / s.l[r] : 0.0f);
-    for (int64_t c = 0; c < d; c += W) store(dst + c, mul(load(&s.o[r * d + c]), inv));
-  }
+  store_rows(p, t, s.o.data(), s.l.data());
 }
 
 

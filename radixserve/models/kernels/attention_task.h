@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "simd.h"
@@ -49,6 +50,57 @@ void run_dynamic(int64_t n, MakeState&& make_state, F&& fn) {
     auto state = make_state();
     for (int64_t i = next++; i < n; i = next++) fn(state, i);
   });
+}
+
+// The query rows of task t, padded to `padded`: row r is query head t.h * g + r % g of token
+// t.t0 + r / g. Sets pos[r] (-1 for padding), m[r] = -inf, l[r] = 0, and calls
+// load_q(r, q_row) for real rows and load_q(r, nullptr) for padding (to zero its row); returns
+// the lowest and highest position.
+template <class T, class LoadQ>
+inline std::pair<int64_t, int64_t> init_rows(const Problem<T>& p, const Task& t, int64_t padded,
+                                              int64_t* pos, float* m, float* l, LoadQ&& load_q) {
+  const int64_t g = p.g, d = p.d, rows = (t.t1 - t.t0) * g;
+  int64_t pmin = std::numeric_limits<int64_t>::max(), pmax = -1;
+  for (int64_t r = 0; r < padded; ++r) {
+    if (r < rows) {
+      const int64_t tok = t.t0 + r / g;  // token index within request
+      pos[r] = p.prefix[t.b] + tok;
+      load_q(r, p.q + (p.q_start[t.b] + tok) * p.q_stride + (t.h * g + r % g) * d);
+      pmin = std::min(pmin, pos[r]);
+      pmax = std::max(pmax, pos[r]);
+    } else {
+      pos[r] = -1;
+      load_q(r, static_cast<const T*>(nullptr));
+    }
+    m[r] = kNegInf;
+    l[r] = 0.0f;
+  }
+  return {pmin, pmax};
+}
+
+// Whether any of the n rows at pos (-1: padding) sees a key in [j0, j0 + block).
+inline bool rows_see_block(const int64_t* pos, int64_t n, int64_t j0, int64_t block,
+                           int64_t window) {
+  int64_t tmin = std::numeric_limits<int64_t>::max(), tmax = -1;
+  for (int64_t r = 0; r < n; ++r) {
+    if (pos[r] < 0) continue;
+    tmin = std::min(tmin, pos[r]);
+    tmax = std::max(tmax, pos[r]);
+  }
+  if (tmax < j0) return false;  // nothing visible yet (also: all padding)
+  return !(window > 0 && j0 + block - 1 <= tmin - window);  // all left of the window
+}
+
+// The output of task t: each real row's o [d] over its sum l, rounded once to T.
+template <class T>
+inline void store_rows(const Problem<T>& p, const Task& t, const float* o, const float* l) {
+  const int64_t g = p.g, d = p.d, rows = (t.t1 - t.t0) * g;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t tok = t.t0 + r / g;
+    T* dst = p.out + ((p.q_start[t.b] + tok) * p.H + t.h * g + r % g) * d;
+    const VF inv = set1(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+    for (int64_t c = 0; c < d; c += W) store(dst + c, mul(load(&o[r * d + c]), inv));
+  }
 }
 
 // One query row's online-softmax step against n scaled scores sr (keys j0 ..; n a multiple of
