@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 SCHEDULE_POLICIES = ("fcfs", "lof", "random", "lpm", "dfs-weight")
 QUANTIZATIONS = ("int8",)
@@ -89,9 +90,19 @@ class EngineConfig:
     disable_cpu_attention_kernel: bool = field(
         default_factory=lambda: bool(_env_int("RADIXSERVE_DISABLE_CPU_ATTENTION_KERNEL"))
     )
+    # LoRA adapters (docs/lora.md): (name, directory) served from the start, more loaded at
+    # run time; at most max_loras_per_batch distinct ones per batch, max_loaded_loras in memory
+    # (None: all), ranks up to max_lora_rank
+    lora_paths: tuple[tuple[str, str], ...] = ()
+    max_loras_per_batch: int = 8
+    max_loaded_loras: int | None = None
+    max_lora_rank: int = 64
     constants: SchedulerConstants = field(default_factory=SchedulerConstants)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "lora_paths", lora_path_pairs(self.lora_paths))
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(
                 f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}"
@@ -252,3 +263,17 @@ def default_model_dir() -> str:
     if explicit:
         return os.path.expanduser(explicit)
     return os.path.join(cache_dir(), "default-model")
+
+
+def lora_path_pairs(value: Any) -> tuple[tuple[str, str], ...]:
+    """``--lora-paths`` as SGLang takes them: ``NAME=DIR`` or ``DIR`` (named by itself)
+    strings, a ``{name: dir}`` mapping, or ``(name, dir)`` pairs -> ``(name, dir)`` pairs."""
+    items = value.items() if isinstance(value, dict) else value or ()
+    pairs = []
+    for item in items:
+        if isinstance(item, str):
+            name, sep, path = item.partition("=")
+            item = (name, path) if sep else (item, item)
+        name, path = item
+        pairs.append((str(name), str(path)))
+    return tuple(pairs)

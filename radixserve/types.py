@@ -172,7 +172,8 @@ class Req:
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     priority: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
-    extra_key: str | None = None
+    extra_key: str | None = None  # its radix-cache namespace (its adapter's, then the caller's)
+    lora_id: str | None = None  # the uid of its LoRA adapter (None: the base model)
     eos_token_ids: frozenset[int] = frozenset()
     return_logprob: bool = False
     top_logprobs_num: int = 0

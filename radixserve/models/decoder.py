@@ -101,6 +101,9 @@ class Attention(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:  # x [num_tokens, hidden] -> [num_tokens, hidden]
         qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
+        lora = batch.lora
+        if lora is not None:
+            lora.add(self.layer_id, "qkv_proj", x, qkv)
         qk_norm = (self.qk_norm_weight, self.eps) if self.qk_norm else None
         q, k, v = self.kernels.split_rope(
             qkv, self.num_heads, self.num_kv_heads, cos, sin, qk_norm
@@ -109,7 +112,10 @@ class Attention(nn.Module):
             o = backend.forward_decode(q, k, v, self.layer_id, batch)
         else:
             o = backend.forward_extend(q, k, v, self.layer_id, batch)
-        return self.tp.all_reduce(self.o_proj(o))  # o [num_tokens, heads * head_dim]
+        out = self.o_proj(o)  # o [num_tokens, heads * head_dim]
+        if lora is not None:
+            lora.add(self.layer_id, "o_proj", o, out)
+        return self.tp.all_reduce(out)
 
 
 class DecoderLayer(nn.Module):
@@ -149,7 +155,7 @@ class DecoderLayer(nn.Module):
             h, residual = self.input_layernorm(x, residual)
         h = self.self_attn(h, cos, sin, batch, backend)
         h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        return self.mlp(h, batch.lora, self.self_attn.layer_id), residual
 
     def _fused(
         self,
@@ -164,7 +170,12 @@ class DecoderLayer(nn.Module):
         step), bit for bit what the op-by-op path below computes; ``None`` where it does not
         apply (tensor parallel, q/k norms, another attention backend, torch's GEMM)."""
         attn, mlp = self.self_attn, self.mlp
-        if attn.tp.size > 1 or attn.qk_norm or self.input_layernorm.eps != attn.eps:
+        if (
+            batch.lora is not None
+            or attn.tp.size > 1
+            or attn.qk_norm
+            or self.input_layernorm.eps != attn.eps
+        ):
             return None
         attention = backend.fused_args(attn.layer_id, batch)
         if attention is None:

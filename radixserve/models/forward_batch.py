@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from radixserve.models.lora import LoraBatch
+
 
 class ForwardMode(enum.Enum):
     EXTEND = "extend"  # new tokens of each request on top of a cached prefix (length >= 0)
@@ -49,6 +51,8 @@ class ForwardBatch:
     # EXTEND only, per request: None, or an offset ``s`` inside the request's extend tokens; the
     # runner then also returns log P(token[j + 1] | tokens <= j) for extend offsets j in [s, len - 1)
     input_logprob_start: list[int | None] | None = None
+    # the LoRA adapters of its requests, as segments of its token rows (None: the base alone)
+    lora: LoraBatch | None = None
 
     @property
     def batch_size(self) -> int:

@@ -17,6 +17,7 @@ from torch import nn
 
 from radixserve.models.kernels import TORCH_ONLY, CpuKernels, quantize_int8
 from radixserve.models.kernels.pointwise import apply_rotary
+from radixserve.models.lora import LoraBatch
 from radixserve.models.model_config import RopeConfig
 from radixserve.models.parallel import SINGLE, TPGroup
 
@@ -212,7 +213,14 @@ class SwiGLUMLP(nn.Module):
         self.gate_up_proj = Linear(hidden, 2 * inter, bias, dtype, device, kernels)
         self.down_proj = Linear(inter, hidden, bias and tp.rank == 0, dtype, device, kernels)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
+    def forward(
+        self, x: torch.Tensor, lora: LoraBatch | None = None, layer_id: int = 0
+    ) -> torch.Tensor:  # [num_tokens, hidden]; ``lora``: the batch's adapters, at ``layer_id``
         gate_up = self.gate_up_proj(x)  # [num_tokens, 2 * inter]
-        out = self.down_proj(self.kernels.silu_mul(gate_up))
+        if lora is not None:
+            lora.add(layer_id, "gate_up_proj", x, gate_up)
+        act = self.kernels.silu_mul(gate_up)
+        out = self.down_proj(act)
+        if lora is not None:
+            lora.add(layer_id, "down_proj", act, out)
         return self.tp.all_reduce(out)

@@ -18,7 +18,7 @@ returns is a :class:`PrefillPlan` (data), which the ``KVManager`` commits all or
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from radixserve.policy.admission_config import AdmissionConfig
 from radixserve.policy.ignore_eos import ReqState, ignore_eos_fits, req_state
@@ -66,6 +66,7 @@ class PrefillAdder:
         matches: Mapping[Req, MatchResult] | None = None,
         deprioritized: frozenset[str] = frozenset(),
         chunked_req: Req | None = None,
+        gate: Callable[[Req, Sequence[Req]], bool] | None = None,
     ) -> PrefillPlan:
         """Admission for one pass: ``chunked_req`` continues first, then ``waiting_queue``
         (already ordered by ``SchedulePolicy.calc_priority``) is offered in order.
@@ -76,7 +77,9 @@ class PrefillAdder:
         overtakes a refused one. ``deprioritized`` (``Ordering.deprioritized``): once something
         is admitted, these wait for the next pass, when the prefix they share with an admitted
         request is cached (seed 004 section 4). SGLang only moves them to the back, so with
-        room they join the same batch and recompute it.
+        room they join the same batch and recompute it. ``gate(req, admitted)``: may ``req``
+        join the requests admitted so far (the runtime's LoRA adapters per batch)? The pass
+        stops at the first it refuses, as at any refusal.
         """
         has_chunked_req = chunked_req is not None
         if chunked_req is not None:
@@ -85,6 +88,8 @@ class PrefillAdder:
         for req in waiting_queue:
             if req.rid in deprioritized and self.result.admitted:
                 continue
+            if gate is not None and not gate(req, self.result.reqs):
+                break
             self.add_one_req(req, has_chunked_req, matches.get(req))
             if req in self._admitted:
                 continue

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any
 
-from radixserve.types import FinishReason, SamplingParams
+from radixserve.types import FinishReason, Req, SamplingParams
 
 
 class QueueFull(ValueError):
@@ -29,6 +29,32 @@ class GenerateRequest:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     logprob_start_len: int = -1  # >= 0: also return logprobs of prompt tokens from this index
+    lora_name: str | None = None  # the LoRA adapter it runs under (None: the base model)
+
+    def to_req(
+        self,
+        arrival_time: float,
+        eos_token_ids: frozenset[int],
+        grammar: Any,
+        lora_id: str | None,
+        namespace: str | None,
+    ) -> Req:
+        """The scheduler's record of this request: queued at ``arrival_time`` under adapter
+        ``lora_id`` in the radix-cache ``namespace`` (``runtime/lora_manager.py``)."""
+        return Req(
+            rid=self.rid,
+            origin_input_ids=list(self.input_ids),
+            sampling_params=self.sampling_params,
+            priority=self.priority,
+            arrival_time=arrival_time,
+            extra_key=namespace,
+            lora_id=lora_id,
+            eos_token_ids=eos_token_ids,
+            return_logprob=self.return_logprob,
+            top_logprobs_num=self.top_logprobs_num,
+            logprob_start_len=self.logprob_start_len,
+            grammar=grammar,
+        )
 
 
 @dataclass(slots=True)

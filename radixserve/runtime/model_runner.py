@@ -23,6 +23,7 @@ from radixserve.models.attention.registry import create_attention_backend
 from radixserve.models.forward_batch import ForwardBatch
 from radixserve.models.kernels import CpuKernels
 from radixserve.models.loader import load_model
+from radixserve.models.lora import LoraAdapter, load_adapter
 from radixserve.models.numerics import cpu_kernels_for, model_dtype
 from radixserve.models.parallel import SINGLE, TPGroup
 from radixserve.runtime.tp_batch import BatchSender
@@ -112,6 +113,14 @@ class ModelRunner:
     @property
     def vocab_size(self) -> int:
         return self.model_config.vocab_size
+
+    def load_lora(self, path: str) -> LoraAdapter:
+        """The PEFT adapter at ``path`` in this model's dtype and device (``ValueError`` if it
+        cannot apply to this model; ``runtime/lora_manager.py`` calls it)."""
+        if self.tp_ranks is not None:
+            raise ValueError("LoRA adapters are not served with tensor parallelism (tp_size > 1)")
+        max_rank = self.config.max_lora_rank
+        return load_adapter(path, self.model_config, self.dtype, self.device, max_rank)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> LogitsOutput:

@@ -24,6 +24,7 @@ from radixserve.policy import AdmissionConfig, PrefillAdder, PrefillPlan, Schedu
 from radixserve.runtime.grammar import GrammarFactory
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.kv_manager import KVManager
+from radixserve.runtime.lora_manager import AdapterLoader, LoraManager
 from radixserve.runtime.model_worker import BatchResult, Worker
 from radixserve.runtime.output_processor import advance, make_output
 from radixserve.runtime.request_limits import RequestLimits
@@ -52,6 +53,7 @@ class Scheduler:
         kv: KVManager | None = None,
         worker: Worker | None = None,
         clock: Callable[[], float] = time.monotonic,
+        lora_loader: AdapterLoader | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -59,6 +61,7 @@ class Scheduler:
         self.tokenizer = tokenizer
         if worker is None:
             kv, worker = build_model_worker(config, kv)
+            lora_loader = worker.runner.load_lora
         if kv is None:
             raise ValueError("a Scheduler given a worker needs its kv too")
         self.kv = kv
@@ -93,6 +96,9 @@ class Scheduler:
         self.grammars = GrammarFactory(tokenizer, worker.vocab_size, self.eos_token_ids)
         self.enable_jump_forward = not config.disable_jump_forward
         self.swap = config.preemption_mode == "swap"  # sent-back KV goes to the tier
+        self.loras = LoraManager(lora_loader, config.max_loras_per_batch, config.max_loaded_loras)
+        for name, path in config.lora_paths:
+            self.loras.load(name, path)
 
     # ---- requests in -----------------------------------------------------------------------
     def add_request(self, request: GenerateRequest) -> None:
@@ -104,19 +110,8 @@ class Scheduler:
             raise ValueError(f"a request with rid {request.rid!r} is already running")
         self.limits.check(request, len(self.waiting))
         grammar = self.grammars.for_key(params.grammar_key, params.grammar_after_token)
-        req = Req(
-            rid=request.rid,
-            origin_input_ids=list(request.input_ids),
-            sampling_params=params,
-            priority=request.priority,
-            arrival_time=self.clock(),
-            extra_key=request.extra_key,
-            eos_token_ids=self.eos_token_ids,
-            return_logprob=request.return_logprob,
-            top_logprobs_num=request.top_logprobs_num,
-            logprob_start_len=request.logprob_start_len,
-            grammar=grammar,
-        )
+        lora_id, namespace = self.loras.acquire(request.lora_name, request.extra_key)
+        req = request.to_req(self.clock(), self.eos_token_ids, grammar, lora_id, namespace)
         self.reqs[req.rid] = req
         self.waiting.append(req)
 
@@ -201,7 +196,10 @@ class Scheduler:
         adder = PrefillAdder(
             self.admission, self.kv, self.running.reqs, self.new_token_ratio, max(max_new_reqs, 0)
         )
-        plan = adder.plan(self.waiting, ordering.matches, ordering.deprioritized, self.chunked_req)
+        gate = self.loras.gate([*self.running.reqs, *filter(None, [self.chunked_req])])
+        plan = adder.plan(
+            self.waiting, ordering.matches, ordering.deprioritized, self.chunked_req, gate
+        )
         return self._commit(plan)
 
     def _commit(self, plan: PrefillPlan) -> ScheduleBatch | None:
@@ -224,6 +222,7 @@ class Scheduler:
             a.req.cached_tokens_tier += a.load_len
         self.chunked_req = plan.chunked
         batch = ScheduleBatch.extend(plan.admitted, slots, self.device)
+        self.loras.attach(batch, keep=self.running.reqs)
         self.stats.on_prefill(batch, new)
         return batch
 
@@ -248,6 +247,7 @@ class Scheduler:
                     self._abort_running("out of KV memory: the pool cannot hold even one request")
                 return None
         batch = self.running.next_step(slots, lens, self.device)
+        self.loras.attach(batch)
         if lens is not None:  # forced tokens: one extend step over the running batch
             self.stats.num_jump_batches += 1
         c = self.constants
@@ -299,6 +299,7 @@ class Scheduler:
         self.running.filter(drop={req})
         if self.chunked_req is req:
             self.chunked_req = None
+        self.loras.release(req)
         if release:
             self.kv.release(req)
 
@@ -378,6 +379,7 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.reqs.values())
+        self.loras.check_integrity(self.reqs.values())
 
     def get_stats(self) -> dict[str, Any]:
         num_running = len(self.running) + (self.chunked_req is not None)

@@ -74,10 +74,12 @@ class Engine:
         rid: str | list[str] | None = None,
         extra_key: str | None = None,
         stream: bool = False,
+        lora_path: str | list[str | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (a dict) or a batch (a list of dicts, in order), in the
         shape of ``/generate`` (``server/result.py``); ``stream`` (single prompt only) yields
-        dicts whose ``text`` and ``output_ids`` are the new part since the last one."""
+        dicts whose ``text`` and ``output_ids`` are the new part since the last one.
+        ``lora_path``: the name of a loaded LoRA adapter (SGLang's field), or one per prompt."""
         started = time.monotonic()
         batch = isinstance(prompt, list) or (
             input_ids is not None and len(input_ids) > 0 and isinstance(input_ids[0], list)
@@ -86,14 +88,16 @@ class Engine:
         n = len(ids_list)
         raw_params = _per_item(sampling_params, n)
         prios = priority if isinstance(priority, list) else [priority] * n
+        loras = lora_path if isinstance(lora_path, list) else [lora_path] * n
         rids = (
             rid
             if isinstance(rid, list)
             else ([rid] if rid is not None else [new_rid() for _ in range(n)])
         )
-        if len(raw_params) != n or len(prios) != n or len(rids) != n:
+        if len(raw_params) != n or len(prios) != n or len(rids) != n or len(loras) != n:
             raise ValueError(
-                "per-item sampling_params, priority and rid must match the number of prompts"
+                "per-item sampling_params, priority, rid and lora_path must match the number "
+                "of prompts"
             )
         if stream and batch:
             raise ValueError("stream=True takes a single prompt")
@@ -103,10 +107,18 @@ class Engine:
         requests = [
             self.validator.check(
                 GenerateRequest(
-                    r, ids, p, pr, extra_key, return_logprob, top_logprobs_num, logprob_start_len
+                    r,
+                    ids,
+                    p,
+                    pr,
+                    extra_key,
+                    return_logprob,
+                    top_logprobs_num,
+                    logprob_start_len,
+                    lora_name=lora,
                 )
             )
-            for r, ids, p, pr in zip(rids, ids_list, params, prios, strict=True)
+            for r, ids, p, pr, lora in zip(rids, ids_list, params, prios, loras, strict=True)
         ]
         self._submit(requests)
         with_text = return_text_in_logprobs and self.tokenizer is not None
@@ -118,6 +130,19 @@ class Engine:
 
     def abort(self, rid: str) -> None:
         self._call(lambda: self.scheduler.abort_request(rid))
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> None:
+        """Serve the PEFT adapter at ``lora_path`` as ``lora_name`` (``ValueError`` if it
+        cannot: see ``runtime/lora_manager.py``)."""
+        self._call(lambda: self.scheduler.loras.load(lora_name, lora_path))
+
+    def unload_lora_adapter(self, lora_name: str) -> None:
+        """Stop serving ``lora_name``; its requests in flight finish under it."""
+        self._call(lambda: self.scheduler.loras.unload(lora_name))
+
+    def lora_adapters(self) -> dict[str, str]:
+        """name -> directory of every adapter served."""
+        return dict(self._call(self.scheduler.loras.adapters))
 
     def flush_cache(self) -> bool:
         return bool(self._call(self.scheduler.flush_cache))

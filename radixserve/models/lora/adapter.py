@@ -1,0 +1,206 @@
+"""A PEFT LoRA adapter, read for one base model: per layer, a low-rank delta of each merged
+projection it targets.
+
+PEFT saves ``adapter_config.json`` (``r``, ``lora_alpha``, ``use_rslora``, ``target_modules``,
+``rank_pattern``, ``alpha_pattern``) and ``adapter_model.safetensors`` with tensors named
+``base_model.model.model.layers.{i}.{self_attn|mlp}.{proj}.lora_{A|B}.weight``: A ``[r, in]``,
+B ``[out, r]``; PEFT adds ``scaling * B(A(x))`` to the projection's output, with ``scaling =
+alpha / r`` (``alpha / sqrt(r)`` under rsLoRA).
+
+The decoder merges q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``, so one
+:class:`LoraDelta` per merged projection stacks its parts: ``a`` is the parts' A matrices one
+under the other ``[sum r, in]``, ``b`` places each part's ``scaling * B`` at its output rows and
+its own rank columns ``[out, sum r]`` (zero elsewhere). ``(x @ a.T) @ b.T`` is then the sum of
+the parts' deltas, each in its own output columns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from radixserve.models.model_config import ModelConfig
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+
+# PEFT's module name -> (our merged projection, part index)
+TARGETS = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "o_proj": ("o_proj", 0),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+    "down_proj": ("down_proj", 0),
+}
+_KEY = re.compile(
+    r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LoraDelta:
+    """One merged projection's delta: ``y += (x @ a.T) @ b.T``."""
+
+    a: torch.Tensor  # [sum of the parts' ranks, in]
+    b: torch.Tensor  # [out, sum of the parts' ranks], each part's scaling folded in
+
+
+@dataclass(frozen=True, slots=True)
+class LoraAdapter:
+    """An adapter's deltas in the model's dtype and device. ``uid`` names its content (the
+    config and weight files' sha256): the radix cache's namespace of the KV it computes."""
+
+    uid: str
+    path: str
+    rank: int  # the largest rank of any module
+    layers: tuple[dict[str, LoraDelta], ...]  # per layer: merged projection -> delta
+    device: torch.device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(d.a.nbytes + d.b.nbytes for layer in self.layers for d in layer.values())
+
+
+def adapter_uid(path: str | Path) -> str:
+    """The sha256 of an adapter directory's config and weights (16 hex digits): two loads of
+    the same files share their cached KV, a changed file does not."""
+    digest = hashlib.sha256()
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        with open(Path(path) / name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def load_adapter(
+    path: str | Path,
+    model: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_rank: int,
+) -> LoraAdapter:
+    """Read the PEFT adapter at ``path`` for ``model``. ``ValueError`` for anything this
+    runtime cannot apply exactly: a missing file, a non-LoRA or DoRA adapter, trained biases or
+    extra saved modules, a target outside q/k/v/o/gate/up/down, a rank above ``max_rank``, a
+    shape that does not fit the model."""
+    from safetensors.torch import load_file
+
+    root = Path(path)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (root / name).is_file():
+            raise ValueError(f"{str(root)!r} is not a PEFT LoRA adapter: it has no {name}")
+    config = _check_config(json.loads((root / CONFIG_FILE).read_text()))
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for key, tensor in load_file(str(root / WEIGHTS_FILE)).items():
+        m = _KEY.match(key)
+        if m is None:
+            raise ValueError(f"adapter tensor {key!r} is not a LoRA A/B of a decoder projection")
+        layer, module, which = int(m[1]), m[2], m[3]
+        if module not in TARGETS:
+            raise ValueError(f"LoRA on {module!r} is not supported (only {', '.join(TARGETS)})")
+        if layer >= model.num_layers:
+            raise ValueError(f"adapter tensor {key!r}: the model has {model.num_layers} layers")
+        pairs.setdefault((layer, module), {})[which] = tensor
+    layers: list[dict[str, list[tuple[int, torch.Tensor, torch.Tensor]]]] = [
+        {} for _ in range(model.num_layers)
+    ]
+    rank = 0
+    for (layer, module), ab in sorted(pairs.items()):
+        if set(ab) != {"A", "B"}:
+            raise ValueError(f"layer {layer} {module}: the adapter lacks lora_A or lora_B")
+        a, b = ab["A"], ab["B"]
+        r = a.shape[0]
+        rank = max(rank, r)
+        if r > max_rank:
+            raise ValueError(f"the adapter's rank {r} exceeds --max-lora-rank {max_rank}")
+        merged, part = TARGETS[module]
+        in_dim, out_dim = _dims(model, merged, part)
+        if tuple(a.shape) != (r, in_dim) or tuple(b.shape) != (out_dim, r):
+            shapes = f"A {tuple(a.shape)}, B {tuple(b.shape)}"
+            raise ValueError(f"layer {layer} {module}: {shapes} do not fit the model")
+        block = "self_attn" if merged in ("qkv_proj", "o_proj") else "mlp"
+        name = f"model.layers.{layer}.{block}.{module}"
+        scale = _scaling(config, name, r)
+        layers[layer].setdefault(merged, []).append((part, a, b * scale))
+    deltas = tuple(
+        {merged: _stack(model, merged, parts, dtype, device) for merged, parts in layer.items()}
+        for layer in layers
+    )
+    return LoraAdapter(adapter_uid(root), str(root), rank, deltas, device)
+
+
+def _check_config(config: dict[str, Any]) -> dict[str, Any]:
+    if str(config.get("peft_type", "LORA")).upper() != "LORA":
+        raise ValueError(f"not a LoRA adapter: peft_type {config.get('peft_type')!r}")
+    refused = {
+        "use_dora": "DoRA",
+        "modules_to_save": "modules_to_save",
+        "fan_in_fan_out": "fan_in_fan_out",
+        "trainable_token_indices": "trainable tokens",
+    }
+    for key, what in refused.items():
+        if config.get(key):
+            raise ValueError(f"the adapter uses {what}, which radixserve does not apply")
+    targets = config.get("target_modules")
+    if isinstance(targets, list):  # (a string is a regex over module names: the tensors tell)
+        for module in targets:
+            if module.rsplit(".", 1)[-1] not in TARGETS:
+                raise ValueError(f"LoRA on {module!r} is not supported (only {', '.join(TARGETS)})")
+    if config.get("bias", "none") != "none":
+        raise ValueError(
+            "the adapter trains biases (bias != 'none'), which radixserve does not apply"
+        )
+    return config
+
+
+def _scaling(config: dict[str, Any], module_name: str, r: int) -> float:
+    """PEFT's scaling of one module: its alpha (``alpha_pattern`` first) over r or sqrt(r)."""
+    alpha = float(config.get("lora_alpha", 8))
+    for pattern, value in (config.get("alpha_pattern") or {}).items():
+        if re.match(rf"(.*\.)?({pattern})$", module_name):
+            alpha = float(value)
+            break
+    return alpha / (math.sqrt(r) if config.get("use_rslora") else r)
+
+
+def _dims(model: ModelConfig, merged: str, part: int) -> tuple[int, int]:
+    """(in, out) of one part of a merged projection."""
+    hidden, inter = model.hidden_size, model.intermediate_size
+    return {
+        "qkv_proj": (hidden, (model.q_size, model.kv_size, model.kv_size)[part]),
+        "o_proj": (model.q_size, hidden),
+        "gate_up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }[merged]
+
+
+def _stack(
+    model: ModelConfig,
+    merged: str,
+    parts: list[tuple[int, torch.Tensor, torch.Tensor]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> LoraDelta:
+    """The parts of one merged projection as one :class:`LoraDelta` (see the module doc)."""
+    sizes = {
+        "qkv_proj": (model.q_size, model.kv_size, model.kv_size),
+        "gate_up_proj": (model.intermediate_size, model.intermediate_size),
+    }.get(merged, (0,))
+    total_rank = sum(a.shape[0] for _, a, _ in parts)
+    b = torch.zeros(sum(sizes) or parts[0][2].shape[0], total_rank, dtype=torch.float32)
+    col = 0
+    for part, a_part, b_part in parts:
+        row, r = sum(sizes[:part]), a_part.shape[0]
+        b[row : row + b_part.shape[0], col : col + r] = b_part.float()
+        col += r
+    a = torch.cat([a_part.float() for _, a_part, _ in parts])
+    return LoraDelta(a.to(device, dtype).contiguous(), b.to(device, dtype).contiguous())

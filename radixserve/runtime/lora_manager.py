@@ -1,0 +1,203 @@
+"""LoraManager: the LoRA adapters a scheduler serves, by name, and which are in memory.
+
+- **Names.** ``--lora-paths NAME=DIR`` at start, :meth:`load` / :meth:`unload` at run time. A
+  request names its adapter; :meth:`acquire` resolves the name once, when the request is queued,
+  to the adapter's ``uid`` (the sha256 of its files), which the request keeps to its end. An
+  unloaded name takes no new request at once; the requests already holding its uid finish under
+  it, and its weights go when the last of them ends (never under a running request).
+- **The cache.** The uid is the request's radix-cache namespace (:meth:`namespace`): KV computed
+  under an adapter is only ever matched by requests under the same adapter files. The caller's
+  own namespace (a tenant, a ``cache_salt``) is kept beside it, and no caller may name an
+  adapter's namespace itself.
+- **Memory.** At most ``max_loaded`` adapters keep their weights in memory; a batch that needs
+  another reads it from disk again and drops the least recently used one that no running
+  request needs (``--max-loaded-loras``).
+- **Batches.** At most ``max_per_batch`` distinct adapters run together (the base model is not
+  counted): :meth:`gate` is the admission test, and the pass stops at the first request that
+  would exceed it, as SGLang's does, so no request overtakes it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from radixserve.models.lora import LoraAdapter, LoraBatch, adapter_uid
+from radixserve.runtime.schedule_batch import ScheduleBatch
+from radixserve.types import Req
+
+NAMESPACE_PREFIX = "lora:"
+
+AdapterLoader = Callable[[str], LoraAdapter]
+
+
+@dataclass(slots=True)
+class _Entry:
+    uid: str
+    path: str
+    names: set[str] = field(default_factory=set)
+    refs: int = 0  # requests queued or running under it
+
+
+class LoraManager:
+    def __init__(
+        self,
+        loader: AdapterLoader | None,
+        max_per_batch: int = 8,
+        max_loaded: int | None = None,
+    ) -> None:
+        """``loader`` reads an adapter directory for this model (``None``: a model that serves
+        no adapters, e.g. a tensor-parallel one)."""
+        if max_per_batch < 1:
+            raise ValueError("max_loras_per_batch must be >= 1")
+        if max_loaded is not None and max_loaded < max_per_batch:
+            raise ValueError("max_loaded_loras must be >= max_loras_per_batch")
+        self.loader = loader
+        self.max_per_batch = max_per_batch
+        self.max_loaded = max_loaded
+        self.names: dict[str, str] = {}  # name -> uid
+        self.entries: dict[str, _Entry] = {}  # uid -> entry, while named or referenced
+        self.loaded: OrderedDict[str, LoraAdapter] = OrderedDict()  # uid -> weights, LRU first
+        self.num_loads = 0  # adapter reads from disk (the first one included)
+
+    # ---- names -------------------------------------------------------------------------------
+    def load(self, name: str, path: str) -> None:
+        """Serve the adapter at ``path`` as ``name``. ``ValueError``: the name is taken, this
+        model serves no adapters, or the directory is not an adapter this model can apply."""
+        if self.loader is None:
+            raise ValueError("this model serves no LoRA adapters (tensor parallel)")
+        if not name or ":" in name or name in self.names:
+            why = "is already loaded" if name in self.names else "is not a valid adapter name"
+            raise ValueError(f"the LoRA adapter name {name!r} {why}")
+        try:
+            uid = adapter_uid(path)
+        except OSError as exc:
+            raise ValueError(f"{path!r} is not a PEFT LoRA adapter: {exc.strerror}") from None
+        if uid not in self.loaded:
+            self._remember(uid, self._read(path))  # validated against the model now
+        entry = self.entries.setdefault(uid, _Entry(uid, path))
+        entry.names.add(name)
+        self.names[name] = uid
+
+    def unload(self, name: str) -> None:
+        """Stop serving ``name`` (``ValueError`` if it is not loaded)."""
+        uid = self.names.pop(name, None)
+        if uid is None:
+            raise ValueError(f"the LoRA adapter {name!r} is not loaded")
+        entry = self.entries[uid]
+        entry.names.discard(name)
+        self._drop_if_unused(entry)
+
+    def adapters(self) -> dict[str, str]:
+        """name -> directory, of every adapter served."""
+        return {name: self.entries[uid].path for name, uid in self.names.items()}
+
+    # ---- requests ------------------------------------------------------------------------------
+    def acquire(self, name: str | None, extra_key: str | None) -> tuple[str | None, str | None]:
+        """A new request's adapter uid (``None``: the base model under ``name`` None), held
+        until :meth:`release`, and its radix-cache namespace (see :meth:`namespace`).
+        ``ValueError`` for a name not loaded or an ``extra_key`` naming an adapter's namespace."""
+        if extra_key is not None and extra_key.startswith(NAMESPACE_PREFIX):
+            raise ValueError(f"extra_key may not start with {NAMESPACE_PREFIX!r}")
+        if name is None:
+            return None, extra_key
+        uid = self.names.get(name)
+        if uid is None:
+            known = ", ".join(sorted(self.names)) or "none"
+            raise ValueError(f"the LoRA adapter {name!r} is not loaded (loaded: {known})")
+        self.entries[uid].refs += 1
+        return uid, self.namespace(uid, extra_key)
+
+    def release(self, req: Req) -> None:
+        """``req`` has ended: its hold on its adapter goes."""
+        if req.lora_id is None:
+            return
+        entry = self.entries[req.lora_id]
+        entry.refs -= 1
+        self._drop_if_unused(entry)
+
+    @staticmethod
+    def namespace(uid: str, extra_key: str | None) -> str:
+        """The radix-cache namespace of a request under adapter ``uid`` with the caller's
+        ``extra_key`` (which :meth:`acquire` checked never starts with the prefix)."""
+        return f"{NAMESPACE_PREFIX}{uid}" + (f"|{extra_key}" if extra_key else "")
+
+    # ---- batches ---------------------------------------------------------------------------------
+    def gate(self, running: Iterable[Req]) -> Callable[[Req, Sequence[Req]], bool] | None:
+        """The admission test of one pass: may a request join ``running`` and the requests
+        admitted so far? ``None`` when no adapter is served (nothing to test)."""
+        if not self.entries:
+            return None
+        running_uids = {r.lora_id for r in running if r.lora_id is not None}
+
+        def may_join(req: Req, admitted: Sequence[Req]) -> bool:
+            if req.lora_id is None or req.lora_id in running_uids:
+                return True
+            uids = running_uids | {r.lora_id for r in admitted if r.lora_id is not None}
+            return len(uids | {req.lora_id}) <= self.max_per_batch
+
+        return may_join
+
+    def attach(self, batch: ScheduleBatch, keep: Iterable[Req] = ()) -> None:
+        """Give ``batch``'s forward its :class:`LoraBatch` (see :meth:`forward_lora`)."""
+        fb = batch.forward_batch
+        assert fb is not None
+        fb.lora = self.forward_lora(batch.reqs, fb.extend_seq_lens_list, keep)
+
+    def forward_lora(
+        self, reqs: Sequence[Req], token_counts: Sequence[int], keep: Iterable[Req] = ()
+    ) -> LoraBatch | None:
+        """The :class:`LoraBatch` of a forward over ``reqs`` (``token_counts`` rows each),
+        reading back from disk any adapter it needs that was dropped from memory; ``keep``: the
+        other requests whose adapters must not be dropped for it (the running batch)."""
+        if not self.entries:
+            return None
+        needed = {r.lora_id for r in (*reqs, *keep) if r.lora_id is not None}
+        adapters = [None if r.lora_id is None else self._weights(r.lora_id, needed) for r in reqs]
+        if not any(adapters):
+            return None
+        device = next(a for a in adapters if a is not None).device
+        return LoraBatch.build(adapters, token_counts, device)
+
+    # ---- memory --------------------------------------------------------------------------------
+    def _weights(self, uid: str, needed: set[str]) -> LoraAdapter:
+        adapter = self.loaded.get(uid)
+        if adapter is not None:
+            self.loaded.move_to_end(uid)
+            return adapter
+        adapter = self._read(self.entries[uid].path)
+        if adapter.uid != uid:
+            raise RuntimeError(f"the adapter files at {adapter.path!r} changed since loading")
+        self._remember(uid, adapter, needed)
+        return adapter
+
+    def _read(self, path: str) -> LoraAdapter:
+        assert self.loader is not None
+        self.num_loads += 1
+        return self.loader(path)
+
+    def _remember(self, uid: str, adapter: LoraAdapter, needed: set[str] | None = None) -> None:
+        self.loaded[uid] = adapter
+        needed = needed or set()
+        if self.max_loaded is None:
+            return
+        for victim in list(self.loaded):
+            if len(self.loaded) <= self.max_loaded:
+                break
+            if victim != uid and victim not in needed:
+                del self.loaded[victim]
+
+    def _drop_if_unused(self, entry: _Entry) -> None:
+        if not entry.names and entry.refs == 0:
+            del self.entries[entry.uid]
+            self.loaded.pop(entry.uid, None)
+
+    def check_integrity(self, reqs: Iterable[Req]) -> None:
+        """Every adapter's hold count equals the requests holding it."""
+        counts: dict[str, int] = {}
+        for req in reqs:
+            if req.lora_id is not None:
+                counts[req.lora_id] = counts.get(req.lora_id, 0) + 1
+        held = {uid: e.refs for uid, e in self.entries.items() if e.refs}
+        assert held == counts, f"LoRA holds {held} != requests {counts}"
