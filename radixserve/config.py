@@ -101,8 +101,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora_paths", lora_path_pairs(self.lora_paths))
-        if self.max_lora_rank < 1:
-            raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        if self.max_lora_rank < 1 or self.max_loras_per_batch < 1:
+            raise ValueError("max_lora_rank and max_loras_per_batch must be >= 1")
+        if self.max_loaded_loras is not None and self.max_loaded_loras < self.max_loras_per_batch:
+            raise ValueError("max_loaded_loras must be >= max_loras_per_batch")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(
                 f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}"

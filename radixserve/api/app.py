@@ -26,6 +26,7 @@ from radixserve.api import server_info
 from radixserve.api.dashboard import dashboard_router
 from radixserve.api.errors import APIError, UnhandledErrors, install_error_handlers
 from radixserve.api.guard import RequestGuard
+from radixserve.api.lora import lora_router
 from radixserve.api.metrics import ServingMetrics
 from radixserve.api.openapi import ROUTE_RESPONSES, install_openapi
 from radixserve.api.protocol import AbortReqInput, GenerateReqInput
@@ -109,14 +110,20 @@ def create_app(
 
     @router.get("/v1/models", responses=ROUTE_RESPONSES["models"])
     async def v1_models() -> dict[str, Any]:
+        """The base model, then every LoRA adapter with the base as its ``parent`` (vLLM's)."""
+        ctx = tm.info.max_context_len
         card = ModelCard(
             id=config.model_name,
             root=config.engine.model_path,
-            max_model_len=tm.info.max_context_len,
+            max_model_len=ctx,
             description=DEFAULT_MODEL_DESCRIPTION if config.is_default_model else None,
             is_smoke_test_model=config.is_default_model,
         )
-        return dump(ModelList(data=[card]))
+        adapters = [
+            ModelCard(id=name, root=path, parent=config.model_name, max_model_len=ctx)
+            for name, path in sorted(tm.lora_adapters.items())
+        ]
+        return dump(ModelList(data=[card, *adapters]))
 
     @router.get("/get_model_info")
     @router.get("/model_info")
@@ -185,6 +192,7 @@ def create_app(
 
     app.include_router(router)
     app.include_router(dashboard_router(tm, tenants))
+    app.include_router(lora_router(tm))
     install_openapi(app)
     app.state.metrics = metrics
     return app

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.api.cli_access import access_fields, add_access_flags
+from radixserve.api.cli_lora import add_lora_flags, lora_fields
 from radixserve.config import (
     KV_TIER_WRITE_POLICIES,
     PREEMPTION_MODES,
@@ -196,6 +197,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     )
     _add_limit_flags(serve)
     add_access_flags(serve)
+    add_lora_flags(serve)
     add(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
@@ -285,6 +287,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         preemption_mode=args.preemption_mode,
         enable_priority_scheduling=args.enable_priority_scheduling,
         tp_size=args.tp_size,
+        **lora_fields(args),
     )
     return ServerConfig(
         engine=engine,

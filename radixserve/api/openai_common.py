@@ -15,6 +15,7 @@ from typing import Any
 
 from radixserve.api.errors import APIError
 from radixserve.api.limits import check_stop_strings, check_sub_requests
+from radixserve.api.lora import adapter_of_model, check_adapter
 from radixserve.api.protocol_openai import OpenAISamplingFields
 from radixserve.api.responses import (
     ChatLogprobs,
@@ -46,15 +47,20 @@ class OpenAIServing:
             os.path.basename(os.path.normpath(path)),
         }
 
-    def check_model(self, model: str | None) -> None:
-        """``None`` (the field left out) means the served model, as in vLLM."""
-        if model is not None and model not in self.accepted_names:
-            raise APIError(
-                f"the model `{model}` does not exist; this server serves `{self.model_name}`",
-                404,
-                param="model",
-                code="model_not_found",
-            )
+    def adapter_of(self, body: OpenAISamplingFields, model: str | None) -> str | None:
+        """The LoRA adapter a request runs under: the one ``model`` names (``None``, the field
+        left out, means the base model, as in vLLM; 404 for a model not served), or SGLang's
+        ``lora_path`` field (400 if the two name different adapters)."""
+        adapter = None if model is None else adapter_of_model(self.tm, model, self.accepted_names)
+        if body.lora_path is None:
+            return adapter
+        if adapter not in (None, body.lora_path):
+            raise APIError("model and lora_path name different adapters", param="lora_path")
+        return check_adapter(self.tm, body.lora_path)
+
+    def served_name(self, requests: list[GenerateRequest]) -> str:
+        """A response's ``model``: its adapter's name, or the served model's (vLLM's)."""
+        return requests[0].lora_name or self.model_name
 
     def check_common(self, body: OpenAISamplingFields, num_prompts: int, prompt_param: str) -> None:
         """What both routes refuse before any tokenizing: unsupported fields, and requests
@@ -76,6 +82,7 @@ class OpenAIServing:
         grammar: dict[str, str] | None = None,
         grammar_after_token: int | None = None,
         extra_key: str | None = None,
+        lora_name: str | None = None,
     ) -> list[GenerateRequest]:
         """``n`` requests per prompt, choice index ``i * n + j``; ``top_logprobs`` None: no
         logprobs; ``grammar``: the output's constraint (None: the body's own, e.g.
@@ -99,6 +106,7 @@ class OpenAIServing:
                     priority=body.priority,
                     extra_key=extra_key,
                     return_logprob=top_logprobs is not None,
+                    lora_name=lora_name,
                     top_logprobs_num=top_logprobs or 0,
                 )
                 if body.seed is not None:  # n seeded choices must still differ

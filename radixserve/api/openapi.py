@@ -23,7 +23,7 @@ from radixserve.api.responses import (
 _ERRORS: dict[int, str] = {
     400: "bad parameters, malformed JSON, a prompt longer than the context",
     401: "a missing or wrong API key (only with --api-key)",
-    404: "a model this server does not serve",
+    404: "a model (or LoRA adapter) this server does not serve",
     413: "a body larger than --max-request-bytes",
     503: "the scheduler is gone, or the server is shutting down",
 }
@@ -112,6 +112,6 @@ def _errors_of(path: str, method: str) -> list[int]:
     statuses = [400, 401, 503]
     if method == "post":
         statuses.append(413)
-    if path in ("/v1/completions", "/v1/chat/completions"):
+    if path in ("/v1/completions", "/v1/chat/completions", "/v1/unload_lora_adapter"):
         statuses.append(404)
     return sorted(statuses)

@@ -150,6 +150,8 @@ class GenerateReqInput(BaseModel):
     rid: str | list[str] | None = None
     priority: int | list[int] | None = None
     log_metrics: bool = True  # accepted: every request is counted
+    # the name of a loaded LoRA adapter, or one (or None: the base) per batch item
+    lora_path: str | list[str | None] | None = None
     # with --reasoning-parser: the thinking as "reasoning_text", the answer as "text"
     separate_reasoning: bool = False
     # vLLM's: a namespace of the prompt cache inside the caller's tenant (api/tenants.py)
@@ -164,7 +166,6 @@ class GenerateReqInput(BaseModel):
     video_data: Any = None
     input_embeds: Any = None
     modalities: list[str] | None = None
-    lora_path: str | list[str | None] | None = None
     session_params: dict[str, Any] | list[dict[str, Any]] | None = None
     custom_logit_processor: str | list[str | None] | None = None
     return_hidden_states: bool | list[bool] = False
@@ -195,7 +196,6 @@ GENERATE_UNSUPPORTED: dict[str, Any] = {
     "video_data": None,
     "input_embeds": None,
     "modalities": None,
-    "lora_path": None,
     "session_params": None,
     "custom_logit_processor": None,
     "return_hidden_states": False,

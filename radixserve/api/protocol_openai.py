@@ -61,6 +61,8 @@ class OpenAISamplingFields(BaseModel):
     prompt_cache_key: str | None = None
     # vLLM's: a namespace of the prompt cache inside the caller's tenant (api/tenants.py)
     cache_salt: str | None = None
+    # SGLang's: the LoRA adapter's name (as `model` may name it; api/lora.py)
+    lora_path: str | None = None
     safety_identifier: str | None = None
     service_tier: str | None = None
     # a 400 when set (OPENAI_UNSUPPORTED)
@@ -69,7 +71,6 @@ class OpenAISamplingFields(BaseModel):
     min_tokens: int = 0
     no_stop_trim: bool = False
     stop_regex: str | list[str] | None = None
-    lora_path: str | None = None
     session_params: dict[str, Any] | None = None
     return_hidden_states: bool = False
     custom_params: dict[str, Any] | None = None
@@ -121,7 +122,6 @@ OPENAI_UNSUPPORTED: dict[str, Any] = {
     "min_tokens": 0,
     "no_stop_trim": False,
     "stop_regex": None,
-    "lora_path": None,
     "session_params": None,
     "return_hidden_states": False,
     "custom_params": None,

@@ -83,7 +83,7 @@ class ChatServing(OpenAIServing):
         return ReasoningParser.create(self.reasoning_parser)
 
     async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
-        self.check_model(body.model)
+        adapter = self.adapter_of(body, body.model)
         self.check_common(body, 1, "n")
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise APIError("give max_completion_tokens or max_tokens, not both", param="max_tokens")
@@ -125,6 +125,7 @@ class ChatServing(OpenAIServing):
             grammar=plan.grammar,
             grammar_after_token=self._grammar_after(body),
             extra_key=self.tenants.namespace(raw.state, body.cache_salt),
+            lora_name=adapter,
         )
         group = await open_requests(self.tm, requests, raw.is_disconnected)
         if body.stream:
@@ -152,7 +153,10 @@ class ChatServing(OpenAIServing):
                 )
             )
         response = ChatCompletionResponse(
-            id=base_id, model=self.model_name, choices=choices, usage=self.usage(results, body.n)
+            id=base_id,
+            model=self.served_name(requests),
+            choices=choices,
+            usage=self.usage(results, body.n),
         )
         return JSONResponse(dump(response))
 
@@ -181,7 +185,7 @@ class ChatServing(OpenAIServing):
             data = ChatCompletionChunk(
                 id=base_id,
                 created=created,
-                model=self.model_name,
+                model=self.served_name(requests),
                 choices=[] if choice is None else [choice],
                 usage=usage,
             )

@@ -39,7 +39,7 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
 class CompletionServing(OpenAIServing):
     async def create(self, body: CompletionRequest, raw: Request) -> Response:
-        self.check_model(body.model)
+        adapter = self.adapter_of(body, body.model)
         self.check_common(body, num_prompts_of(body.prompt), "prompt")
         if body.suffix:
             raise APIError("suffix is not supported", param="suffix")
@@ -62,6 +62,7 @@ class CompletionServing(OpenAIServing):
             lambda prompt_len: max(min(DEFAULT_MAX_TOKENS, ctx - prompt_len), 0),
             body.logprobs,
             extra_key=self.tenants.namespace(raw.state, body.cache_salt),
+            lora_name=adapter,
         )
         echoes = [self.tm.prompts.decode(p) if body.echo else "" for p in prompts]
         group = await open_requests(self.tm, requests, raw.is_disconnected)
@@ -88,7 +89,7 @@ class CompletionServing(OpenAIServing):
             )
         response = CompletionResponse(
             id=base_id,
-            model=self.model_name,
+            model=self.served_name(requests),
             choices=choices,
             usage=self.usage(results, body.n),
         )
@@ -125,7 +126,7 @@ class CompletionServing(OpenAIServing):
                     "id": base_id,
                     "object": "text_completion",
                     "created": created,
-                    "model": self.model_name,
+                    "model": self.served_name(requests),
                     "choices": [choice],
                 }
             )
@@ -156,7 +157,7 @@ class CompletionServing(OpenAIServing):
                         "id": base_id,
                         "object": "text_completion",
                         "created": created,
-                        "model": self.model_name,
+                        "model": self.served_name(requests),
                         "choices": [],
                         "usage": usage,
                     }

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from radixserve.api.errors import error_body, to_api_error
 from radixserve.api.limits import check_stop_strings, check_sub_requests, num_prompts_of
+from radixserve.api.lora import check_adapter
 from radixserve.api.protocol import GenerateReqInput, NativeSamplingParams
 from radixserve.api.reasoning import ReasoningParser
 from radixserve.api.streaming import (
@@ -104,6 +105,8 @@ class NativeServing:
         if isinstance(body.rid, str) and is_batch:
             raise ValueError("rid must be a list of the batch's length for a batch")
         rids = _per_item(body.rid, n, "rid") if body.rid is not None else [None] * n
+        names = _per_item(body.lora_path, n, "lora_path")  # per item: a name or None
+        loras = [check_adapter(self.tm, name) for name in names]
         requests = []
         for i, ids in enumerate(ids_list):
             sp = params[i] or NativeSamplingParams.model_validate({})
@@ -117,6 +120,7 @@ class NativeServing:
                 return_logprob=bool(logprob[i]),
                 top_logprobs_num=(tops[i] or 0) if logprob[i] else 0,
                 logprob_start_len=_or(starts[i], -1) if logprob[i] else -1,
+                lora_name=loras[i],
             )
             requests.append(self.tm.validator.check(request))
         if len({r.rid for r in requests}) != n:
@@ -179,7 +183,7 @@ def _or(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-def _per_item(value: T | list[T] | None, n: int, name: str) -> list[T | None]:
+def _per_item(value: T | list[T] | list[T | None] | None, n: int, name: str) -> list[T | None]:
     if isinstance(value, list):
         if len(value) != n:
             raise ValueError(f"{name} has {len(value)} items; the batch has {n} prompts")

@@ -25,7 +25,15 @@ from typing import Any
 
 from radixserve.config import ServerConfig
 
-ADMIN_PATHS = ("/cache_tree", "/dashboard", "/flush_cache")
+ADMIN_PATHS = (
+    "/cache_tree",
+    "/dashboard",
+    "/flush_cache",
+    "/load_lora_adapter",
+    "/unload_lora_adapter",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+)
 ADMIN_TENANT = "admin"
 
 

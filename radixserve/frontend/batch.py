@@ -49,13 +49,17 @@ class PrefixWarmup:
         finally:
             self.done.set()
 
-    def generate(self, prompt: str, sampling_params: dict[str, Any]) -> GenChunk:
+    def generate(
+        self, prompt: str, sampling_params: dict[str, Any], lora: str | None = None
+    ) -> GenChunk:
         self._warm(prompt)
-        return self.backend.generate(prompt, sampling_params)
+        return self.backend.generate(prompt, sampling_params, lora)
 
-    def generate_stream(self, prompt: str, sampling_params: dict[str, Any]) -> Iterator[GenChunk]:
+    def generate_stream(
+        self, prompt: str, sampling_params: dict[str, Any], lora: str | None = None
+    ) -> Iterator[GenChunk]:
         self._warm(prompt)
-        return self.backend.generate_stream(prompt, sampling_params)
+        return self.backend.generate_stream(prompt, sampling_params, lora)
 
     def cache_prefix(self, prompt: str) -> dict[str, Any]:
         self.done.set()

@@ -167,14 +167,15 @@ class StreamExecutor:
             raise TypeError(f"not a program expression: {expr!r}")
 
     def _gen(self, expr: Gen) -> None:
-        params = expr.params.merged_over(self.defaults).to_sampling_params()
+        merged = expr.params.merged_over(self.defaults)
+        params, lora = merged.to_sampling_params(), merged.lora
         if self._events is None:
-            chunk = self.backend.generate(self.text, params)
+            chunk = self.backend.generate(self.text, params, lora)
             self._append(chunk.text)
             value, meta = chunk.text, chunk.meta_info
         else:
             pieces, meta = [], {}
-            for chunk in self.backend.generate_stream(self.text, params):
+            for chunk in self.backend.generate_stream(self.text, params, lora):
                 self._append(chunk.text, expr.name)
                 pieces.append(chunk.text)
                 meta = chunk.meta_info or meta

@@ -63,6 +63,7 @@ class GenParams:
     seed: int | None = None
     regex: str | None = None  # structured output (SGLang's names), sent as they are
     json_schema: str | None = None
+    lora: str | None = None  # the LoRA adapter's name (sent as the request's lora_path)
 
     def merged_over(self, defaults: GenParams) -> GenParams:
         """These parameters, with the unset ones taken from ``defaults``."""
@@ -75,11 +76,11 @@ class GenParams:
         return GenParams(**values)
 
     def to_sampling_params(self) -> dict[str, Any]:
-        """The native API's ``sampling_params`` dict (set fields only)."""
+        """The native API's ``sampling_params`` dict (set fields only; ``lora`` is not one)."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None:
+            if value is None or f.name == "lora":
                 continue
             if f.name == "stop" and isinstance(value, str):
                 value = [value]
@@ -149,9 +150,11 @@ def gen(
     choices: list[str] | None = None,
     regex: str | None = None,
     json_schema: str | dict[str, Any] | None = None,
+    lora: str | None = None,
 ) -> Expr:
     """Generate into ``name``. With ``choices`` it is :func:`select` (SGLang's form). ``regex``
-    or ``json_schema`` (a JSON string or a dict) constrain the text (the backend checks them)."""
+    or ``json_schema`` (a JSON string or a dict) constrain the text (the backend checks them).
+    ``lora``: the name of a LoRA adapter the server serves (a run's default like the others)."""
     if choices is not None:
         return select(name, choices)
     if regex is not None and json_schema is not None:
@@ -174,6 +177,7 @@ def gen(
         seed=seed,
         regex=regex,
         json_schema=json_schema,
+        lora=lora,
     )
     return Gen(name, params)
 

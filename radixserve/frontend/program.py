@@ -42,10 +42,11 @@ class Program:
         stop: str | list[str] | None = None,
         ignore_eos: bool | None = None,
         seed: int | None = None,
+        lora: str | None = None,
         **kwargs: Any,
     ) -> ProgramState:
         """Run the program on a new state. The sampling keywords are defaults for every
-        ``gen`` that does not set its own. Without ``stream`` it returns when the program is
+        ``gen`` that does not set its own (``lora``: a LoRA adapter's name). Without ``stream`` it returns when the program is
         over and raises its error; with ``stream=True`` it returns at once and the program
         runs on a thread: iterate ``state.text_iter()``, then read the state."""
         defaults = GenParams(
@@ -56,6 +57,7 @@ class Program:
             stop=stop,
             ignore_eos=ignore_eos,
             seed=seed,
+            lora=lora,
         )
         executor = StreamExecutor(backend or get_default_backend(), defaults, stream=stream)
         state = ProgramState(executor)

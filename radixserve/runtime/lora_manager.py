@@ -38,6 +38,7 @@ class _Entry:
     path: str
     names: set[str] = field(default_factory=set)
     refs: int = 0  # requests queued or running under it
+    pinned: bool = False  # never dropped from memory
 
 
 class LoraManager:
@@ -49,10 +50,6 @@ class LoraManager:
     ) -> None:
         """``loader`` reads an adapter directory for this model (``None``: a model that serves
         no adapters, e.g. a tensor-parallel one)."""
-        if max_per_batch < 1:
-            raise ValueError("max_loras_per_batch must be >= 1")
-        if max_loaded is not None and max_loaded < max_per_batch:
-            raise ValueError("max_loaded_loras must be >= max_loras_per_batch")
         self.loader = loader
         self.max_per_batch = max_per_batch
         self.max_loaded = max_loaded
@@ -62,14 +59,18 @@ class LoraManager:
         self.num_loads = 0  # adapter reads from disk (the first one included)
 
     # ---- names -------------------------------------------------------------------------------
-    def load(self, name: str, path: str) -> None:
-        """Serve the adapter at ``path`` as ``name``. ``ValueError``: the name is taken, this
-        model serves no adapters, or the directory is not an adapter this model can apply."""
+    def load(self, name: str, path: str, pinned: bool = False) -> None:
+        """Serve the adapter at ``path`` as ``name`` (``pinned``: never dropped from memory).
+        ``ValueError``: the name is taken, this model serves no adapters, the directory is not
+        an adapter this model can apply, or pinning it would leave no room in memory."""
         if self.loader is None:
             raise ValueError("this model serves no LoRA adapters (tensor parallel)")
         if not name or ":" in name or name in self.names:
             why = "is already loaded" if name in self.names else "is not a valid adapter name"
             raise ValueError(f"the LoRA adapter name {name!r} {why}")
+        if pinned and self.max_loaded is not None:
+            if sum(e.pinned for e in self.entries.values()) + 1 >= self.max_loaded:
+                raise ValueError(f"pinning leaves no room: --max-loaded-loras {self.max_loaded}")
         try:
             uid = adapter_uid(path)
         except OSError as exc:
@@ -78,6 +79,7 @@ class LoraManager:
             self._remember(uid, self._read(path))  # validated against the model now
         entry = self.entries.setdefault(uid, _Entry(uid, path))
         entry.names.add(name)
+        entry.pinned |= pinned
         self.names[name] = uid
 
     def unload(self, name: str) -> None:
@@ -185,7 +187,7 @@ class LoraManager:
         for victim in list(self.loaded):
             if len(self.loaded) <= self.max_loaded:
                 break
-            if victim != uid and victim not in needed:
+            if victim != uid and victim not in needed and not self.entries[victim].pinned:
                 del self.loaded[victim]
 
     def _drop_if_unused(self, entry: _Entry) -> None:

@@ -131,10 +131,10 @@ class Engine:
     def abort(self, rid: str) -> None:
         self._call(lambda: self.scheduler.abort_request(rid))
 
-    def load_lora_adapter(self, lora_name: str, lora_path: str) -> None:
-        """Serve the PEFT adapter at ``lora_path`` as ``lora_name`` (``ValueError`` if it
-        cannot: see ``runtime/lora_manager.py``)."""
-        self._call(lambda: self.scheduler.loras.load(lora_name, lora_path))
+    def load_lora_adapter(self, lora_name: str, lora_path: str, pinned: bool = False) -> None:
+        """Serve the PEFT adapter at ``lora_path`` as ``lora_name`` (``pinned``: never dropped
+        from memory); ``ValueError`` if it cannot (see ``runtime/lora_manager.py``)."""
+        self._call(lambda: self.scheduler.loras.load(lora_name, lora_path, pinned))
 
     def unload_lora_adapter(self, lora_name: str) -> None:
         """Stop serving ``lora_name``; its requests in flight finish under it."""

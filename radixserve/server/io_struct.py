@@ -15,7 +15,8 @@ from radixserve.runtime.stop_strings import PROMPT_CONTEXT_TOKENS
 if TYPE_CHECKING:  # a type only: the HTTP process reads these messages without the model code
     from radixserve.runtime.scheduler import Scheduler
 
-#   HTTP --(GenerateRequest | AbortRequest | FlushCacheReq | GetServerInfoReq | GetCacheTreeReq)-->
+#   HTTP --(GenerateRequest | AbortRequest | FlushCacheReq | GetServerInfoReq | GetCacheTreeReq
+#           | UpdateLoraReq)-->
 #       scheduler
 #   scheduler --list[DetokenizeParams | ReqOutput | ReqError | RpcReply | SchedulerFatal]--> detok
 #   detok --list[TextOutput | ReqError | RpcReply | SchedulerFatal]--> HTTP
@@ -68,6 +69,17 @@ class ReqError:
 @dataclass(slots=True)
 class FlushCacheReq:
     call_id: int
+
+
+@dataclass(slots=True)
+class UpdateLoraReq:
+    """Load (``lora_path`` set) or unload (``None``) the LoRA adapter ``lora_name``; the
+    reply's value is the adapters served afterwards (name -> directory), its error why not."""
+
+    call_id: int
+    lora_name: str
+    lora_path: str | None = None
+    pinned: bool = False  # never dropped from memory (--max-loaded-loras)
 
 
 @dataclass(slots=True)

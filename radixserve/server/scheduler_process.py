@@ -33,6 +33,7 @@ from radixserve.server.io_struct import (
     RpcReply,
     SchedulerFatal,
     SchedulerInfo,
+    UpdateLoraReq,
 )
 from radixserve.server.ipc import (
     IpcEndpoints,
@@ -110,6 +111,8 @@ class SchedulerLoop:
             self.pending_info.append((msg, time.monotonic() + wait))
         elif isinstance(msg, GetCacheTreeReq):
             self.outbox.append(self._cache_tree(msg))
+        elif isinstance(msg, UpdateLoraReq):
+            self.outbox.append(self._update_lora(msg))
         else:
             logger.warning("ignoring an unknown message %r", type(msg).__name__)
 
@@ -151,6 +154,20 @@ class SchedulerLoop:
                 logger.error("KV integrity check failed: %s", exc)
                 info["integrity_ok"], info["integrity_error"] = False, str(exc) or repr(exc)
         return RpcReply(msg.call_id, info)
+
+    def _update_lora(self, msg: UpdateLoraReq) -> RpcReply:
+        loras = self.scheduler.loras
+        try:
+            if msg.lora_path is None:
+                loras.unload(msg.lora_name)
+            else:
+                loras.load(msg.lora_name, msg.lora_path, msg.pinned)
+        except ValueError as exc:
+            return RpcReply(msg.call_id, loras.adapters(), error=str(exc))
+        logger.info(
+            "LoRA adapter %r %s", msg.lora_name, "unloaded" if msg.lora_path is None else "loaded"
+        )
+        return RpcReply(msg.call_id, loras.adapters())
 
     def _cache_tree(self, msg: GetCacheTreeReq) -> RpcReply:
         try:

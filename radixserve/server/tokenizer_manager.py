@@ -36,6 +36,7 @@ from radixserve.server.io_struct import (
     SchedulerFatal,
     SchedulerInfo,
     TextOutput,
+    UpdateLoraReq,
 )
 from radixserve.server.ipc import IpcEndpoints, make_socket
 from radixserve.server.prompt_tokenizer import PromptTokenizer
@@ -128,6 +129,8 @@ class TokenizerManager:
         self.children = dict(children or {})
         self.observer = observer
         self.states: dict[str, ReqState] = {}
+        # the LoRA adapters served (name -> directory), as the scheduler last reported them
+        self.lora_adapters: dict[str, str] = dict(config.engine.lora_paths)
         self.dead_reason: str | None = None
         self._rpcs: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
@@ -244,6 +247,21 @@ class TokenizerManager:
     async def flush_cache(self) -> bool:
         return bool(await self._rpc(FlushCacheReq(next(self._call_ids))))
 
+    async def update_lora(
+        self, lora_name: str, lora_path: str | None, pinned: bool = False
+    ) -> dict[str, str]:
+        """Load (``lora_path``) or unload (``None``) an adapter in the scheduler; the adapters
+        served afterwards. ``ValueError``: the scheduler's reason it did not."""
+        try:
+            msg = UpdateLoraReq(next(self._call_ids), lora_name, lora_path, pinned)
+            adapters = await self._rpc(msg)
+        except SchedulerUnavailable:
+            raise
+        except RuntimeError as exc:  # the scheduler's refusal
+            raise ValueError(str(exc)) from None
+        self.lora_adapters = dict(adapters)
+        return self.lora_adapters
+
     async def get_server_info(self, check_integrity: bool = True) -> dict[str, Any]:
         reply = await self._rpc(GetServerInfoReq(next(self._call_ids), check_integrity))
         return dict(reply)
@@ -252,7 +270,9 @@ class TokenizerManager:
         """The radix tree summarised to ``max_nodes`` nodes, and the scheduler's stats."""
         return dict(await self._rpc(GetCacheTreeReq(next(self._call_ids), max_nodes)))
 
-    async def _rpc(self, msg: FlushCacheReq | GetServerInfoReq | GetCacheTreeReq) -> Any:
+    async def _rpc(
+        self, msg: FlushCacheReq | GetServerInfoReq | GetCacheTreeReq | UpdateLoraReq
+    ) -> Any:
         self._check_alive()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._rpcs[msg.call_id] = future

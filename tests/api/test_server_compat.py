@@ -130,7 +130,7 @@ def test_generate_accepts_every_field_sglang_sends_at_its_default(http: httpx.Cl
         ({"sampling_params": {"lora_path": "a"}}, "sampling_params.lora_path", ["lora_path"]),
         ({"sampling_params": {"min_new_tokens": 3}}, "sampling_params.min_new_tokens", ["min_new"]),
         ({"sampling_params": {"bogus": 1}}, "sampling_params.bogus", ["unknown field"]),
-        ({"lora_path": "adapter"}, "lora_path", ["lora_path is not supported"]),
+        ({"lora_path": "adapter"}, "lora_path", ["'adapter' is not loaded (loaded: none)"]),
         ({"image_data": "x.png"}, "image_data", ["image_data"]),
         ({"bogus": True}, "bogus", ["unknown field: bogus"]),
         ({"sampling_params": {"json_schema": "{not json"}}, "sampling_params", ["json_schema"]),

@@ -80,6 +80,10 @@ def test_operator_routes_want_the_admin_key(tenants_server) -> None:
         resp = httpx.get(url + path, headers={"Authorization": f"Bearer {A}"}, timeout=30)
         assert resp.status_code == 403, (path, resp.text)
         assert resp.json()["error"]["code"] == "admin_key_required"
+    for path in ("/load_lora_adapter", "/v1/load_lora_adapter", "/unload_lora_adapter"):
+        body = {"lora_name": "x", "lora_path": "/nonexistent"}
+        resp = httpx.post(url + path, json=body, headers={"Authorization": f"Bearer {A}"})
+        assert resp.status_code == 403, (path, resp.text)
     tree = httpx.get(f"{url}/cache_tree", headers={"Authorization": f"Bearer {ADMIN}"}).json()
     assert any(n["text"] for n in tree["tree"]["nodes"] if n["parent"] is not None)
     # the tenants' ordinary routes do not take the admin's key as theirs: it is its own tenant

@@ -26,6 +26,7 @@ class FakeBackend:
         self.choice_logprobs = choice_logprobs or {}
         self.fail_on = fail_on
         self.calls: list[tuple[str, str, Any]] = []
+        self.loras: list[str | None] = []  # the adapter of each generate call
         self._lock = threading.Lock()
         self._chat = ChatTemplate.chatml()
 
@@ -43,12 +44,18 @@ class FakeBackend:
     def _reply(self, i: int) -> str:
         return self.replies[i] if i < len(self.replies) else f"gen{i}"
 
-    def generate(self, prompt: str, sampling_params: dict[str, Any]) -> GenChunk:
+    def generate(
+        self, prompt: str, sampling_params: dict[str, Any], lora: str | None = None
+    ) -> GenChunk:
         i = self._record("generate", prompt, sampling_params)
+        self.loras.append(lora)
         return GenChunk(self._reply(i), {"finish_reason": {"type": "length"}})
 
-    def generate_stream(self, prompt: str, sampling_params: dict[str, Any]) -> Iterator[GenChunk]:
+    def generate_stream(
+        self, prompt: str, sampling_params: dict[str, Any], lora: str | None = None
+    ) -> Iterator[GenChunk]:
         i = self._record("stream", prompt, sampling_params)
+        self.loras.append(lora)
         text = self._reply(i)
         for k, ch in enumerate(text):
             last = k == len(text) - 1

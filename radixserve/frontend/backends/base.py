@@ -37,9 +37,15 @@ class Backend(Protocol):
     @property
     def chat_template(self) -> ChatTemplate: ...
 
-    def generate(self, prompt: str, sampling_params: dict[str, Any]) -> GenChunk: ...
+    def generate(
+        self, prompt: str, sampling_params: dict[str, Any], lora: str | None = None
+    ) -> GenChunk:
+        """``lora``: the LoRA adapter's name (``None``: the base model)."""
+        ...
 
-    def generate_stream(self, prompt: str, sampling_params: dict[str, Any]) -> Iterator[GenChunk]:
+    def generate_stream(
+        self, prompt: str, sampling_params: dict[str, Any], lora: str | None = None
+    ) -> Iterator[GenChunk]:
         """Text deltas as they are produced."""
         ...
 

@@ -71,16 +71,21 @@ class RuntimeEndpoint:
         return self._tokenizer
 
     # ---- generation ----------------------------------------------------------------------------
-    def generate(self, prompt: str, sampling_params: dict[str, Any]) -> GenChunk:
-        out = self._request(
-            "POST", "/generate", {"text": prompt, "sampling_params": sampling_params}
-        )
-        body = out.json()
-        return GenChunk.of(body)
+    def generate(
+        self, prompt: str, sampling_params: dict[str, Any], lora: str | None = None
+    ) -> GenChunk:
+        body: dict[str, Any] = {"text": prompt, "sampling_params": sampling_params}
+        if lora is not None:
+            body["lora_path"] = lora
+        return GenChunk.of(self._request("POST", "/generate", body).json())
 
-    def generate_stream(self, prompt: str, sampling_params: dict[str, Any]) -> Iterator[GenChunk]:
+    def generate_stream(
+        self, prompt: str, sampling_params: dict[str, Any], lora: str | None = None
+    ) -> Iterator[GenChunk]:
         """Text deltas; the server's events carry the text so far (SGLang's shape)."""
         body = {"text": prompt, "sampling_params": sampling_params, "stream": True}
+        if lora is not None:
+            body["lora_path"] = lora
         sent = ""
         try:
             with self._client.stream("POST", "/generate", json=body) as response:

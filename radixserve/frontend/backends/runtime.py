@@ -49,12 +49,16 @@ class Runtime:
     def tokenizer(self) -> Any | None:
         return self.engine.tokenizer
 
-    def generate(self, prompt: str, sampling_params: dict[str, Any]) -> GenChunk:
-        out = self.engine.generate(prompt, sampling_params)
+    def generate(
+        self, prompt: str, sampling_params: dict[str, Any], lora: str | None = None
+    ) -> GenChunk:
+        out = self.engine.generate(prompt, sampling_params, lora_path=lora)
         return GenChunk.of(out)
 
-    def generate_stream(self, prompt: str, sampling_params: dict[str, Any]) -> Iterator[GenChunk]:
-        for out in self.engine.generate(prompt, sampling_params, stream=True):
+    def generate_stream(
+        self, prompt: str, sampling_params: dict[str, Any], lora: str | None = None
+    ) -> Iterator[GenChunk]:
+        for out in self.engine.generate(prompt, sampling_params, stream=True, lora_path=lora):
             yield GenChunk.of(out)
 
     def cache_prefix(self, prompt: str) -> dict[str, Any]:

@@ -1,0 +1,56 @@
+"""``serve``'s LoRA flags, in SGLang's names, and the ``EngineConfig`` fields they set."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from radixserve.config import EngineConfig
+
+_DEFAULTS = EngineConfig()
+
+
+def add_lora_flags(serve: argparse.ArgumentParser) -> None:
+    add = serve.add_argument
+    add(
+        "--lora-paths",
+        nargs="+",
+        default=[],
+        metavar="NAME=DIR",
+        help="PEFT LoRA adapters served from the start (a DIR alone is named by itself); more "
+        "can be loaded at run time (POST /load_lora_adapter). A request picks one by "
+        "lora_path (/generate) or as its model (OpenAI routes)",
+    )
+    add(
+        "--enable-lora",
+        action="store_true",
+        help="accepted for SGLang's scripts: adapters can always be loaded at run time",
+    )
+    add(
+        "--max-loras-per-batch",
+        type=int,
+        default=_DEFAULTS.max_loras_per_batch,
+        help="most distinct adapters in one batch (the base model not counted)",
+    )
+    add(
+        "--max-loaded-loras",
+        type=int,
+        default=None,
+        help="most adapters kept in memory; the least recently used one no running request "
+        "needs is dropped and read again from disk when needed (default: all)",
+    )
+    add(
+        "--max-lora-rank",
+        type=int,
+        default=_DEFAULTS.max_lora_rank,
+        help="the largest adapter rank accepted",
+    )
+
+
+def lora_fields(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(
+        lora_paths=args.lora_paths,
+        max_loras_per_batch=args.max_loras_per_batch,
+        max_loaded_loras=args.max_loaded_loras,
+        max_lora_rank=args.max_lora_rank,
+    )

@@ -1,0 +1,174 @@
+"""LoRA adapters through the server: ``lora_path`` on ``/generate``, the adapter as ``model``
+with the official ``openai`` client, ``/v1/models``, and the load/unload routes in SGLang's and
+vLLM's shapes, against PEFT on transformers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from serving_harness import Server, serving
+
+pytest.importorskip("peft")
+
+from radixserve.models.tiny_lora import write_tiny_lora  # noqa: E402
+
+MAX_NEW = 8
+PROMPT = [11, 250, 37, 990, 4, 61, 700, 13, 88, 5]
+
+
+@pytest.fixture(scope="module")
+def adapters(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("server-loras")
+    return {
+        "a": str(write_tiny_lora(api_model_dir, root / "a", r=8, seed=21)),
+        "b": str(write_tiny_lora(api_model_dir, root / "b", r=4, seed=22, use_rslora=True)),
+        "c": str(write_tiny_lora(api_model_dir, root / "c", r=16, seed=23, lora_alpha=8)),
+    }
+
+
+@pytest.fixture(scope="module")
+def lora_server(
+    api_model_dir: Path, adapters: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("lora-log") / "server.log"
+    args = ["--model", str(api_model_dir), "--dtype", "float32", "--max-total-tokens", "8192"]
+    args += [
+        "--lora-paths",
+        f"a={adapters['a']}",
+        f"b={adapters['b']}",
+        "--max-loras-per-batch",
+        "2",
+    ]
+    with serving(args, log) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def peft_tokens(api_model_dir: Path, adapters: dict[str, str]):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    def greedy(name: str | None) -> list[int]:
+        model: Any = AutoModelForCausalLM.from_pretrained(api_model_dir, dtype=torch.float32)
+        if name is not None:
+            model = PeftModel.from_pretrained(model, adapters[name])
+        with torch.inference_mode():
+            out = model.generate(
+                torch.tensor([PROMPT]),
+                max_new_tokens=MAX_NEW,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        return list(out[0, len(PROMPT) :].tolist())
+
+    return {name: greedy(name) for name in (None, "a", "b", "c")}
+
+
+def generate(client: httpx.Client, lora_path: Any, n: int = 1) -> httpx.Response:
+    body = {
+        "input_ids": [PROMPT] * n if n > 1 else PROMPT,
+        "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True},
+        "lora_path": lora_path,
+    }
+    return client.post("/generate", json=body)
+
+
+def test_generate_takes_an_adapter_per_batch_item(lora_server, peft_tokens) -> None:
+    assert len({tuple(t) for t in peft_tokens.values()}) == 4, "the adapters differ"
+    with lora_server.client() as client:
+        outs = generate(client, [None, "a", "b", "a"], n=4).json()
+        assert [o["output_ids"] for o in outs] == [
+            peft_tokens[None],
+            peft_tokens["a"],
+            peft_tokens["b"],
+            peft_tokens["a"],
+        ]
+        single = generate(client, "b").json()
+        assert single["output_ids"] == peft_tokens["b"]
+        bad = generate(client, "nope")
+        assert bad.status_code == 400 and "not loaded" in bad.json()["error"]["message"]
+        info = client.get("/get_server_info").json()  # runs the KV and LoRA integrity checks
+        assert info["scheduler"]["num_running_reqs"] == 0
+
+
+def test_openai_clients_name_the_adapter_as_their_model(lora_server, peft_tokens) -> None:
+    import openai
+
+    oai = openai.OpenAI(base_url=f"{lora_server.url}/v1", api_key="unused", max_retries=0)
+    cards = {m.id: m for m in oai.models.list().data}
+    base = next(name for name, card in cards.items() if getattr(card, "parent", None) is None)
+    assert {n: getattr(c, "parent", None) for n, c in cards.items() if n != base} == {
+        "a": base,
+        "b": base,
+    }
+    with lora_server.client() as client:
+        expected = {name: generate(client, name).json()["text"] for name in ("a", "b", None)}
+    for model, adapter in [("a", "a"), (f"{base}:b", "b"), (base, None)]:
+        out = oai.completions.create(
+            model=model,
+            prompt=PROMPT,
+            max_tokens=MAX_NEW,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        assert out.choices[0].text == expected[adapter]
+        assert out.model == (adapter or base)
+    chat = oai.chat.completions.create(
+        model="a", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert chat.model == "a" and chat.choices[0].message.content is not None
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        oai.completions.create(model="zzz", prompt="x", max_tokens=1)
+    with pytest.raises(openai.BadRequestError, match="different adapters"):
+        oai.completions.create(model="a", prompt="x", max_tokens=1, extra_body={"lora_path": "b"})
+
+
+def test_adapters_load_and_unload_at_run_time(lora_server, adapters, peft_tokens) -> None:
+    with lora_server.client() as client:
+        loaded = client.post(
+            "/load_lora_adapter", json={"lora_name": "c", "lora_path": adapters["c"]}
+        )
+        assert loaded.status_code == 200, loaded.text
+        body = loaded.json()
+        assert body["success"] and body["error_message"] is None
+        assert body["loaded_adapters"] == {
+            "a": adapters["a"],
+            "b": adapters["b"],
+            "c": adapters["c"],
+        }
+        assert generate(client, "c").json()["output_ids"] == peft_tokens["c"]
+        again = client.post(
+            "/load_lora_adapter", json={"lora_name": "c", "lora_path": adapters["c"]}
+        )
+        assert again.status_code == 400 and not again.json()["success"]
+        assert "already loaded" in again.json()["error_message"]
+        missing = client.post("/load_lora_adapter", json={"lora_name": "d", "lora_path": "/no/dir"})
+        assert (
+            missing.status_code == 400
+            and "not a PEFT LoRA adapter" in missing.json()["error_message"]
+        )
+        gone = client.post("/unload_lora_adapter", json={"lora_name": "c"}).json()
+        assert gone["success"] and "c" not in gone["loaded_adapters"]
+        refused = generate(client, "c")
+        assert refused.status_code == 400 and "not loaded" in refused.json()["error"]["message"]
+        # vLLM's routes and answers
+        ok = client.post(
+            "/v1/load_lora_adapter", json={"lora_name": "c2", "lora_path": adapters["c"]}
+        )
+        assert ok.status_code == 200 and ok.text == "Success: LoRA adapter 'c2' added successfully."
+        assert "c2" in {m["id"] for m in client.get("/v1/models").json()["data"]}
+        # the same files as "c" a moment ago: the same cache namespace, so the prompt hits
+        hit = generate(client, "c2").json()
+        assert hit["output_ids"] == peft_tokens["c"]
+        assert hit["meta_info"]["cached_tokens"] == len(PROMPT) - 1
+        ok = client.post("/v1/unload_lora_adapter", json={"lora_name": "c2"})
+        assert ok.text == "Success: LoRA adapter 'c2' removed successfully."
+        unknown = client.post("/v1/unload_lora_adapter", json={"lora_name": "c2"})
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+        client.get("/get_server_info").raise_for_status()
