@@ -61,6 +61,7 @@ from radixserve.models.decoder import DecoderForCausalLM
 from radixserve.models.forward_batch import ForwardBatch
 from radixserve.models.huge_pages import huge_page_buffer
 from radixserve.models.kernels import _ext
+from radixserve.models.lora import LoraBatch
 from radixserve.models.tiny import write_llama3_8b_shaped, write_qwen25_05b_shaped
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_runner import ModelRunner
@@ -143,8 +144,9 @@ class OurSide:
         self.ctx = ctx
         self.req_to_token = self.runner.req_to_token_pool.req_to_token
 
-    def prefill(self, prompts: torch.Tensor) -> torch.Tensor:
-        """Prefill ``prompts`` [bs, len] into rows 0..bs-1; returns next tokens [bs]."""
+    def prefill(self, prompts: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
+        """Prefill ``prompts`` [bs, len] into rows 0..bs-1 (``lora``: the adapters of its
+        rows, ``lora_throughput.py``); returns next tokens [bs]."""
         bs, n = prompts.shape
         slots = 1 + torch.arange(bs).view(bs, 1) * self.ctx + torch.arange(n).view(1, n)  # [bs, n]
         self.req_to_token[:bs, :n] = slots.to(torch.int32)
@@ -156,9 +158,12 @@ class OurSide:
             slots.reshape(-1),
             self.runner.device,
         )
+        batch.lora = lora
         return self.runner.forward(batch).next_token_logits.argmax(-1)
 
-    def decode(self, tokens: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
+    def decode(
+        self, tokens: torch.Tensor, seq_lens: list[int], lora: LoraBatch | None = None
+    ) -> torch.Tensor:
         """One step for rows 0..bs-1 whose KV lengths before the step are ``seq_lens``."""
         bs = len(seq_lens)
         rows, lens = torch.arange(bs), torch.tensor(seq_lens)
@@ -167,6 +172,7 @@ class OurSide:
         batch = ForwardBatch.decode(
             tokens, list(range(bs)), [s + 1 for s in seq_lens], slots, self.runner.device
         )
+        batch.lora = lora
         return self.runner.forward(batch).next_token_logits.argmax(-1)
 
 

@@ -103,7 +103,7 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
         lora = batch.lora
         if lora is not None:
-            lora.add(self.layer_id, "qkv_proj", x, qkv)
+            lora.add(self.layer_id, "qkv_proj", x, qkv, self.kernels)
         qk_norm = (self.qk_norm_weight, self.eps) if self.qk_norm else None
         q, k, v = self.kernels.split_rope(
             qkv, self.num_heads, self.num_kv_heads, cos, sin, qk_norm
@@ -114,7 +114,7 @@ class Attention(nn.Module):
             o = backend.forward_extend(q, k, v, self.layer_id, batch)
         out = self.o_proj(o)  # o [num_tokens, heads * head_dim]
         if lora is not None:
-            lora.add(self.layer_id, "o_proj", o, out)
+            lora.add(self.layer_id, "o_proj", o, out, self.kernels)
         return self.tp.all_reduce(out)
 
 

@@ -218,9 +218,9 @@ class SwiGLUMLP(nn.Module):
     ) -> torch.Tensor:  # [num_tokens, hidden]; ``lora``: the batch's adapters, at ``layer_id``
         gate_up = self.gate_up_proj(x)  # [num_tokens, 2 * inter]
         if lora is not None:
-            lora.add(layer_id, "gate_up_proj", x, gate_up)
+            lora.add(layer_id, "gate_up_proj", x, gate_up, self.kernels)
         act = self.kernels.silu_mul(gate_up)
         out = self.down_proj(act)
         if lora is not None:
-            lora.add(layer_id, "down_proj", act, out)
+            lora.add(layer_id, "down_proj", act, out, self.kernels)
         return self.tp.all_reduce(out)

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from radixserve.models.lora import LoraAdapter, LoraBatch, adapter_uid
+from radixserve.models.lora import LoraAdapter, LoraBatch, LoraStacks, adapter_uid
 from radixserve.runtime.schedule_batch import ScheduleBatch
 from radixserve.types import Req
 
@@ -57,6 +57,7 @@ class LoraManager:
         self.entries: dict[str, _Entry] = {}  # uid -> entry, while named or referenced
         self.loaded: OrderedDict[str, LoraAdapter] = OrderedDict()  # uid -> weights, LRU first
         self.num_loads = 0  # adapter reads from disk (the first one included)
+        self.stacks = LoraStacks()  # the stacked deltas of decode batches (models/lora/batch.py)
 
     # ---- names -------------------------------------------------------------------------------
     def load(self, name: str, path: str, pinned: bool = False) -> None:
@@ -160,7 +161,7 @@ class LoraManager:
         if not any(adapters):
             return None
         device = next(a for a in adapters if a is not None).device
-        return LoraBatch.build(adapters, token_counts, device)
+        return LoraBatch.build(adapters, token_counts, device, self.stacks)
 
     # ---- memory --------------------------------------------------------------------------------
     def _weights(self, uid: str, needed: set[str]) -> LoraAdapter:
@@ -189,11 +190,13 @@ class LoraManager:
                 break
             if victim != uid and victim not in needed and not self.entries[victim].pinned:
                 del self.loaded[victim]
+                self.stacks.clear()
 
     def _drop_if_unused(self, entry: _Entry) -> None:
         if not entry.names and entry.refs == 0:
             del self.entries[entry.uid]
-            self.loaded.pop(entry.uid, None)
+            if self.loaded.pop(entry.uid, None) is not None:
+                self.stacks.clear()  # no stack keeps its weights alive
 
     def check_integrity(self, reqs: Iterable[Req]) -> None:
         """Every adapter's hold count equals the requests holding it."""

@@ -56,6 +56,11 @@ SCRIPT_ARGS: dict[str, list[str]] = {
         *("--context-len", "8", "--decode-steps", "1", "--reps", "1", "--bandwidth-mib", "16"),
         *("--json", "{out}/throughput.json"),
     ],
+    "lora_throughput.py": [
+        *("--model-dir", "{model}", "--adapter-dir", "{out}", "--rank", "4", "--adapters", "1"),
+        *("2", "--batch-sizes", "2", "--context-len", "8", "--decode-steps", "1"),
+        *("--prefill-batch", "2", "--prompt-len", "8", "--reps", "1"),
+    ],
     "multiturn_chat.py": [
         *("--quick", "--model", "{model}", "--baselines", "none"),
         *("--conversations", "2", "--turns", "2", "--out", "{out}/bench", "--name", "mt"),
@@ -121,6 +126,11 @@ COVERED_ELSEWHERE = {"device_gpu.sh": "tests/bench/test_device_gpu_dry_run.py"}
 
 # Patterns (re.MULTILINE) the script's output must match: rows it prints once it did its work.
 EXPECTED: dict[str, list[str]] = {
+    "lora_throughput.py": [
+        r"^prefill 2x8\s+\d",
+        r"^decode b=2 ctx=8\s+\d",
+        r"^lora x2\s+\d+\.\d%\s+\d+\.\d%",
+    ],
     "gemm_bench.py": [r"^\s*M\s+shape\s+torch fp32", r"^\s*16\s+layer\s+\d"],
     "gemv_bench.py": [
         r"^lm_head 151936x896 bf16: GB/s",

@@ -2,6 +2,15 @@
 and the adapters of one forward as segments of its rows (``batch.py``)."""
 
 from radixserve.models.lora.adapter import LoraAdapter, LoraDelta, adapter_uid, load_adapter
-from radixserve.models.lora.batch import LoraBatch, LoraSegment
+from radixserve.models.lora.batch import LoraBatch, LoraSegment, LoraStack, LoraStacks
 
-__all__ = ["LoraAdapter", "LoraBatch", "LoraDelta", "LoraSegment", "adapter_uid", "load_adapter"]
+__all__ = [
+    "LoraAdapter",
+    "LoraBatch",
+    "LoraDelta",
+    "LoraSegment",
+    "LoraStack",
+    "LoraStacks",
+    "adapter_uid",
+    "load_adapter",
+]
