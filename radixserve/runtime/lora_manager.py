@@ -23,6 +23,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
+from radixserve.config import EngineConfig
 from radixserve.models.lora import LoraAdapter, LoraBatch, LoraStacks, adapter_uid
 from radixserve.runtime.schedule_batch import ScheduleBatch
 from radixserve.types import Req
@@ -47,10 +50,13 @@ class LoraManager:
         loader: AdapterLoader | None,
         max_per_batch: int = 8,
         max_loaded: int | None = None,
+        identify: Callable[[str], str] = adapter_uid,
     ) -> None:
         """``loader`` reads an adapter directory for this model (``None``: a model that serves
-        no adapters, e.g. a tensor-parallel one)."""
+        no adapters); ``identify`` names a directory's content (the simulator's adapters have
+        none: it passes their names)."""
         self.loader = loader
+        self.identify = identify
         self.max_per_batch = max_per_batch
         self.max_loaded = max_loaded
         self.names: dict[str, str] = {}  # name -> uid
@@ -59,13 +65,31 @@ class LoraManager:
         self.num_loads = 0  # adapter reads from disk (the first one included)
         self.stacks = LoraStacks()  # the stacked deltas of decode batches (models/lora/batch.py)
 
+    @classmethod
+    def of(cls, config: EngineConfig, loader: AdapterLoader | None) -> LoraManager:
+        """The manager of ``config``'s LoRA fields, serving its ``lora_paths`` already."""
+        manager = cls(loader, config.max_loras_per_batch, config.max_loaded_loras)
+        for name, path in config.lora_paths:
+            manager.load(name, path)
+        return manager
+
+    @classmethod
+    def weightless(cls, max_per_batch: int) -> LoraManager:
+        """Adapters that are names only, no files or weights (the simulator's, whose model is
+        a cost model); their namespaces and the per-batch bound hold as for real ones."""
+
+        def adapter(name: str) -> LoraAdapter:
+            return LoraAdapter(name, name, 0, (), torch.device("cpu"))
+
+        return cls(adapter, max_per_batch, identify=lambda name: name)
+
     # ---- names -------------------------------------------------------------------------------
     def load(self, name: str, path: str, pinned: bool = False) -> None:
         """Serve the adapter at ``path`` as ``name`` (``pinned``: never dropped from memory).
         ``ValueError``: the name is taken, this model serves no adapters, the directory is not
         an adapter this model can apply, or pinning it would leave no room in memory."""
         if self.loader is None:
-            raise ValueError("this model serves no LoRA adapters (tensor parallel)")
+            raise ValueError("this scheduler runs no model that could apply a LoRA adapter")
         if not name or ":" in name or name in self.names:
             why = "is already loaded" if name in self.names else "is not a valid adapter name"
             raise ValueError(f"the LoRA adapter name {name!r} {why}")
@@ -73,7 +97,7 @@ class LoraManager:
             if sum(e.pinned for e in self.entries.values()) + 1 >= self.max_loaded:
                 raise ValueError(f"pinning leaves no room: --max-loaded-loras {self.max_loaded}")
         try:
-            uid = adapter_uid(path)
+            uid = self.identify(path)
         except OSError as exc:
             raise ValueError(f"{path!r} is not a PEFT LoRA adapter: {exc.strerror}") from None
         if uid not in self.loaded:
@@ -91,6 +115,10 @@ class LoraManager:
         entry = self.entries[uid]
         entry.names.discard(name)
         self._drop_if_unused(entry)
+
+    def names_by_uid(self) -> dict[str, list[str]]:
+        """uid -> the names it is served as (none: unloaded, its last requests running)."""
+        return {uid: sorted(e.names) for uid, e in self.entries.items()}
 
     def adapters(self) -> dict[str, str]:
         """name -> directory, of every adapter served."""

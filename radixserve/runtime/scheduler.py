@@ -24,7 +24,7 @@ from radixserve.policy import AdmissionConfig, PrefillAdder, PrefillPlan, Schedu
 from radixserve.runtime.grammar import GrammarFactory
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.kv_manager import KVManager
-from radixserve.runtime.lora_manager import AdapterLoader, LoraManager
+from radixserve.runtime.lora_manager import LoraManager
 from radixserve.runtime.model_worker import BatchResult, Worker
 from radixserve.runtime.output_processor import advance, make_output
 from radixserve.runtime.request_limits import RequestLimits
@@ -53,7 +53,7 @@ class Scheduler:
         kv: KVManager | None = None,
         worker: Worker | None = None,
         clock: Callable[[], float] = time.monotonic,
-        lora_loader: AdapterLoader | None = None,
+        loras: LoraManager | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -61,7 +61,7 @@ class Scheduler:
         self.tokenizer = tokenizer
         if worker is None:
             kv, worker = build_model_worker(config, kv)
-            lora_loader = worker.runner.load_lora
+            loras = loras or LoraManager.of(config, worker.runner.load_lora)
         if kv is None:
             raise ValueError("a Scheduler given a worker needs its kv too")
         self.kv = kv
@@ -96,9 +96,7 @@ class Scheduler:
         self.grammars = GrammarFactory(tokenizer, worker.vocab_size, self.eos_token_ids)
         self.enable_jump_forward = not config.disable_jump_forward
         self.swap = config.preemption_mode == "swap"  # sent-back KV goes to the tier
-        self.loras = LoraManager(lora_loader, config.max_loras_per_batch, config.max_loaded_loras)
-        for name, path in config.lora_paths:
-            self.loras.load(name, path)
+        self.loras = loras or LoraManager.of(config, None)
 
     # ---- requests in -----------------------------------------------------------------------
     def add_request(self, request: GenerateRequest) -> None:

@@ -174,7 +174,10 @@ class SchedulerLoop:
             tree = summarize_tree(self.scheduler.kv.tree, msg.max_nodes)
         except ValueError as exc:
             return RpcReply(msg.call_id, error=str(exc))
-        return RpcReply(msg.call_id, {"tree": tree, "stats": self.scheduler.get_stats()})
+        loras = self.scheduler.loras.names_by_uid()
+        return RpcReply(
+            msg.call_id, {"tree": tree, "stats": self.scheduler.get_stats(), "loras": loras}
+        )
 
     def _maybe_save_tier(self) -> None:
         """Idle after work: write a file tier's index (at most every TIER_SAVE_INTERVAL_S), so

@@ -40,6 +40,7 @@ def _add_trace_flags(p: argparse.ArgumentParser) -> None:
     add("--turns", type=int, default=None, help="multiturn")
     add("--seed", type=int, default=0)
     add("--token-range", type=_range, default=(3, 32000), help="LO-HI token ids of prompts")
+    add("--loras", type=int, default=None, help="K: session i under LoRA adapter i %% K")
 
 
 def add_sim_parser(sub: Any) -> argparse.ArgumentParser:
@@ -52,6 +53,7 @@ def add_sim_parser(sub: Any) -> argparse.ArgumentParser:
     add("--kv-tokens", type=int, default=65536, help="KV pool of each replica, in tokens")
     add("--policy", default="fcfs", choices=SCHEDULE_POLICIES)
     add("--max-running", type=int, default=64)
+    add("--max-loras-per-batch", type=int, default=8, help="distinct LoRA adapters per batch")
     add("--chunked-prefill-size", type=int, default=512)
     add("--max-prefill-tokens", type=int, default=16384)
     add("--page-size", type=int, default=1)
@@ -105,6 +107,7 @@ def _trace(args: argparse.Namespace) -> Any:
         turns=args.turns,
         seed=args.seed,
         token_range=args.token_range,
+        loras=args.loras,
     )
     return build_trace(spec)
 
@@ -158,6 +161,7 @@ def _run(args: argparse.Namespace) -> int:
         max_total_tokens=args.kv_tokens,
         schedule_policy=args.policy,
         max_running_requests=args.max_running,
+        max_loras_per_batch=args.max_loras_per_batch,
         chunked_prefill_size=args.chunked_prefill_size,
         max_prefill_tokens=args.max_prefill_tokens,
         page_size=args.page_size,

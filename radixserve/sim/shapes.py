@@ -3,6 +3,7 @@ SGLang's ``generated-shared-prefix`` parameters, and JSONL files."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from radixserve.bench.workload import (
@@ -43,6 +44,7 @@ class TraceSpec:
     turns: int | None = None
     seed: int = 0
     token_range: tuple[int, int] = (3, 32000)
+    loras: int | None = None  # session i under LoRA adapter f"lora{i % loras}"
 
     def __post_init__(self) -> None:
         if self.kind not in TRACES:
@@ -56,7 +58,17 @@ def _pick(value: int | None, default: int) -> int:
 
 
 def build_trace(spec: TraceSpec) -> tuple[list[SimSession], int | None, str]:
-    """The sessions, the number of concurrent clients (``None``: open loop) and a description."""
+    """The sessions, the number of concurrent clients (``None``: open loop) and a description;
+    with ``loras``, session ``i`` runs under adapter ``lora{i % loras}``."""
+    sessions, clients, text = _build_trace(spec)
+    if not spec.loras:
+        return sessions, clients, text
+    k = spec.loras
+    tagged = [dataclasses.replace(s, lora=f"lora{s.sid % k}") for s in sessions]
+    return tagged, clients, f"{text}, {k} LoRA adapters"
+
+
+def _build_trace(spec: TraceSpec) -> tuple[list[SimSession], int | None, str]:
     low, high = spec.token_range
     if spec.kind.startswith("multiturn"):
         p = MULTITURN_SHAPES[spec.kind[-1]]

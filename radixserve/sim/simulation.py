@@ -18,6 +18,7 @@ import heapq
 import itertools
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +28,7 @@ from radixserve.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from radixserve.radix import NoPrefixCache, PrefixCache, RadixCache
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.kv_manager import KVManager
+from radixserve.runtime.lora_manager import LoraManager
 from radixserve.runtime.scheduler import Scheduler
 from radixserve.sim.clock import VirtualClock
 from radixserve.sim.cost_model import CostModel
@@ -50,6 +52,7 @@ class SimRecord:
     done_s: float | None = None
     cached_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
+    lora: str | None = None  # its LoRA adapter: the namespace of its cache hits
 
 
 class Replica:
@@ -63,6 +66,7 @@ class Replica:
         max_context_len: int,
         token_range: tuple[int, int],
         seed: int,
+        adapters: Iterable[str] = (),
     ) -> None:
         if config.max_total_tokens is None:
             raise ValueError("a simulated replica needs max_total_tokens (its KV pool)")
@@ -75,7 +79,10 @@ class Replica:
             tree,
         )
         self.worker = SimWorker(cost, token_range, seed)
-        self.scheduler = Scheduler(config, kv=self.kv, worker=self.worker, clock=clock)
+        loras = LoraManager.weightless(config.max_loras_per_batch)
+        for name in adapters:
+            loras.load(name, name)
+        self.scheduler = Scheduler(config, kv=self.kv, worker=self.worker, clock=clock, loras=loras)
         self.busy_until = 0.0  # its step in progress ends then (inf: idle, nothing to do)
         self.pending: list[ReqOutput] | None = None  # that step's outputs, due at busy_until
 
@@ -112,8 +119,11 @@ class Simulation:
         self.clock = VirtualClock()
         self.sessions = sorted(sessions, key=lambda s: (s.arrival_s, s.sid))
         ctx = _max_context_len(self.sessions)
+        adapters = sorted({s.lora for s in self.sessions if s.lora is not None})
         self.replicas = [
-            Replica(opts.config, opts.cost, self.clock, ctx, opts.token_range, opts.seed + i)
+            Replica(
+                opts.config, opts.cost, self.clock, ctx, opts.token_range, opts.seed + i, adapters
+            )
             for i in range(opts.dp_size)
         ]
         self.router = Router(opts.router_policy, opts.dp_size, opts.cache_aware, opts.seed)
@@ -198,10 +208,11 @@ class Simulation:
         prompt = np.concatenate([history, t.user_ids]) if len(history) else t.user_ids
         i = self.router.pick(prompt, now)
         rid = f"s{sid}-t{turn}"
-        record = SimRecord(sid, turn, i, prompt, t.output_len, now)
+        record = SimRecord(sid, turn, i, prompt, t.output_len, now, lora=session.lora)
         params = SamplingParams(max_new_tokens=t.output_len, temperature=0.0, ignore_eos=True)
         r = self.replicas[i]
-        r.scheduler.add_request(GenerateRequest(rid, prompt.tolist(), params))
+        request = GenerateRequest(rid, prompt.tolist(), params, lora_name=session.lora)
+        r.scheduler.add_request(request)
         self._inflight[rid] = record
         self.records.append(record)
         if r.pending is None:

@@ -16,7 +16,8 @@ from radixserve.sim.simulation import SimRecord, SimResult
 def optimal_hits(records: list[SimRecord]) -> list[int]:
     """``bench.records.optimal_hits`` over int32 arrays, on a radix tree (a dict trie of 100
     million tokens would not fit in memory): in send order, each prompt's longest prefix
-    (at most ``prompt_len - 1`` tokens) shared with an earlier prompt + answer[:-1]."""
+    (at most ``prompt_len - 1`` tokens) shared with an earlier prompt + answer[:-1] under the
+    same LoRA adapter (its own namespace, as in the runtime's cache)."""
     tree = RadixCache.create_simulated()
     zeros = torch.zeros(0, dtype=torch.int64)
     order = sorted(range(len(records)), key=lambda i: (records[i].sent_s, i))
@@ -24,11 +25,11 @@ def optimal_hits(records: list[SimRecord]) -> list[int]:
     for i in order:
         r = records[i]
         prompt = r.prompt_ids
-        hits[i] = len(tree.match_prefix(prompt[: len(prompt) - 1]).indices)
+        hits[i] = len(tree.match_prefix(prompt[: len(prompt) - 1], r.lora).indices)
         seq = prompt if len(r.output_ids) <= 1 else _concat(prompt, r.output_ids[:-1])
         if len(zeros) < len(seq):
             zeros = torch.zeros(2 * len(seq), dtype=torch.int64)
-        tree.insert(seq, zeros[: len(seq)])
+        tree.insert(seq, zeros[: len(seq)], r.lora)
     return hits
 
 

@@ -9,10 +9,13 @@ JSONL (one request per line; each line is a one-turn session, sent at its ``arri
 
     {"arrival_s": 0.25, "input_ids": [101, 7, ...], "output_len": 32}
     {"arrival_s": 0.30, "prompt_len": 700, "prefix_group": 3, "prefix_len": 512, "output_len": 16}
+    {"arrival_s": 0.35, "input_ids": [101, 7, ...], "output_len": 8, "lora": "sql"}
 
 The second form gives lengths only: requests of one ``prefix_group`` share their first
 ``prefix_len`` tokens (the longest ``prefix_len`` the group uses, cut per request), the rest is
-drawn at random, seeded by ``seed`` and the line number, so a replay is reproducible.
+drawn at random, seeded by ``seed`` and the line number, so a replay is reproducible. A
+``lora`` names the LoRA adapter a request runs under (the simulated scheduler serves every
+name the trace uses): the radix cache splits by it, and ``max_loras_per_batch`` bounds a batch.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class SimSession:
     prefix_ids: np.ndarray  # int32, possibly the same object as other sessions' prefix
     turns: tuple[SimTurn, ...]
     arrival_s: float = 0.0
+    lora: str | None = None  # the LoRA adapter it runs under: its own radix-cache namespace
 
 
 def from_bench_sessions(sessions: Iterable[Session]) -> list[SimSession]:
@@ -163,7 +167,10 @@ def read_jsonl(
             prefix = groups[g][:plen] if g is not None else EMPTY
             rng = np.random.default_rng((seed, 2, i))
             user = rng.integers(low, high, prompt_len - plen, dtype=np.int32)
-        sessions.append(SimSession(sid, prefix, (SimTurn(user, output_len),), arrival))
+        lora = line.get("lora")
+        if lora is not None and not isinstance(lora, str):
+            raise ValueError(f"{where}: 'lora' must be an adapter's name (a string)")
+        sessions.append(SimSession(sid, prefix, (SimTurn(user, output_len),), arrival, lora))
     return sessions
 
 
@@ -179,6 +186,8 @@ def write_jsonl(sessions: Iterable[SimSession], stream: TextIO) -> int:
         turn = s.turns[0]
         ids = np.concatenate([s.prefix_ids, turn.user_ids]).tolist()
         line = {"arrival_s": s.arrival_s, "input_ids": ids, "output_len": turn.output_len}
+        if s.lora is not None:
+            line["lora"] = s.lora
         stream.write(json.dumps(line, separators=(",", ":")) + "\n")
         n += 1
     return n

@@ -93,6 +93,9 @@ def test_generate_takes_an_adapter_per_batch_item(lora_server, peft_tokens) -> N
         assert single["output_ids"] == peft_tokens["b"]
         bad = generate(client, "nope")
         assert bad.status_code == 400 and "not loaded" in bad.json()["error"]["message"]
+        # the cache page names each namespace's adapter
+        nodes = client.get("/cache_tree").json()["tree"]["nodes"]
+        assert {n["adapter"] for n in nodes if n["parent"] is not None} >= {"a", "b", None}
         info = client.get("/get_server_info").json()  # runs the KV and LoRA integrity checks
         assert info["scheduler"]["num_running_reqs"] == 0
 

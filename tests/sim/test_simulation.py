@@ -123,3 +123,34 @@ def test_shared_prefix_hit_rate_is_near_optimal() -> None:
 def test_a_request_the_pool_cannot_hold_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="KV slots"):
         Simulation(SimOptions(_config(max_total_tokens=64), COST), [_one(0, 100, 4)]).run()
+
+
+def test_lora_sessions_hit_only_their_own_adapters_cache() -> None:
+    """Shared system prompts under 4 adapters: each adapter computes each system prompt once
+    (the hit rate equals the optimal per namespace, below the trace's optimal without
+    adapters), and no batch holds more than max_loras_per_batch adapters."""
+    from dataclasses import replace
+
+    spec = SharedPrefixSpec(num_groups=2, prompts_per_group=8, system_len=64, question_len=8)
+    plain = from_bench_sessions(make_shared_prefix(spec, 5, 1000))
+    tagged = [replace(s, lora=f"lora{s.sid % 4}") for s in plain]
+    config = _config(max_loras_per_batch=2)
+    base = summarize("base", Simulation(SimOptions(config, COST), plain).run())
+    sim = Simulation(SimOptions(config, COST, check_integrity_every=1), tagged)
+    seen: list[set[str]] = []
+    scheduler = sim.replicas[0].scheduler
+    forward_lora = scheduler.loras.forward_lora
+
+    def recording(reqs, counts, keep=()):  # type: ignore[no-untyped-def]
+        seen.append({r.lora_id for r in (*reqs, *keep) if r.lora_id is not None})
+        return forward_lora(reqs, counts, keep)
+
+    scheduler.loras.forward_lora = recording  # type: ignore[method-assign]
+    result = sim.run()
+    lora = summarize("lora", result)
+    assert all(len(r.output_ids) == r.output_len for r in result.records)
+    assert lora["hit_rate"] == lora["optimal_hit_rate"] < base["optimal_hit_rate"]
+    # per adapter: 2 system prompts of 64 tokens computed once each, then hit
+    assert {r.lora for r in result.records} == {"lora0", "lora1", "lora2", "lora3"}
+    assert max(len(s) for s in seen) == 2
+    scheduler.check_integrity()

@@ -140,3 +140,14 @@ def test_roofline_h100_is_memory_bound_at_small_batch() -> None:
     one = h100.decode_s([1024])
     assert 1e-3 < one < 3e-3  # ~1 GB of bf16 weights at ~2.3 TB/s, plus 1 ms of overhead
     assert h100.decode_s([1024] * 8) < 1.1 * one  # batching is nearly free there
+
+
+def test_jsonl_carries_each_requests_lora_adapter() -> None:
+    line = {"arrival_s": 0.0, "input_ids": [5, 6, 7], "output_len": 2, "lora": "sql"}
+    [session] = read_jsonl(io.StringIO(json.dumps(line)))
+    assert session.lora == "sql"
+    out = io.StringIO()
+    write_jsonl([session], out)
+    assert json.loads(out.getvalue())["lora"] == "sql"
+    with pytest.raises(ValueError, match="'lora' must be an adapter's name"):
+        read_jsonl(io.StringIO(json.dumps({**line, "lora": 3})))

@@ -60,6 +60,7 @@ function tooltip(params) {
     : enc(n.text) + (n.num_tokens > 32 ? "&hellip;" : "");
   return `<div style="max-width:420px;white-space:pre-wrap">${n.num_tokens} tokens, ` +
     `${n.subtree_tokens} below; ${state}<br>last access ${n.last_access}` +
+    (n.adapter ? `<br>LoRA adapter ${enc(n.adapter)}` : "") +
     (n.extra_key ? `<br>namespace ${enc(n.extra_key)}` : "") + `<hr>${text}</div>`;
 }
 
