@@ -251,3 +251,59 @@ def test_adapters_this_runtime_cannot_apply_are_refused(
         with pytest.raises(ValueError, match="not a valid adapter name"):
             e.load_lora_adapter("a:b", lora_dirs["all"])
         assert e.lora_adapters() == {}
+
+
+def test_a_restarted_file_tier_hits_only_under_the_same_adapter_files(
+    tiny_llama_dir, lora_dirs, peft_greedy, tmp_path
+) -> None:
+    """The namespace is the adapter's content: after a restart the tier's KV of "all" is hit
+    by the same files under any name, never by other files given that name."""
+    [p] = prompts(1, seed=13, shared=40)
+    tier = dict(
+        max_total_tokens=256,
+        kv_tier_path=str(tmp_path / "tier"),
+        kv_tier_write_policy="write_through",
+    )
+    with Engine(
+        str(tiny_llama_dir), dtype="float32", lora_paths={"x": lora_dirs["all"]}, **tier
+    ) as e:
+        e.generate(input_ids=p, sampling_params=PARAMS, lora_path="x")
+    with Engine(
+        str(tiny_llama_dir),
+        dtype="float32",
+        lora_paths={"renamed": lora_dirs["all"], "x": lora_dirs["mlp"]},
+        **tier,
+    ) as e:
+        other = e.generate(input_ids=p, sampling_params=PARAMS, lora_path="x")
+        same = e.generate(input_ids=p, sampling_params=PARAMS, lora_path="renamed")
+        e.check_integrity()
+    assert other["meta_info"]["cached_tokens"] == 0
+    assert other["output_ids"] == peft_greedy("mlp", p)
+    assert same["meta_info"]["cached_tokens"] >= len(p) - 2
+    assert same["output_ids"] == peft_greedy("all", p)
+
+
+@pytest.mark.parametrize("policy", ["lpm", "dfs-weight"])
+def test_cache_aware_policies_match_within_the_namespace(
+    tiny_llama_dir, lora_dirs, peft_greedy, policy
+) -> None:
+    """The same prompts under two adapters: LPM and DFS-weight see each request's match in its
+    own namespace, so the second round hits under each adapter what that adapter computed."""
+    ps = prompts(4, seed=17)
+    which = ["all", "mlp"] * 2
+    twice = [*ps, *ps]
+    names = [*which, *reversed(which)]  # the same prompts, each under the other adapter too
+    with engine(tiny_llama_dir, lora_dirs, schedule_policy=policy) as e:
+        first = e.generate(input_ids=ps, sampling_params=PARAMS, lora_path=which)
+        both = e.generate(input_ids=twice, sampling_params=PARAMS, lora_path=names)
+        e.check_integrity()
+    assert [o["output_ids"] for o in first] == [
+        peft_greedy(n, p) for n, p in zip(which, ps, strict=True)
+    ]
+    assert [o["output_ids"] for o in both] == [
+        peft_greedy(n, p) for n, p in zip(names, twice, strict=True)
+    ]
+    cached = [o["meta_info"]["cached_tokens"] for o in both]
+    assert all(c >= len(p) - 1 for c, p in zip(cached[:4], ps, strict=True))
+    # under the other adapter: at most what the batch's own first request computed
+    assert all(c < len(p) - 1 for c, p in zip(cached[4:], ps, strict=True))
