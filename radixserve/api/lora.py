@@ -55,16 +55,18 @@ def check_adapter(tm: TokenizerManager, name: str | None) -> str | None:
     return name
 
 
-def adapter_of_model(tm: TokenizerManager, model: str, base_names: set[str]) -> str | None:
-    """The adapter an OpenAI ``model`` names: an adapter's name, or ``BASE:ADAPTER``;
-    ``None`` for the base model itself; ``APIError`` 404 for anything else."""
+def adapter_of_model(
+    tm: TokenizerManager, model: str, base_names: set[str], served_name: str
+) -> str | None:
+    """The adapter an OpenAI ``model`` names: an adapter's name, or ``BASE:ADAPTER`` (``BASE``
+    any of ``base_names``); ``None`` for the base model itself; ``APIError`` 404 otherwise."""
     if model in base_names:
         return None
     base, sep, adapter = model.rpartition(":")
     name = adapter if sep and base in base_names else model
     if name in tm.lora_adapters:
         return name
-    served = ", ".join(sorted([next(iter(sorted(base_names))), *tm.lora_adapters]))
+    served = ", ".join(f"`{name}`" for name in [served_name, *sorted(tm.lora_adapters)])
     raise APIError(
         f"the model `{model}` does not exist; this server serves {served}",
         404,

@@ -51,7 +51,8 @@ class OpenAIServing:
         """The LoRA adapter a request runs under: the one ``model`` names (``None``, the field
         left out, means the base model, as in vLLM; 404 for a model not served), or SGLang's
         ``lora_path`` field (400 if the two name different adapters)."""
-        adapter = None if model is None else adapter_of_model(self.tm, model, self.accepted_names)
+        names, served = self.accepted_names, self.model_name
+        adapter = None if model is None else adapter_of_model(self.tm, model, names, served)
         if body.lora_path is None:
             return adapter
         if adapter not in (None, body.lora_path):

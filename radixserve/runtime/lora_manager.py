@@ -64,6 +64,7 @@ class LoraManager:
         self.loaded: OrderedDict[str, LoraAdapter] = OrderedDict()  # uid -> weights, LRU first
         self.num_loads = 0  # adapter reads from disk (the first one included)
         self.stacks = LoraStacks()  # the stacked deltas of decode batches (models/lora/batch.py)
+        self.unreadable: list[tuple[Req, Exception]] = []  # see take_unreadable
 
     @classmethod
     def of(cls, config: EngineConfig, loader: AdapterLoader | None) -> LoraManager:
@@ -163,12 +164,26 @@ class LoraManager:
         running_uids = {r.lora_id for r in running if r.lora_id is not None}
 
         def may_join(req: Req, admitted: Sequence[Req]) -> bool:
-            if req.lora_id is None or req.lora_id in running_uids:
+            if req.lora_id is None:
                 return True
             uids = running_uids | {r.lora_id for r in admitted if r.lora_id is not None}
-            return len(uids | {req.lora_id}) <= self.max_per_batch
+            uids.add(req.lora_id)
+            if len(uids) > self.max_per_batch:
+                return False
+            try:  # in memory before it is admitted: read back now if it was dropped
+                self._weights(req.lora_id, uids)
+            except (OSError, ValueError, RuntimeError) as exc:  # the adapter's own failure
+                self.unreadable.append((req, exc))
+                return False
+            return True
 
         return may_join
+
+    def take_unreadable(self) -> list[tuple[Req, Exception]]:
+        """The requests :meth:`gate` refused because their adapter could not be read back
+        (its files deleted or changed since loading), with why; the scheduler fails them."""
+        out, self.unreadable = self.unreadable, []
+        return out
 
     def attach(self, batch: ScheduleBatch, keep: Iterable[Req] = ()) -> None:
         """Give ``batch``'s forward its :class:`LoraBatch` (see :meth:`forward_lora`)."""

@@ -119,13 +119,8 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(
-            self.waiting
-            or self.running
-            or self.chunked_req
-            or self.in_flight
-            or self.pending_outputs
-        )
+        work = (self.waiting, self.running, self.chunked_req, self.in_flight, self.pending_outputs)
+        return any(work)
 
     # ---- the loop ------------------------------------------------------------------------
     def step(self) -> list[ReqOutput]:
@@ -198,6 +193,9 @@ class Scheduler:
         plan = adder.plan(
             self.waiting, ordering.matches, ordering.deprioritized, self.chunked_req, gate
         )
+        for req, exc in self.loras.take_unreadable():  # its adapter's files went: it alone ends
+            self.waiting.remove(req)
+            self._fail(req, exc, release=True)
         return self._commit(plan)
 
     def _commit(self, plan: PrefillPlan) -> ScheduleBatch | None:

@@ -307,3 +307,33 @@ def test_cache_aware_policies_match_within_the_namespace(
     assert all(c >= len(p) - 1 for c, p in zip(cached[:4], ps, strict=True))
     # under the other adapter: at most what the batch's own first request computed
     assert all(c < len(p) - 1 for c, p in zip(cached[4:], ps, strict=True))
+
+
+def test_an_adapter_whose_files_went_fails_its_requests_alone(
+    tiny_llama_dir, lora_dirs, peft_greedy, tmp_path
+) -> None:
+    """Dropped from memory (--max-loaded-loras 1), then its directory deleted: the next
+    request under it ends with an error when it would be admitted; the others run on."""
+    import shutil
+
+    [p] = prompts(1, seed=19)
+    doomed = shutil.copytree(lora_dirs["all"], tmp_path / "doomed")
+    paths = {"doomed": str(doomed), "mlp": lora_dirs["mlp"]}
+    with Engine(
+        str(tiny_llama_dir),
+        dtype="float32",
+        max_total_tokens=4096,
+        lora_paths=paths,
+        max_loras_per_batch=1,
+        max_loaded_loras=1,
+    ) as e:
+        assert e.generate(input_ids=p, sampling_params=PARAMS, lora_path="doomed")[
+            "output_ids"
+        ] == peft_greedy("all", p)
+        e.generate(input_ids=p, sampling_params=PARAMS, lora_path="mlp")  # drops "doomed"
+        shutil.rmtree(doomed)
+        outs = e.generate(input_ids=[p, p], sampling_params=PARAMS, lora_path=["doomed", "mlp"])
+        assert outs[0]["meta_info"]["finish_reason"]["type"] == "abort"
+        assert outs[1]["output_ids"] == peft_greedy("mlp", p)
+        e.check_integrity()
+        assert e.scheduler.stats.num_failed_reqs == 1
