@@ -175,3 +175,38 @@ def test_adapters_load_and_unload_at_run_time(lora_server, adapters, peft_tokens
         unknown = client.post("/v1/unload_lora_adapter", json={"lora_name": "c2"})
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
         client.get("/get_server_info").raise_for_status()
+
+
+def test_frontend_programs_pick_an_adapter_per_gen(lora_server) -> None:
+    """``gen(lora=...)`` and ``run(lora=...)`` over the HTTP backend: the text each adapter
+    generates for the same prompt, as /generate gives it."""
+    from radixserve.frontend import RuntimeEndpoint, function, gen
+
+    endpoint = RuntimeEndpoint(lora_server.url, timeout=60.0)
+    params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
+    with lora_server.client() as client:
+        expected = {
+            name: client.post(
+                "/generate", json={"text": "Once", "sampling_params": params, "lora_path": name}
+            ).json()["text"]
+            for name in ("a", "b", None)
+        }
+    assert len(set(expected.values())) == 3
+
+    @function
+    def two(s):  # type: ignore[no-untyped-def]
+        s += "Once"
+        s += gen("x", max_tokens=MAX_NEW, lora="b")  # its own adapter over the run's default
+        s += gen("y", max_tokens=MAX_NEW)
+
+    state = two.run(backend=endpoint, temperature=0, ignore_eos=True, lora="a")
+    assert state["x"] == expected["b"]
+    base = two.run(backend=endpoint, temperature=0, ignore_eos=True)
+    assert base["x"] == expected["b"]  # gen's own lora
+    with lora_server.client() as client:
+        after_x = client.post(
+            "/generate",
+            json={"text": "Once" + expected["b"], "sampling_params": params, "lora_path": "a"},
+        ).json()["text"]
+    assert state["y"] == after_x
+    endpoint.shutdown()

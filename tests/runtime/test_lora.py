@@ -337,3 +337,36 @@ def test_an_adapter_whose_files_went_fails_its_requests_alone(
         assert outs[1]["output_ids"] == peft_greedy("mlp", p)
         e.check_integrity()
         assert e.scheduler.stats.num_failed_reqs == 1
+
+
+def test_aborted_and_preempted_requests_release_their_adapter(
+    tiny_llama_dir, lora_dirs, peft_greedy
+) -> None:
+    """A client that stops reading (abort) and urgent requests preempting running ones: every
+    hold on an adapter ends with its request, the preempted ones finish under their adapters."""
+    [p] = prompts(1, seed=23)
+    long = {**PARAMS, "max_new_tokens": 30}
+    with engine(
+        tiny_llama_dir, lora_dirs, max_running_requests=2, enable_priority_scheduling=True
+    ) as e:
+        stream = e.generate(input_ids=p, sampling_params=long, lora_path="all", stream=True)
+        next(stream)
+        stream.close()  # the consumer stopped early: the request is aborted
+        slow = [
+            e.generate(input_ids=p, sampling_params=long, lora_path=n, stream=True, priority=0)
+            for n in ("mlp", "qv-rslora")
+        ]
+        firsts = [next(s) for s in slow]  # both running
+        urgent = e.generate(
+            input_ids=[p, p], sampling_params=PARAMS, lora_path=["all", None], priority=[20, 20]
+        )
+        rest = [
+            f["output_ids"] + [t for c in s for t in c["output_ids"]]
+            for f, s in zip(firsts, slow, strict=True)
+        ]
+        e.check_integrity()
+        stats = e.get_stats()
+        assert e.scheduler.loras.entries[e.scheduler.loras.names["all"]].refs == 0
+    assert stats["num_preemptions"] > 0 and stats["num_aborted_reqs"] >= 1
+    assert [u["output_ids"] for u in urgent] == [peft_greedy("all", p), peft_greedy(None, p)]
+    assert rest == [peft_greedy("mlp", p, 30), peft_greedy("qv-rslora", p, 30)]
