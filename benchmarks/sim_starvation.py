@@ -5,7 +5,7 @@ unique question each) with ``--cold`` cold requests (unique prompts, no prefix t
 spread evenly among them; ``--clients`` closed-loop clients keep the queue below LPM's
 128-request FCFS fallback, so LPM sorts every pass; a small KV pool. Every policy replays the
 same trace; printed: p99 TTFT of cold and of hot requests and the hit rate, LPM with aging on
-(``max_skipped_passes`` 8) and off.
+(``max_skipped_passes`` 8) and off, and HRRN (which ages by work done: aging "work").
 
     python benchmarks/sim_starvation.py
 """
@@ -62,6 +62,7 @@ def main() -> None:
         ("lpm", True),
         ("dfs-weight", False),
         ("dfs-weight", True),
+        ("hrrn", True),
     ):
         config = EngineConfig(
             max_total_tokens=args.kv_tokens,
@@ -83,7 +84,7 @@ def main() -> None:
         hit = sum(r.cached_tokens for r in result.records) / sum(
             len(r.prompt_ids) for r in result.records
         )
-        aging_text = "-" if policy == "fcfs" else ("on" if aging else "off")
+        aging_text = {"fcfs": "-", "hrrn": "work"}.get(policy, "on" if aging else "off")
         rows.append(
             (
                 policy,

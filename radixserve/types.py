@@ -174,6 +174,7 @@ class Req:
     arrival_time: float = field(default_factory=time.monotonic)
     extra_key: str | None = None  # its radix-cache namespace (its adapter's, then the caller's)
     lora_id: str | None = None  # the uid of its LoRA adapter (None: the base model)
+    arrival_processed_tokens: int = 0  # prompt tokens the scheduler had computed at its arrival
     eos_token_ids: frozenset[int] = frozenset()
     return_logprob: bool = False
     top_logprobs_num: int = 0

@@ -72,7 +72,8 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         choices=SCHEDULE_POLICIES,
         default=_DEFAULTS.schedule_policy,
         help="waiting-queue order: fcfs, lof (longest output first), random; cache-aware lpm "
-        "(longest prefix match) and dfs-weight",
+        "(longest prefix match), dfs-weight and hrrn (highest response ratio: work done since "
+        "a request arrived over its uncached tokens)",
     )
     add(
         "--chunked-prefill-size",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -15,6 +16,7 @@ from radixserve.policy.sort_keys import (
     CACHE_AWARE_POLICIES,
     DFS_WEIGHT,
     FCFS,
+    HRRN,
     LPM,
     RANDOM,
     SORT_KEYS,
@@ -44,10 +46,12 @@ class SchedulePolicy:
     """Orders the waiting queue once per scheduling pass (SGLang's ``SchedulePolicy``, seed 004).
 
     Policies: ``fcfs`` (default: by arrival time), ``lof`` (largest ``max_new_tokens`` first),
-    ``random`` (seeded), and the cache-aware ``lpm`` (longest cached prefix first) and
-    ``dfs-weight`` (requests of the most requested radix branch together). With a disabled tree
-    (``NoPrefixCache``) a cache-aware policy acts as FCFS. LPM falls back to FCFS for a pass in
-    which more than ``constants.lpm_fallback_queue_len`` (128) requests wait.
+    ``random`` (seeded), and the cache-aware ``lpm`` (longest cached prefix first),
+    ``dfs-weight`` (requests of the most requested radix branch together) and ``hrrn`` (highest
+    response ratio: prompt tokens computed since it arrived over its uncached tokens,
+    ``sort_keys.hrrn_key``). With a disabled tree (``NoPrefixCache``) a cache-aware policy acts
+    as FCFS. LPM and HRRN fall back to FCFS for a pass in which more than
+    ``constants.lpm_fallback_queue_len`` (128) requests wait.
 
     In-batch prefix deprioritization (LPM): walking the queue in its current order, a request
     whose real match is at most ``in_batch_prefix_caching_check_threshold`` (32) tokens is
@@ -92,10 +96,13 @@ class SchedulePolicy:
 
     @property
     def is_aging(self) -> bool:
-        return self.policy in CACHE_AWARE_POLICIES and self.constants.max_skipped_passes > 0
+        """Pass-count aging: LPM's and DFS-weight's (HRRN ages by work done, its own way)."""
+        aged = self.policy in CACHE_AWARE_POLICIES and self.policy != HRRN
+        return aged and self.constants.max_skipped_passes > 0
 
-    def calc_priority(self, waiting_queue: list[Req]) -> Ordering:
+    def calc_priority(self, waiting_queue: list[Req], processed_tokens: int = 0) -> Ordering:
         """Sort ``waiting_queue`` in place, most favoured first; write nothing to a request.
+        ``processed_tokens``: the prompt tokens computed so far (HRRN's clock; SGLang's name).
 
         A cache-aware policy matches every request against the tree and returns the matches
         (fresh for this pass), so admission does not match them again.
@@ -103,10 +110,14 @@ class SchedulePolicy:
         policy = self._active_policy(waiting_queue)
         facts = PassFacts()
         matches: dict[Req, MatchResult] = {}
-        if policy == LPM:
+        if policy in (LPM, HRRN):
             deprioritized = self._compute_prefix_matches(waiting_queue, matches, True)
             prefix_lens = {r.rid: m.cached_len for r, m in matches.items()}
-            facts = PassFacts(deprioritized=deprioritized, prefix_lens=prefix_lens)
+            facts = PassFacts(
+                deprioritized=deprioritized,
+                prefix_lens=prefix_lens,
+                processed_tokens=processed_tokens,
+            )
         elif policy == DFS_WEIGHT:
             self._compute_prefix_matches(waiting_queue, matches, False)
             root = self.tree_cache.root
@@ -134,7 +145,8 @@ class SchedulePolicy:
 
     # ---- internals -----------------------------------------------------------------------
     def _active_policy(self, waiting_queue: Sequence[Req]) -> str:
-        if self.policy == LPM and len(waiting_queue) > self.constants.lpm_fallback_queue_len:
+        long_queue = len(waiting_queue) > self.constants.lpm_fallback_queue_len
+        if self.policy in (LPM, HRRN) and long_queue:
             return FCFS  # matching every request costs too much on a long queue
         return self.policy
 
@@ -164,14 +176,14 @@ class SchedulePolicy:
 
     def _composite_key(
         self, policy: str, facts: PassFacts
-    ) -> Callable[[Req], tuple[int, int, float]]:
+    ) -> Callable[[Req], tuple[int, int, Any]]:
         policy_key = SORT_KEYS[policy]
         with_priority = self.enable_priority_scheduling
         low_first = self.schedule_low_priority_values_first
         aging = self.is_aging
         bound = self.constants.max_skipped_passes
 
-        def key(req: Req) -> tuple[int, int, float]:
+        def key(req: Req) -> tuple[int, int, Any]:
             rank = urgency_key(req, low_first) if with_priority else 0
             if aging and req.skipped_passes >= bound:
                 return (rank, 0, req.arrival_time)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from radixserve.types import Req
 
@@ -19,15 +20,17 @@ LOF = "lof"
 RANDOM = "random"
 LPM = "lpm"
 DFS_WEIGHT = "dfs-weight"
-CACHE_AWARE_POLICIES = frozenset({LPM, DFS_WEIGHT})
+HRRN = "hrrn"
+CACHE_AWARE_POLICIES = frozenset({LPM, DFS_WEIGHT, HRRN})
 
 
 @dataclass(frozen=True, slots=True)
 class PassFacts:
     """What one ``calc_priority`` pass learned, keyed by ``rid``.
 
-    ``deprioritized``: requests pushed to the back by the in-batch prefix check (LPM).
-    ``prefix_lens``: each request's cached prefix length this pass (LPM).
+    ``deprioritized``: requests pushed to the back by the in-batch prefix check (LPM, HRRN).
+    ``prefix_lens``: each request's cached prefix length this pass (LPM, HRRN).
+    ``processed_tokens``: prompt tokens the scheduler has computed so far (HRRN's clock).
     ``dfs_rank``: position of each request in the DFS-weight traversal.
     ``random_rank``: a seeded random number per request (RANDOM).
     """
@@ -36,9 +39,10 @@ class PassFacts:
     prefix_lens: Mapping[str, int] = field(default_factory=dict)
     dfs_rank: Mapping[str, int] = field(default_factory=dict)
     random_rank: Mapping[str, float] = field(default_factory=dict)
+    processed_tokens: int = 0
 
 
-SortKey = Callable[[Req, PassFacts], float]
+SortKey = Callable[[Req, PassFacts], Any]
 
 
 def fcfs_key(req: Req, facts: PassFacts) -> float:
@@ -65,12 +69,28 @@ def dfs_weight_key(req: Req, facts: PassFacts) -> float:
     return facts.dfs_rank[req.rid]
 
 
+def hrrn_key(req: Req, facts: PassFacts) -> tuple[float, str]:
+    """Highest response ratio next (SGLang's HRRN): ``waited / uncached``, largest first, where
+    ``waited`` is the prompt tokens the scheduler computed since the request arrived (its age in
+    work done, not in seconds) and ``uncached`` the tokens it still has to compute. A request
+    with nothing to compute goes first; in-batch deprioritized ones last; ties by ``rid``.
+    A short request is soon first; a long one's ratio grows as it waits, so it is never starved."""
+    if req.rid in facts.deprioritized:
+        return (math.inf, req.rid)
+    uncached = len(req.fill_ids) - facts.prefix_lens[req.rid]
+    if uncached <= 0:
+        return (-math.inf, req.rid)
+    waited = facts.processed_tokens - req.arrival_processed_tokens
+    return (-waited / uncached, req.rid)
+
+
 SORT_KEYS: dict[str, SortKey] = {
     FCFS: fcfs_key,
     LOF: lof_key,
     RANDOM: random_key,
     LPM: lpm_key,
     DFS_WEIGHT: dfs_weight_key,
+    HRRN: hrrn_key,
 }
 
 

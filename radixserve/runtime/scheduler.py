@@ -110,6 +110,7 @@ class Scheduler:
         grammar = self.grammars.for_key(params.grammar_key, params.grammar_after_token)
         lora_id, namespace = self.loras.acquire(request.lora_name, request.extra_key)
         req = request.to_req(self.clock(), self.eos_token_ids, grammar, lora_id, namespace)
+        req.arrival_processed_tokens = self.stats.num_prefill_tokens  # HRRN's clock
         self.reqs[req.rid] = req
         self.waiting.append(req)
 
@@ -185,7 +186,7 @@ class Scheduler:
             and not self.config.enable_priority_scheduling
         ):
             return None
-        ordering = self.policy.calc_priority(self.waiting)
+        ordering = self.policy.calc_priority(self.waiting, self.stats.num_prefill_tokens)
         adder = PrefillAdder(
             self.admission, self.kv, self.running.reqs, self.new_token_ratio, max(max_new_reqs, 0)
         )
