@@ -21,6 +21,9 @@ class AdmissionConfig:
     constants: SchedulerConstants = field(default_factory=SchedulerConstants)
     enable_priority_scheduling: bool = False
     schedule_low_priority_values_first: bool = False
+    # a continuing chunk leaves room for whole short prompts (policy/interleave.py)
+    enable_prefill_interleaving: bool = False
+    prefill_interleaving_min_continuation_tokens: int | None = None
 
     def __post_init__(self) -> None:
         chunk = self.chunked_prefill_size
@@ -38,4 +41,8 @@ class AdmissionConfig:
             constants=config.constants,
             enable_priority_scheduling=config.enable_priority_scheduling,
             schedule_low_priority_values_first=config.schedule_low_priority_values_first,
+            enable_prefill_interleaving=config.enable_prefill_interleaving,
+            prefill_interleaving_min_continuation_tokens=(
+                config.prefill_interleaving_min_continuation_tokens
+            ),
         )

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from radixserve.policy.admission_config import AdmissionConfig
 from radixserve.policy.ignore_eos import ReqState, ignore_eos_fits, req_state
+from radixserve.policy.interleave import interleave
 from radixserve.policy.preemption import outranks, victim_order
 from radixserve.policy.prefill_budget import AddReqResult, KVView, PrefillBudget
 from radixserve.policy.prefill_plan import Admission, PrefillPlan
@@ -82,10 +83,14 @@ class PrefillAdder:
         stops at the first it refuses, as at any refusal.
         """
         has_chunked_req = chunked_req is not None
+        matches = dict(matches or {})
+        queue: Sequence[Req] = waiting_queue
         if chunked_req is not None:
-            self.add_chunked_req(chunked_req)
-        matches = matches or {}
-        for req in waiting_queue:
+            limit = None
+            if self.config.enable_prefill_interleaving:
+                limit, queue = self._interleave(chunked_req, waiting_queue, matches)
+            self.add_chunked_req(chunked_req, limit)
+        for req in queue:
             if req.rid in deprioritized and self.result.admitted:
                 continue
             if gate is not None and not gate(req, self.result.reqs):
@@ -125,11 +130,11 @@ class PrefillAdder:
         return self._matches[req]
 
     # ---- offering ------------------------------------------------------------------------
-    def add_chunked_req(self, req: Req) -> Req | None:
+    def add_chunked_req(self, req: Req, cap: int | None = None) -> Req | None:
         """Continue the chunked request of earlier passes; call first, before ``add_one_req``.
 
         Its next chunk is what is left, cut to the chunk budget (and to ``rem_total_tokens`` when
-        that is smaller) in whole pages. When memory is short it still gets the full chunk budget:
+        that is smaller, and to ``cap``: prefill interleaving) in whole pages. When memory is short it still gets the full chunk budget:
         it already holds KV and a row, and stalling it would hold them forever. Takes no lock (it
         keeps its own) and no new slot. Returns ``req`` if more chunks remain (it is then also
         ``chunked``), else None.
@@ -140,6 +145,8 @@ class PrefillAdder:
         # what it computed so far: its cached prefix, or (no radix cache) its own KV
         extend_len = req.seq_len - max(req.prefix_len, req.kv_len)
         limit = min(budget.rem_chunk_tokens, int(budget.rem_total_tokens)) // ps * ps
+        if cap is not None:
+            limit = min(limit, cap // ps * ps)
         if limit <= 0:
             limit = budget.chunk_len()
         truncated = extend_len > limit
@@ -268,6 +275,24 @@ class PrefillAdder:
         ``Scheduler.add_request`` checked that it fits the pool."""
         status = can_swap_in(total_tokens, self.budget.rem_total_tokens, self.kv.capacity)
         return status is AllocStatus.LATER
+
+    def _interleave(
+        self, chunked: Req, waiting: Sequence[Req], matches: dict[Req, MatchResult]
+    ) -> tuple[int | None, Sequence[Req]]:
+        """The continuation's chunk cap and the queue's order (``policy/interleave.py``)."""
+        budget = self.budget.rem_chunk_tokens
+        if budget is None:
+            return None, waiting
+
+        def uncached(req: Req) -> int:
+            match = matches.get(req)
+            if match is None:
+                match = matches[req] = match_req_prefix(req, self.tree_cache)
+            return req.seq_len - match.cached_len
+
+        left = chunked.seq_len - max(chunked.prefix_len, chunked.kv_len)
+        floor = self.config.prefill_interleaving_min_continuation_tokens
+        return interleave(left, waiting, uncached, budget, self.budget.page_size, floor)
 
     def _may_start_chunk(self, has_chunked_req: bool) -> bool:
         """A new chunked request needs: none other continuing, and a page of chunk budget."""

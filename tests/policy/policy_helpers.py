@@ -112,6 +112,7 @@ def new_adder(
     constants: SchedulerConstants | None = None,
     priority: bool = False,
     low_first: bool = False,
+    interleave: bool = False,
 ) -> PrefillAdder:
     config = AdmissionConfig(
         page_size=alloc.page_size,
@@ -120,5 +121,6 @@ def new_adder(
         constants=constants or SchedulerConstants(),
         enable_priority_scheduling=priority,
         schedule_low_priority_values_first=low_first,
+        enable_prefill_interleaving=interleave,
     )
     return PrefillAdder(config, PoolView(tree, alloc), running, ratio, max_new_reqs)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
+import time
 
 import pytest
 
@@ -120,3 +122,44 @@ def test_extend_over_a_long_cached_prefix_equals_hf(engine_model_dir, hf_greedy)
         assert [o["output_ids"] for o in outs] == [hf_greedy(p, 6) for p in batch]
         assert all(o["meta_info"]["cached_tokens"] >= SDPA_MIN_PREFIX for o in outs)
         engine.check_integrity()
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "hrrn"])
+def test_interleaved_prefill_keeps_outputs_and_lets_short_prompts_in(
+    engine_model_dir, hf_greedy, policy
+) -> None:
+    """A 300-token prompt chunked by 32 with short prompts queued behind it: with prefill
+    interleaving the short ones finish their prefill beside its chunks (they are done before
+    it), and every output still equals Hugging Face's."""
+    rng = random.Random(11)
+    long = [rng.randrange(5, 1000) for _ in range(300)]
+    shorts = [[rng.randrange(5, 1000) for _ in range(6)] for _ in range(3)]
+    params = {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+    with Engine(
+        str(engine_model_dir),
+        dtype="float32",
+        chunked_prefill_size=32,
+        enable_prefill_interleaving=True,
+        schedule_policy=policy,
+        max_total_tokens=4096,
+    ) as engine:
+        engine.generate(input_ids=[1, 2, 3], sampling_params=params)  # warm
+        done: dict[int, float] = {}
+        outs: dict[int, dict] = {}
+
+        def run(i: int, ids: list[int]) -> None:
+            outs[i] = engine.generate(input_ids=ids, sampling_params=params)  # type: ignore[assignment]
+            done[i] = time.monotonic()
+
+        threads = [threading.Thread(target=run, args=(0, long))]
+        threads[0].start()
+        time.sleep(0.005)  # the long one is admitted (and chunked) first
+        threads += [threading.Thread(target=run, args=(i + 1, p)) for i, p in enumerate(shorts)]
+        for t in threads[1:]:
+            t.start()
+        for t in threads:
+            t.join(60)
+        engine.check_integrity()
+    prompts_ = [long, *shorts]
+    assert [outs[i]["output_ids"] for i in range(4)] == [hf_greedy(p, 4) for p in prompts_]
+    assert max(done[i] for i in (1, 2, 3)) < done[0]
