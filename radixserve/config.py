@@ -54,8 +54,9 @@ class EngineConfig:
     max_prefill_tokens: int = 16384
     chunked_prefill_size: int | None = 512  # None or <= 0: no chunking
     # a continuing chunk is cut so whole short prompts queued behind it run in the same step;
-    # it keeps at least the min (None: half the chunk budget). SGLang's names (policy/interleave.py)
-    enable_prefill_interleaving: bool = False
+    # it keeps at least the min (None: half the chunk budget). SGLang's names (policy/interleave.py).
+    # On by default: chosen by measurement (benchmarks/README.md, "Schedule policies")
+    enable_prefill_interleaving: bool = True
     prefill_interleaving_min_continuation_tokens: int | None = None
     schedule_policy: str = "fcfs"
     disable_radix_cache: bool = False

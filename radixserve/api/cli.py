@@ -82,6 +82,15 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="most prompt tokens one prefill step computes per request; <= 0 disables chunking",
     )
     add(
+        "--disable-prefill-interleaving",
+        action="store_true",
+        help="let a long prompt's continuing chunk take the whole chunk budget (by default it is "
+        "cut so whole short prompts queued behind it run in the same step, keeping at least "
+        "--prefill-interleaving-min-continuation-tokens, default half the chunk)",
+    )
+    add("--enable-prefill-interleaving", action="store_true", help="the default; for SGLang's")
+    add("--prefill-interleaving-min-continuation-tokens", type=int, default=None)
+    add(
         "--max-running-requests",
         type=int,
         default=_DEFAULTS.max_running_requests,
@@ -277,6 +286,10 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         max_queued_requests=args.max_queued_requests,
         max_context_len=args.max_context_len,
         chunked_prefill_size=args.chunked_prefill_size,
+        enable_prefill_interleaving=not args.disable_prefill_interleaving,
+        prefill_interleaving_min_continuation_tokens=(
+            args.prefill_interleaving_min_continuation_tokens
+        ),
         schedule_policy=args.schedule_policy,
         disable_radix_cache=args.disable_radix_cache,
         disable_overlap_schedule=args.disable_overlap_schedule,

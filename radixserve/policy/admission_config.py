@@ -22,7 +22,7 @@ class AdmissionConfig:
     enable_priority_scheduling: bool = False
     schedule_low_priority_values_first: bool = False
     # a continuing chunk leaves room for whole short prompts (policy/interleave.py)
-    enable_prefill_interleaving: bool = False
+    enable_prefill_interleaving: bool = True
     prefill_interleaving_min_continuation_tokens: int | None = None
 
     def __post_init__(self) -> None:

@@ -34,18 +34,24 @@ def interleave(
     budget: int,
     page_size: int,
     min_continuation: int | None = None,
+    rank: Callable[[Req], int] | None = None,
 ) -> tuple[int | None, list[Req]]:
     """The continuation's chunk limit (``None``: no cut, nothing picked) and the waiting
     requests in the order to offer them. ``continuation_left``: the tokens the continuing
     request still has to compute; ``uncached(req)``: what ``req`` would compute; ``budget``:
-    the chunk budget of a step."""
+    the chunk budget of a step; ``rank``: with priority scheduling, each request's urgency
+    class: the scan stops at the first request of another class than the first, so no request
+    is moved ahead of a more urgent one."""
     floor = budget // 2 if min_continuation is None else min_continuation
     spare = (budget - floor) // page_size * page_size
     if spare <= 0 or not waiting:
         return None, list(waiting)
     picked: list[Req] = []
     reserved = 0
+    first = rank(waiting[0]) if rank is not None else 0
     for req in waiting[:SCAN]:
+        if rank is not None and rank(req) != first:
+            break
         need = -(-uncached(req) // page_size) * page_size
         if 0 < need < continuation_left and reserved + need <= spare:
             picked.append(req)

@@ -27,6 +27,7 @@ from radixserve.policy.preemption import outranks, victim_order
 from radixserve.policy.prefill_budget import AddReqResult, KVView, PrefillBudget
 from radixserve.policy.prefill_plan import Admission, PrefillPlan
 from radixserve.policy.prefix_match import match_req_prefix
+from radixserve.policy.sort_keys import urgency
 from radixserve.policy.swap_admission import AllocStatus, can_swap_in
 from radixserve.radix.base import MatchResult
 from radixserve.types import Req
@@ -292,7 +293,13 @@ class PrefillAdder:
 
         left = chunked.seq_len - max(chunked.prefix_len, chunked.kv_len)
         floor = self.config.prefill_interleaving_min_continuation_tokens
-        return interleave(left, waiting, uncached, budget, self.budget.page_size, floor)
+        low_first = self.config.schedule_low_priority_values_first
+        rank = (
+            (lambda r: urgency(r.priority, low_first))
+            if self.config.enable_priority_scheduling
+            else None
+        )
+        return interleave(left, waiting, uncached, budget, self.budget.page_size, floor, rank)
 
     def _may_start_chunk(self, has_chunked_req: bool) -> bool:
         """A new chunked request needs: none other continuing, and a page of chunk budget."""

@@ -336,16 +336,20 @@ class Scheduler:
     def _retract_for_decode(self) -> None:
         """Evict first (done by the failed allocation); then retract the requests with the fewest
         generated tokens, then the longest prompts, until ~``retract_decode_steps`` more tokens
-        each fit; then set ``new_token_ratio`` from what the survivors still want."""
+        each (or a jump-forward's forced tokens, when more) fit; then set ``new_token_ratio``."""
         steps = self.constants.retract_decode_steps
+
+        def need() -> int:  # a grammar's forced tokens (one extend) count whole, not as one
+            return sum(max(r.seq_len - r.kv_len, steps) for r in self.running.reqs)
+
         order = sorted(self.running.reqs, key=lambda r: (r.output_len, -r.prompt_len))
-        while len(self.running) > 1 and self.kv.available_size() < len(self.running) * steps:
+        while len(self.running) > 1 and self.kv.available_size() < need():
             victim = order.pop(0)
             self._send_back(victim)
             victim.num_retractions += 1
             self.stats.num_retractions += 1
         chunked = self.chunked_req
-        if chunked is not None and self.kv.available_size() < len(self.running) * steps:
+        if chunked is not None and self.kv.available_size() < need():
             self.chunked_req = None
             self.stats.num_swapped_out_tokens += self.kv.send_back(chunked, self.swap)
             self.waiting.insert(0, chunked)

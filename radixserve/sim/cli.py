@@ -55,6 +55,7 @@ def add_sim_parser(sub: Any) -> argparse.ArgumentParser:
     add("--max-running", type=int, default=64)
     add("--max-loras-per-batch", type=int, default=8, help="distinct LoRA adapters per batch")
     add("--chunked-prefill-size", type=int, default=512)
+    add("--disable-prefill-interleaving", action="store_true", help="see radixserve serve")
     add("--max-prefill-tokens", type=int, default=16384)
     add("--page-size", type=int, default=1)
     add("--no-aging", action="store_true", help="turn off LPM's anti-starvation aging")
@@ -163,6 +164,7 @@ def _run(args: argparse.Namespace) -> int:
         max_running_requests=args.max_running,
         max_loras_per_batch=args.max_loras_per_batch,
         chunked_prefill_size=args.chunked_prefill_size,
+        enable_prefill_interleaving=not args.disable_prefill_interleaving,
         max_prefill_tokens=args.max_prefill_tokens,
         page_size=args.page_size,
         disable_radix_cache=args.disable_radix_cache,

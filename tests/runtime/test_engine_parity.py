@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import threading
-import time
 
 import pytest
 
@@ -125,41 +123,49 @@ def test_extend_over_a_long_cached_prefix_equals_hf(engine_model_dir, hf_greedy)
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "hrrn"])
+@pytest.mark.parametrize("interleave", [True, False])
 def test_interleaved_prefill_keeps_outputs_and_lets_short_prompts_in(
-    engine_model_dir, hf_greedy, policy
+    engine_model_dir, hf_greedy, policy, interleave
 ) -> None:
-    """A 300-token prompt chunked by 32 with short prompts queued behind it: with prefill
-    interleaving the short ones finish their prefill beside its chunks (they are done before
-    it), and every output still equals Hugging Face's."""
+    """A 300-token prompt chunked by 32, short prompts queued behind it in the same batch: with
+    prefill interleaving the short ones are prefilled beside its chunks and finish steps before
+    it and have their first token steps before it (their decode, like every decode, waits for
+    the prefill steps); without, FCFS makes them wait for its whole prefill. Outputs equal
+    Hugging Face's."""
+    from radixserve.config import EngineConfig
+    from radixserve.runtime.io_struct import GenerateRequest
+    from radixserve.runtime.scheduler import Scheduler
+    from radixserve.types import SamplingParams
+
     rng = random.Random(11)
     long = [rng.randrange(5, 1000) for _ in range(300)]
-    shorts = [[rng.randrange(5, 1000) for _ in range(6)] for _ in range(3)]
-    params = {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}
-    with Engine(
-        str(engine_model_dir),
+    prompts = [long, *([rng.randrange(5, 1000) for _ in range(6)] for _ in range(3))]
+    config = EngineConfig(
+        model_path=str(engine_model_dir),
         dtype="float32",
         chunked_prefill_size=32,
-        enable_prefill_interleaving=True,
+        enable_prefill_interleaving=interleave,
         schedule_policy=policy,
         max_total_tokens=4096,
-    ) as engine:
-        engine.generate(input_ids=[1, 2, 3], sampling_params=params)  # warm
-        done: dict[int, float] = {}
-        outs: dict[int, dict] = {}
-
-        def run(i: int, ids: list[int]) -> None:
-            outs[i] = engine.generate(input_ids=ids, sampling_params=params)  # type: ignore[assignment]
-            done[i] = time.monotonic()
-
-        threads = [threading.Thread(target=run, args=(0, long))]
-        threads[0].start()
-        time.sleep(0.005)  # the long one is admitted (and chunked) first
-        threads += [threading.Thread(target=run, args=(i + 1, p)) for i, p in enumerate(shorts)]
-        for t in threads[1:]:
-            t.start()
-        for t in threads:
-            t.join(60)
-        engine.check_integrity()
-    prompts_ = [long, *shorts]
-    assert [outs[i]["output_ids"] for i in range(4)] == [hf_greedy(p, 4) for p in prompts_]
-    assert max(done[i] for i in (1, 2, 3)) < done[0]
+    )
+    scheduler = Scheduler(config)
+    params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    for i, ids in enumerate(prompts):
+        scheduler.add_request(GenerateRequest(f"r{i}", ids, params))
+    outputs: dict[str, list[int]] = {f"r{i}": [] for i in range(4)}
+    first_token_at: dict[str, int] = {}
+    step = 0
+    while scheduler.has_work:
+        step += 1
+        for out in scheduler.step():
+            outputs[out.rid] += out.new_token_ids
+            if out.new_token_ids:
+                first_token_at.setdefault(out.rid, step)
+    scheduler.check_integrity()
+    scheduler.shutdown()
+    assert [outputs[f"r{i}"] for i in range(4)] == [hf_greedy(p, 4) for p in prompts]
+    shorts_first = max(first_token_at[f"r{i}"] for i in (1, 2, 3))
+    if interleave:
+        assert shorts_first < first_token_at["r0"] - 4
+    else:  # they waited for the whole prefill (under HRRN too: none had waited, all ratios 0)
+        assert shorts_first >= first_token_at["r0"]

@@ -40,6 +40,14 @@ CASES: dict[str, dict[str, object]] = {
     "multiturn-fcfs-dp2-power-of-two": dict(
         trace="multi", kv=900, policy="fcfs", dp=2, router="power_of_two", chunk=64
     ),
+    # prefill interleaving (the default since issue #32; the cases above predate it and pin
+    # the scheduler without it): chunks of 64 with short turns queued behind them
+    "multiturn-fcfs-chunk64-interleaved": dict(
+        trace="multi", kv=900, policy="fcfs", chunk=64, interleave=True
+    ),
+    "multiturn-hrrn-chunk64-interleaved": dict(
+        trace="multi", kv=900, policy="hrrn", chunk=64, interleave=True
+    ),
 }
 
 EXPECTED = {
@@ -50,6 +58,8 @@ EXPECTED = {
     "shared-long-outputs-retract": "0345ff87bf7f90b51fcbd4ebce8051b9a151babb80551f3dbe00ec0961d416bd",
     "multiturn-lpm-dp2-cache-aware": "d756218ab9500e6fef0b5ffb1ce35a1f5617e2cf726adc8acdc295994e56991e",
     "multiturn-fcfs-dp2-power-of-two": "1c4aad014b9c8a01c043d983cbb99a5bc920222a25a2b5c65ac724f7f5c3c667",
+    "multiturn-fcfs-chunk64-interleaved": "c2575784a4d0429369fea2d2ba234ea6bd871bcb1cc824467b6fce601d08cfbf",
+    "multiturn-hrrn-chunk64-interleaved": "66a9fb7695b77af1aa022a8d4861f6672e6337a693dbcc3302fca9752b94c964",
 }
 
 
@@ -73,6 +83,7 @@ def digest(case: dict[str, object]) -> str:
         chunked_prefill_size=int(case.get("chunk", 8192)),  # type: ignore[call-overload]
         max_running_requests=16,
         disable_overlap_schedule=True,
+        enable_prefill_interleaving=bool(case.get("interleave", False)),
     )
     cost = CostModel.load("tiny-cpu")
     opts = SimOptions(
