@@ -59,9 +59,10 @@ SYSTEMS = (
 
 def system_fields(system: str) -> dict[str, Any]:
     """``POLICY[+age=N][+il]``: the policy, LPM/DFS-weight's aging bound in passes (default
-    ``SchedulerConstants.max_skipped_passes``; 0: off) and prefill interleaving."""
+    ``SchedulerConstants.max_skipped_passes``; 0: off) and prefill interleaving (off without
+    ``+il``, whatever the default)."""
     policy, *marks = system.split("+")
-    fields: dict[str, Any] = {"schedule_policy": policy}
+    fields: dict[str, Any] = {"schedule_policy": policy, "enable_prefill_interleaving": False}
     for mark in marks:
         if mark == "il":
             fields["enable_prefill_interleaving"] = True
@@ -263,8 +264,8 @@ def main() -> None:
         if name == "long":
             run_args = argparse.Namespace(**{**vars(args), "kv_tokens": args.long_kv_tokens})
         rows = [simulate(run_args, s, trace, cost) for s in args.systems.split(",")]
-        n = len(trace[0])
-        print_table(f"\n{name}: {n} requests, KV {args.kv_tokens}, cost {args.cost}", rows, classes)
+        n, kv = len(trace[0]), run_args.kv_tokens
+        print_table(f"\n{name}: {n} requests, KV {kv}, cost {args.cost}", rows, classes)
     if args.real:
         real_rows(args, pressure_trace(args, args.real))
     print(f"load average {os.getloadavg()[0]:.2f}")

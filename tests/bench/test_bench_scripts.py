@@ -61,6 +61,11 @@ SCRIPT_ARGS: dict[str, list[str]] = {
         *("2", "--batch-sizes", "2", "--context-len", "8", "--decode-steps", "1"),
         *("--prefill-batch", "2", "--prompt-len", "8", "--reps", "1"),
     ],
+    "sim_policies.py": [
+        *("--requests", "60", "--systems", "fcfs,lpm+age=0,hrrn+il", "--groups", "4"),
+        *("--prefix", "64", "--cold-len", "64", "--long-len", "256", "--clients", "8"),
+        *("--kv-tokens", "2048"),
+    ],
     "multiturn_chat.py": [
         *("--quick", "--model", "{model}", "--baselines", "none"),
         *("--conversations", "2", "--turns", "2", "--out", "{out}/bench", "--name", "mt"),
@@ -126,6 +131,11 @@ COVERED_ELSEWHERE = {"device_gpu.sh": "tests/bench/test_device_gpu_dry_run.py"}
 
 # Patterns (re.MULTILINE) the script's output must match: rows it prints once it did its work.
 EXPECTED: dict[str, list[str]] = {
+    "sim_policies.py": [
+        r"^pressure: 60 requests, KV 2048",
+        r"^long: 60 requests, KV 65536",
+        r"^hrrn\+il\s+\d+\.\d\s+\d+\s+\d\.\d\d\s+\d",
+    ],
     "lora_throughput.py": [
         r"^prefill 2x8\s+\d",
         r"^decode b=2 ctx=8\s+\d",
