@@ -218,7 +218,9 @@ def real_rows(args: argparse.Namespace, trace: Trace) -> None:
             f"({100 * (sim['wall'] / real['wall'] - 1):+.1f}%); hit real {100 * real['hit']:.1f}%"
             f", sim {100 * sim['hit']:.1f}%"
         )
-    print_table(f"real vs sim, pressure trace, {len(sessions)} requests", rows, ["hot", "cold"])
+    print_table(
+        f"real vs sim, pressure trace, {len(sessions)} requests", rows, ["cold", "hot", "long"]
+    )
 
 
 def _fields(config: EngineConfig) -> dict[str, Any]:
@@ -257,7 +259,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     cost = CostModel.load(args.cost)
-    for name in args.traces.split(","):
+    for name in filter(None, args.traces.split(",")):  # --traces "": the real run alone
         trace = TRACES[name](args, args.requests)
         classes = sorted(set(trace[1].values()))
         run_args = args
