@@ -39,7 +39,9 @@ def test_a_full_queue_answers_429_and_a_small_pool_bounds_chat(
 
         responses = asyncio.run(_post_all(server.url, 12))
         codes = sorted(r.status_code for r in responses)
-        assert set(codes) == {200, 429} and codes.count(200) >= BOUND + 1, codes
+        # BOUND queued at least; one more when the first was admitted before the others came
+        # (when all arrive in one message batch of the scheduler, it is still waiting)
+        assert set(codes) == {200, 429} and codes.count(200) >= BOUND, codes
         refused = next(r for r in responses if r.status_code == 429)
         assert refused.headers["retry-after"] == "1"
         error = refused.json()["error"]
