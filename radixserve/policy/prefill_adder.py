@@ -135,8 +135,9 @@ class PrefillAdder:
         """Continue the chunked request of earlier passes; call first, before ``add_one_req``.
 
         Its next chunk is what is left, cut to the chunk budget (and to ``rem_total_tokens`` when
-        that is smaller, and to ``cap``: prefill interleaving) in whole pages. When memory is short it still gets the full chunk budget:
-        it already holds KV and a row, and stalling it would hold them forever. Takes no lock (it
+        that is smaller, and to ``cap``: prefill interleaving) in whole pages. When memory is
+        short it still gets the full chunk budget: it already holds KV and a row, and stalling
+        it would hold them forever. Takes no lock (it
         keeps its own) and no new slot. Returns ``req`` if more chunks remain (it is then also
         ``chunked``), else None.
         """
