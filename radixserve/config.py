@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEDULE_POLICIES = ("fcfs", "lof", "random", "lpm", "dfs-weight", "hrrn")
+SCHEDULE_POLICIES = ("fcfs", "lof", "random", "lpm", "dfs-weight", "hrrn", "adaptive")
 QUANTIZATIONS = ("int8",)
 CPU_ISAS = ("avx2", "avx512", "avx512_bf16", "neon")  # the kernel variants (x86 lowest first)
 KV_TIER_WRITE_POLICIES = ("write_back", "write_through")  # SGLang's --hicache-write-policy

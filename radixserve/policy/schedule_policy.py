@@ -13,6 +13,7 @@ from radixserve.config import SchedulerConstants
 from radixserve.policy.dfs_weight import dfs_weight_rank
 from radixserve.policy.prefix_match import match_key, match_req_prefix
 from radixserve.policy.sort_keys import (
+    ADAPTIVE,
     CACHE_AWARE_POLICIES,
     DFS_WEIGHT,
     FCFS,
@@ -100,9 +101,15 @@ class SchedulePolicy:
         aged = self.policy in CACHE_AWARE_POLICIES and self.policy != HRRN
         return aged and self.constants.max_skipped_passes > 0
 
-    def calc_priority(self, waiting_queue: list[Req], processed_tokens: int = 0) -> Ordering:
+    def calc_priority(
+        self,
+        waiting_queue: list[Req],
+        processed_tokens: int = 0,
+        available_tokens: int | None = None,
+    ) -> Ordering:
         """Sort ``waiting_queue`` in place, most favoured first; write nothing to a request.
         ``processed_tokens``: the prompt tokens computed so far (HRRN's clock; SGLang's name).
+        ``available_tokens``: free slots plus what evicting the tree would free (``adaptive``).
 
         A cache-aware policy matches every request against the tree and returns the matches
         (fresh for this pass), so admission does not match them again.
@@ -110,6 +117,8 @@ class SchedulePolicy:
         policy = self._active_policy(waiting_queue)
         facts = PassFacts()
         matches: dict[Req, MatchResult] = {}
+        if policy == ADAPTIVE:
+            policy = self._adaptive(waiting_queue, matches, available_tokens)
         if policy in (LPM, HRRN):
             deprioritized = self._compute_prefix_matches(waiting_queue, matches, True)
             prefix_lens = {r.rid: m.cached_len for r, m in matches.items()}
@@ -144,9 +153,21 @@ class SchedulePolicy:
             req.skipped_passes = 0
 
     # ---- internals -----------------------------------------------------------------------
+    def _adaptive(
+        self, waiting_queue: list[Req], matches: dict[Req, MatchResult], available: int | None
+    ) -> str:
+        """``adaptive``'s order this pass: LPM when the queue's uncached tokens exceed what the
+        pool can give (free plus evictable), so serving it in arrival order would evict
+        prefixes that waiting requests match; FCFS when they fit, where a cache-aware order
+        saves nothing and only makes requests without a match wait (the starvation trace)."""
+        for req in waiting_queue:
+            matches[req] = match_req_prefix(req, self.tree_cache)
+        need = sum(len(r.fill_ids) - m.cached_len for r, m in matches.items())
+        return FCFS if available is not None and need <= available else LPM
+
     def _active_policy(self, waiting_queue: Sequence[Req]) -> str:
         long_queue = len(waiting_queue) > self.constants.lpm_fallback_queue_len
-        if self.policy in (LPM, HRRN) and long_queue:
+        if self.policy in (LPM, HRRN, ADAPTIVE) and long_queue:
             return FCFS  # matching every request costs too much on a long queue
         return self.policy
 
@@ -161,7 +182,9 @@ class SchedulePolicy:
         sim = self._in_batch_tree
         sim.reset()
         for req in waiting_queue:
-            match = matches[req] = match_req_prefix(req, self.tree_cache)
+            match = matches.get(req)  # adaptive matched them already
+            if match is None:
+                match = matches[req] = match_req_prefix(req, self.tree_cache)
             if not in_batch or match.cached_len > check:
                 continue
             # Match what this request could reuse (all but its last token) against everything the

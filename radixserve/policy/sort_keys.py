@@ -21,7 +21,9 @@ RANDOM = "random"
 LPM = "lpm"
 DFS_WEIGHT = "dfs-weight"
 HRRN = "hrrn"
-CACHE_AWARE_POLICIES = frozenset({LPM, DFS_WEIGHT, HRRN})
+# LPM while the waiting queue's uncached tokens exceed what the pool can give, FCFS otherwise
+ADAPTIVE = "adaptive"
+CACHE_AWARE_POLICIES = frozenset({LPM, DFS_WEIGHT, HRRN, ADAPTIVE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,7 @@ SORT_KEYS: dict[str, SortKey] = {
     LPM: lpm_key,
     DFS_WEIGHT: dfs_weight_key,
     HRRN: hrrn_key,
+    ADAPTIVE: lpm_key,  # when it orders by prefix (schedule_policy.py decides per pass)
 }
 
 

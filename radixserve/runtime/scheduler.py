@@ -180,13 +180,12 @@ class Scheduler:
             self.config.max_running_requests - len(self.running) - (self.chunked_req is not None)
         )
         # a full batch admits no one, unless a more urgent request may preempt its way in
-        if (
-            max_new_reqs <= 0
-            and self.chunked_req is None
-            and not self.config.enable_priority_scheduling
-        ):
+        may_enter = self.chunked_req is not None or self.config.enable_priority_scheduling
+        if max_new_reqs <= 0 and not may_enter:
             return None
-        ordering = self.policy.calc_priority(self.waiting, self.stats.num_prefill_tokens)
+        ordering = self.policy.calc_priority(
+            self.waiting, self.stats.num_prefill_tokens, self.kv.available_size()
+        )
         adder = PrefillAdder(
             self.admission, self.kv, self.running.reqs, self.new_token_ratio, max(max_new_reqs, 0)
         )

@@ -24,7 +24,9 @@ def shared_prefix_prompts(seed: int = 0) -> list[list[int]]:
 
 
 COMBOS = list(
-    itertools.product([False, True], [16, None], [False, True], ["fcfs", "lpm", "dfs-weight"])
+    itertools.product(
+        [False, True], [16, None], [False, True], ["fcfs", "lpm", "dfs-weight", "hrrn", "adaptive"]
+    )
 )
 
 
