@@ -58,7 +58,9 @@ class EngineConfig:
     # On by default: chosen by measurement (benchmarks/README.md, "Schedule policies")
     enable_prefill_interleaving: bool = True
     prefill_interleaving_min_continuation_tokens: int | None = None
-    schedule_policy: str = "fcfs"
+    schedule_policy: str = (
+        "adaptive"  # chosen by measurement: benchmarks/README.md, "Schedule policies"
+    )
     disable_radix_cache: bool = False
     # a second KV tier under the radix tree (docs/kv_tier.md): host memory
     # (enable_hierarchical_cache, SGLang's name) or a memory-mapped file in kv_tier_path that

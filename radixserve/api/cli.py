@@ -72,8 +72,9 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         choices=SCHEDULE_POLICIES,
         default=_DEFAULTS.schedule_policy,
         help="waiting-queue order: fcfs, lof (longest output first), random; cache-aware lpm "
-        "(longest prefix match), dfs-weight and hrrn (highest response ratio: work done since "
-        "a request arrived over its uncached tokens)",
+        "(longest prefix match), dfs-weight, hrrn (highest response ratio: work done since "
+        "a request arrived over its uncached tokens) and adaptive (lpm while the queue does not "
+        "fit in the pool, fcfs while it does)",
     )
     add(
         "--chunked-prefill-size",

@@ -14,7 +14,7 @@ from radixserve.bench.models import BENCH_MODELS
 from radixserve.bench.workload import MULTITURN_SHAPES, SHARED_PREFIX_SHAPES
 from radixserve.units import parse_size
 
-POLICY_SWEEP = ("fcfs", "lpm", "dfs-weight", "hrrn")
+POLICY_SWEEP = ("fcfs", "lpm", "dfs-weight", "hrrn", "adaptive")
 
 
 def _range(text: str) -> tuple[int, int]:

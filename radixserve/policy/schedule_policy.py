@@ -48,11 +48,12 @@ class SchedulePolicy:
 
     Policies: ``fcfs`` (default: by arrival time), ``lof`` (largest ``max_new_tokens`` first),
     ``random`` (seeded), and the cache-aware ``lpm`` (longest cached prefix first),
-    ``dfs-weight`` (requests of the most requested radix branch together) and ``hrrn`` (highest
+    ``dfs-weight`` (requests of the most requested radix branch together), ``hrrn`` (highest
     response ratio: prompt tokens computed since it arrived over its uncached tokens,
-    ``sort_keys.hrrn_key``). With a disabled tree (``NoPrefixCache``) a cache-aware policy acts
-    as FCFS. LPM and HRRN fall back to FCFS for a pass in which more than
-    ``constants.lpm_fallback_queue_len`` (128) requests wait.
+    ``sort_keys.hrrn_key``) and ``adaptive`` (LPM for a pass in which the queue's uncached tokens
+    exceed what the pool can give, FCFS otherwise: ``_adaptive``). With a disabled tree
+    (``NoPrefixCache``) a cache-aware policy acts as FCFS. LPM, HRRN and adaptive fall back to
+    FCFS for a pass in which more than ``constants.lpm_fallback_queue_len`` (128) requests wait.
 
     In-batch prefix deprioritization (LPM): walking the queue in its current order, a request
     whose real match is at most ``in_batch_prefix_caching_check_threshold`` (32) tokens is
