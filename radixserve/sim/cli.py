@@ -6,7 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from radixserve.config import SCHEDULE_POLICIES
+from radixserve.config import SCHEDULE_POLICIES, EngineConfig
+
+DEFAULT_POLICY = EngineConfig.__dataclass_fields__["schedule_policy"].default
 
 DEFAULT_COST = "qwen25-05b-cpu"  # the 0.5B-shaped model on a 2-core AVX2 CPU (docs/sim.md)
 
@@ -51,7 +53,7 @@ def add_sim_parser(sub: Any) -> argparse.ArgumentParser:
     add = run.add_argument
     add("--cost", default=DEFAULT_COST, help="a cost model JSON, a built-in name, or 'h100'")
     add("--kv-tokens", type=int, default=65536, help="KV pool of each replica, in tokens")
-    add("--policy", default="fcfs", choices=SCHEDULE_POLICIES)
+    add("--policy", default=DEFAULT_POLICY, choices=SCHEDULE_POLICIES, help="the server's default")
     add("--max-running", type=int, default=64)
     add("--max-loras-per-batch", type=int, default=8, help="distinct LoRA adapters per batch")
     add("--chunked-prefill-size", type=int, default=512)

@@ -92,7 +92,7 @@ def test_sim_export_then_replay_jsonl(tmp_path: Path, capsys: pytest.CaptureFixt
         )
         == 0
     )
-    assert "fcfs" in capsys.readouterr().out
+    assert "adaptive" in capsys.readouterr().out  # the server's default policy
 
 
 @pytest.mark.parametrize(
