@@ -191,12 +191,10 @@ def _stack(
     device: torch.device,
 ) -> LoraDelta:
     """The parts of one merged projection as one :class:`LoraDelta` (see the module doc)."""
-    sizes = {
-        "qkv_proj": (model.q_size, model.kv_size, model.kv_size),
-        "gate_up_proj": (model.intermediate_size, model.intermediate_size),
-    }.get(merged, (0,))
+    num_parts = sum(1 for m, _ in TARGETS.values() if m == merged)
+    sizes = [_dims(model, merged, p)[1] for p in range(num_parts)]  # each part's output rows
     total_rank = sum(a.shape[0] for _, a, _ in parts)
-    b = torch.zeros(sum(sizes) or parts[0][2].shape[0], total_rank, dtype=torch.float32)
+    b = torch.zeros(sum(sizes), total_rank, dtype=torch.float32)
     col = 0
     for part, a_part, b_part in parts:
         row, r = sum(sizes[:part]), a_part.shape[0]

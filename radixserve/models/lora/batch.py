@@ -57,7 +57,6 @@ class LoraStack:
     """The deltas of a tuple of adapters, stacked per layer and projection."""
 
     def __init__(self, adapters: Sequence[LoraAdapter]) -> None:
-        self.uids = tuple(a.uid for a in adapters)
         owners: dict[tuple[int, ...], torch.Tensor] = {}  # shared: one mask per owner a forward
         self.layers: list[dict[str, StackedDelta]] = []
         for layer in range(len(adapters[0].layers)):
@@ -160,12 +159,6 @@ class LoraBatch:
                 rows = rows.to(device)
             segments.append(LoraSegment(adapter, rows))
         return cls(segments)
-
-    @property
-    def uids(self) -> list[str]:
-        if self.stack is not None:
-            return list(self.stack.uids)
-        return [s.adapter.uid for s in self.segments]
 
     def add(
         self, layer_id: int, proj: str, x: torch.Tensor, y: torch.Tensor, kernels: CpuKernels
