@@ -105,12 +105,11 @@ def dashboard_router(tm: TokenizerManager, tenants: Tenants) -> APIRouter:
         saying what it leaves out), KV usage, queue lengths and the last minutes' rates. The
         prompts' text and namespaces only to an admin key, or on a server without keys."""
         reply = await tm.get_cache_tree(max_nodes)
-        tree, stats, loras = reply["tree"], reply["stats"], reply.get("loras", {})
+        tree, stats = reply["tree"], reply["stats"]
         show = tenants.may_see_text(getattr(request.state, "admin", False))
         for node in tree["nodes"]:
             head_ids = node.pop("head_ids")
             node["text"] = tm.prompts.decode(head_ids) if show else None
-            node["adapter"] = adapter_label(node["extra_key"], loras)
             if not show:
                 node["extra_key"] = None
         history.add(stats)
@@ -124,15 +123,6 @@ def dashboard_router(tm: TokenizerManager, tenants: Tenants) -> APIRouter:
         }
 
     return router
-
-
-def adapter_label(extra_key: str | None, loras: dict[str, list[str]]) -> str | None:
-    """The LoRA adapter of a node's namespace (``lora:UID|...``, runtime/lora_manager.py) by
-    its names; ``None`` for the base model's KV (adapters' names are no secret: /v1/models)."""
-    if not extra_key or not extra_key.startswith("lora:"):
-        return None
-    uid = extra_key.removeprefix("lora:").split("|", 1)[0]
-    return ", ".join(loras.get(uid, [])) or f"{uid} (unloaded)"
 
 
 _STATIC_FILES = {"dashboard.js", "echarts.min.js"}

@@ -117,9 +117,14 @@ class LoraManager:
         entry.names.discard(name)
         self._drop_if_unused(entry)
 
-    def names_by_uid(self) -> dict[str, list[str]]:
-        """uid -> the names it is served as (none: unloaded, its last requests running)."""
-        return {uid: sorted(e.names) for uid, e in self.entries.items()}
+    def label(self, namespace: str | None) -> str | None:
+        """The adapter of a radix-cache ``namespace`` (see :meth:`namespace`) by its names;
+        ``None`` for the base model's KV."""
+        if not namespace or not namespace.startswith(NAMESPACE_PREFIX):
+            return None
+        uid = namespace.removeprefix(NAMESPACE_PREFIX).split("|", 1)[0]
+        entry = self.entries.get(uid)
+        return ", ".join(sorted(entry.names)) if entry and entry.names else f"{uid} (unloaded)"
 
     def adapters(self) -> dict[str, str]:
         """name -> directory, of every adapter served."""

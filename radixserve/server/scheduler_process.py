@@ -174,10 +174,9 @@ class SchedulerLoop:
             tree = summarize_tree(self.scheduler.kv.tree, msg.max_nodes)
         except ValueError as exc:
             return RpcReply(msg.call_id, error=str(exc))
-        loras = self.scheduler.loras.names_by_uid()
-        return RpcReply(
-            msg.call_id, {"tree": tree, "stats": self.scheduler.get_stats(), "loras": loras}
-        )
+        for node in tree["nodes"]:  # the cache page names each namespace's adapter
+            node["adapter"] = self.scheduler.loras.label(node["extra_key"])
+        return RpcReply(msg.call_id, {"tree": tree, "stats": self.scheduler.get_stats()})
 
     def _maybe_save_tier(self) -> None:
         """Idle after work: write a file tier's index (at most every TIER_SAVE_INTERVAL_S), so
