@@ -84,11 +84,12 @@ class PrefillAdder:
         stops at the first it refuses, as at any refusal.
         """
         has_chunked_req = chunked_req is not None
-        matches = dict(matches or {})
+        matches = matches or {}
         queue: Sequence[Req] = waiting_queue
         if chunked_req is not None:
             limit = None
             if self.config.enable_prefill_interleaving:
+                matches = dict(matches)  # the scan matches the requests it looks at
                 limit, queue = self._interleave(chunked_req, waiting_queue, matches)
             self.add_chunked_req(chunked_req, limit)
         for req in queue:
