@@ -17,10 +17,16 @@
 #   parity with Hugging Face on four families (three ways of feeding), the KV stress test with
 #   overlap on, seeded sampling on the device, the KV tier's load-back (junit.xml).
 # idle: benchmarks/scheduler_idle.py, the share of time a modelled H100 waits for the scheduler.
+# profile: where a decode step's time goes (torch profiler, benchmarks/gpu/profile_decode.py).
+# aot: the kernels the jit stage built, packed into $OUT/flashinfer-aot.tar.xz.NN: carried back
+#   in .jit/, install puts them where FlashInfer loads them without compiling (saves the jit
+#   stage's minutes on the next machine).
 # bench: decode tokens/s at batch 1, 8, 64, 256 and prefill tokens/s beside HF transformers on
 #   the Qwen2.5-0.5B- and Llama-3-8B-shaped random models in bf16, as a share of the HBM bound
 #   (benchmarks/model_throughput.py), then the multi-turn shape (a) with the cache on and off.
 #   With --device cpu: a tiny model, batches 1 and 8, and `bench multiturn --quick`.
+#
+# bench05, bench8b, multiturn: bench's three parts alone. LIMIT_<stage>=SECONDS caps a stage.
 #
 # Logs and JSON go to $OUT (or ./device_out): run.log (everything), junit.xml, idle.json,
 # throughput-<shape>.json, bench/multiturn.json and .png. A stage that fails is reported and the
@@ -34,6 +40,7 @@ while (($#)); do
     --device=*) DEVICE=${1#--device=}; shift ;;
     all) STAGES+=(install info jit tests idle bench); shift ;;
     bench) STAGES+=(install info jit bench); shift ;;
+    stage_*) STAGES+=("$1"); shift ;;
     *) STAGES+=("stage_$1"); shift ;;
   esac
 done
@@ -45,6 +52,9 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_
 ON_GPU=0
 [[ $DEVICE == cuda* ]] && ON_GPU=1
 BENCH_DIR=${BENCH_DIR:-/tmp/radixserve-gpu-models}
+# FlashInfer's just-in-time builds land here; the aot stage packs them for the next machine
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer-ws}
+export DEVICE ON_GPU OUT PY BENCH_DIR
 
 stage_install() {
   if ((!ON_GPU)); then echo "dry run: the venv's packages"; return 0; fi
@@ -52,6 +62,32 @@ stage_install() {
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || return 1
   export PYTHONPATH=/tmp/site:$PYTHONPATH
+  # kernels an earlier machine built (the aot stage's flashinfer-aot.tar.xz*, carried in .jit/):
+  # FlashInfer loads data/aot/<name>/<name>.so without compiling
+  if ls .jit/flashinfer-aot.tar.xz* >/dev/null 2>&1; then
+    mkdir -p /tmp/site/flashinfer/data/aot
+    cat .jit/flashinfer-aot.tar.xz* | tar -xJ -C /tmp/site/flashinfer/data/aot || return 1
+    echo "prebuilt kernels: $(ls /tmp/site/flashinfer/data/aot | tr '\n' ' ')"
+  fi
+}
+
+stage_aot() {  # the kernels this machine built, as FlashInfer's AOT layout, in parts of <16 MB
+  local ops=$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer
+  local stage=/tmp/aot-pack
+  rm -rf "$stage" && mkdir -p "$stage"
+  [[ -d $ops ]] || { echo "no kernels were built (a dry run uses the reference wrappers)"; return 0; }
+  find "$ops" -path '*cached_ops*' -name '*.so' | while read -r so; do
+    name=$(basename "$so" .so)
+    mkdir -p "$stage/$name" && cp "$so" "$stage/$name/"
+  done
+  ls "$stage"
+  tar -C "$stage" -cf - . | xz -6 -T0 | split -b 15M -d - "$OUT/flashinfer-aot.tar.xz."
+  ls -la "$OUT"/flashinfer-aot.tar.xz.*
+}
+
+stage_profile() {  # where a decode step's time goes on the device (torch profiler)
+  $PY benchmarks/gpu/profile_decode.py --device "$DEVICE" --model-dir "$BENCH_DIR/qwen25_05b" \
+    --out "$OUT/profile.txt"
 }
 
 stage_info() {
@@ -69,14 +105,18 @@ EOF
 }
 
 stage_jit() {  # on the CPU: the same calls through the torch reference wrappers
-  $PY benchmarks/gpu/warm_flashinfer.py --device "$DEVICE"
+  $PY benchmarks/gpu/warm_flashinfer.py --device "$DEVICE" --parallel
 }
 
 stage_tests() {
   local timeout=120
   ((ON_GPU)) && timeout=600  # a kernel the jit stage missed compiles inside its first test
+  # only the modules that hold `gpu` tests: the image lacks packages other test modules import
+  # (openai, sglang-router, jsonschema...), and one collection error would stop the whole run
+  local files
+  mapfile -t files < <(grep -rlE 'mark\.gpu|pytestmark = pytest\.mark\.gpu' tests --include='test_*.py')
   $PY -m pytest -q -p no:cacheprovider -m gpu --device "$DEVICE" --timeout "$timeout" -rfEs \
-    --junitxml "$OUT/junit.xml" tests
+    --junitxml "$OUT/junit.xml" "${files[@]}"
 }
 
 stage_idle() {
@@ -92,15 +132,27 @@ throughput() {  # name shape model_dir extra args...: writes throughput-<name>.j
     --configs bfloat16 --hf-dtypes bfloat16 --json "$OUT/throughput-$name.json" "$@"
 }
 
+stage_bench05() {
+  throughput qwen25-0.5b qwen25-0.5b "$BENCH_DIR/qwen25_05b" --batch-sizes 1 8 64 256 \
+    --prompt-len 1024 --context-len 512 --decode-steps 32 --reps 5
+}
+
+stage_bench8b() {
+  throughput llama3-8b llama3-8b "$BENCH_DIR/llama3_8b" --batch-sizes 1 8 64 256 --prompt-len 1024 \
+    --context-len 256 --decode-steps 16 --reps 3
+}
+
+stage_multiturn() {
+  $PY -m radixserve bench multiturn --shape a --device "$DEVICE" --baselines no-cache \
+    --out "$OUT/bench" --name multiturn
+}
+
 stage_bench() {
   local status=0
   if ((ON_GPU)); then
-    throughput qwen25-0.5b qwen25-0.5b "$BENCH_DIR/qwen25_05b" --batch-sizes 1 8 64 256 --prompt-len 1024 \
-      --context-len 512 --decode-steps 32 --reps 5 || status=1
-    throughput llama3-8b llama3-8b "$BENCH_DIR/llama3_8b" --batch-sizes 1 8 64 256 --prompt-len 1024 \
-      --context-len 256 --decode-steps 16 --reps 3 || status=1
-    $PY -m radixserve bench multiturn --shape a --device "$DEVICE" --baselines no-cache \
-      --out "$OUT/bench" --name multiturn || status=1
+    stage_bench05 || status=1
+    stage_bench8b || status=1
+    stage_multiturn || status=1
   else
     local tiny="$BENCH_DIR/tiny"
     [[ -f $tiny/config.json ]] || $PY -c "import sys, torch; from radixserve.models.tiny import \
@@ -114,6 +166,7 @@ intermediate_size=512, dtype=torch.bfloat16)" "$tiny" || status=1
   return $status
 }
 
+export -f $(declare -F | awk '{print $3}')  # for the stages run under timeout
 FIRST_FAILURE=0
 SUMMARY=()
 {
@@ -121,7 +174,12 @@ SUMMARY=()
     stage=${stage#stage_}
     echo "=== $stage $(date +%T) (device $DEVICE)"
     start=$SECONDS
-    "stage_$stage"
+    limit_var=LIMIT_$stage
+    if [[ $stage == install || -z ${!limit_var:-} ]]; then
+      "stage_$stage"  # install exports PYTHONPATH for the stages after it
+    else  # LIMIT_<stage>=SECONDS: a stage that hangs or overruns leaves time for the next
+      timeout -k 5 "${!limit_var}" bash -c "stage_$stage"
+    fi
     rc=$?
     SUMMARY+=("$stage: exit $rc, $((SECONDS - start)) s")
     ((rc != 0 && FIRST_FAILURE == 0)) && FIRST_FAILURE=$rc

@@ -10,6 +10,8 @@ reference wrappers (the dry run proves the calls, not the kernels).
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import time
 
 import torch
@@ -20,19 +22,17 @@ from radixserve.models.attention.flashinfer_backend import FlashInferBackend
 from radixserve.models.attention.paged_reference import ReferenceWrappers
 from radixserve.models.forward_batch import ForwardBatch
 
-# (heads, KV heads, head_dim, window): the tests' families (MQA; GQA groups of 2 and 3; a
-# sliding window of 16), the kernel test's (groups of 4, head_dim 128, with and without a
-# window of 64), the Qwen2.5-0.5B shape and the Llama-3-8B shape
-SHAPES = [
-    (4, 1, 64, None),
-    (4, 2, 64, None),
-    (6, 2, 64, None),
-    (4, 2, 64, 16),
-    (8, 2, 128, None),
-    (8, 2, 128, 64),
-    (14, 2, 64, None),
-    (32, 8, 128, None),
-]
+# (heads, KV heads, head_dim, window), grouped by the kernels FlashInfer builds for them: one
+# prefill module and one decode module per (head_dim, sliding window or not); group sizes other
+# than 1/2/4/8 decode through the prefill module. The tests' families (MQA; GQA groups of 2 and
+# 3; a window of 16), the kernel test's (groups of 4, a window of 64), the Qwen2.5-0.5B shape,
+# the Llama-3-8B shape. `--parallel` builds the groups at once, one process each: a module's
+# build is a few nvcc processes, so one group at a time leaves most of 16 cores idle.
+GROUPS = {
+    "hd64": [(4, 1, 64, None), (4, 2, 64, None), (6, 2, 64, None), (14, 2, 64, None)],
+    "hd64-window": [(4, 2, 64, 16), (8, 2, 64, 64)],
+    "hd128": [(32, 8, 128, None)],
+}
 LEN = 40
 
 
@@ -60,17 +60,26 @@ def warm(heads: int, kv_heads: int, dim: int, window: int | None, device: str) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--groups", nargs="+", choices=list(GROUPS), default=list(GROUPS))
+    parser.add_argument("--parallel", action="store_true", help="one process per group")
     args = parser.parse_args()
-    for shape in SHAPES:
-        start = time.perf_counter()
-        warm(*shape, args.device)
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        print(
-            f"heads {shape[0]}/{shape[1]}, head_dim {shape[2]}, window {shape[3]}: "
-            f"{time.perf_counter() - start:.1f} s",
-            flush=True,
-        )
+    if args.parallel:
+        procs = [
+            subprocess.Popen([sys.executable, __file__, "--device", args.device, "--groups", g])
+            for g in args.groups
+        ]
+        sys.exit(max(p.wait() for p in procs))
+    for group in args.groups:
+        for shape in GROUPS[group]:
+            start = time.perf_counter()
+            warm(*shape, args.device)
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            print(
+                f"[{group}] heads {shape[0]}/{shape[1]}, head_dim {shape[2]}, window {shape[3]}: "
+                f"{time.perf_counter() - start:.1f} s",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

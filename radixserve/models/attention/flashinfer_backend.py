@@ -84,7 +84,11 @@ class FlashInferWrappers:
         self.use_tensor_cores = spec.group_size not in (1, 2, 4, 8)
 
     def prefill(self) -> Any:
-        return self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        # FlashAttention-2's templates, as SGLang's FlashInfer backend asks for: "auto" would
+        # pick the Hopper (fa3) kernels, whose just-in-time build costs minutes more per shape
+        return self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend="fa2"
+        )
 
     def decode(self) -> Any:
         return self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(

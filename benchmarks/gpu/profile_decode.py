@@ -1,0 +1,114 @@
+"""Where a decode step's time goes on the device (``device_gpu.sh``'s profile stage).
+
+For each batch size: the wall time of a greedy decode step through ModelRunner (the 0.5B-shaped
+random model, bf16), the host time of the attention metadata (FlashInfer's ``plan``) inside it,
+the device's kernel time per step (torch profiler), and so the share of the step the device
+sits idle waiting for the host; then the profiler's top host and device ops. Written to
+``--out`` and printed. On ``--device cpu`` the same measurements (no device column).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from model_throughput import SHAPE_WRITERS, OurSide, synchronize  # noqa: E402
+
+
+def timed_metadata(side: OurSide) -> list[float]:
+    """Wrap the runner's attention metadata build; returns the list its host times go to."""
+    backend = side.runner.attn_backend
+    inner = backend.init_forward_metadata
+    spent: list[float] = []
+
+    def init_forward_metadata(batch: object) -> None:
+        start = time.perf_counter()
+        inner(batch)
+        spent.append(time.perf_counter() - start)
+
+    backend.init_forward_metadata = init_forward_metadata  # type: ignore[method-assign]
+    return spent
+
+
+def kernel_seconds(prof: profile) -> float:
+    """The device's busy time: the sum of the kernels' own durations."""
+    events = prof.key_averages()
+    return sum(getattr(e, "self_device_time_total", 0.0) for e in events) / 1e6
+
+
+def run(args: argparse.Namespace, bs: int, lines: list[str]) -> None:
+    side = OurSide(
+        args.model_dir, "bfloat16", bs, args.ctx + args.steps * 3 + 8, False, args.device
+    )
+    spent = timed_metadata(side)
+    gen = torch.Generator().manual_seed(bs)
+    prompts = torch.randint(0, side.runner.vocab_size, (bs, args.ctx), generator=gen)
+    tokens, lens = side.prefill(prompts), [args.ctx] * bs
+
+    def steps(n: int) -> None:
+        nonlocal tokens, lens
+        for _ in range(n):
+            tokens = side.decode(tokens, lens)
+            lens = [x + 1 for x in lens]
+
+    steps(3)  # warm-up
+    synchronize()
+    spent.clear()
+    start = time.perf_counter()
+    steps(args.steps)
+    synchronize()
+    wall = (time.perf_counter() - start) / args.steps
+    meta = sum(spent) / len(spent)
+    activities = [ProfilerActivity.CPU]
+    if args.device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        steps(args.steps)
+        synchronize()
+    busy = kernel_seconds(prof) / args.steps
+    idle = f", device busy {busy * 1e3:.3f} ms ({1 - busy / wall:.0%} idle)" if busy else ""
+    lines.append(
+        f"b={bs}: {wall * 1e3:.3f} ms a step, attention metadata {meta * 1e3:.3f} ms on the host"
+        f"{idle}"
+    )
+    print(lines[-1], flush=True)
+    averages = prof.key_averages()
+    lines.append(
+        averages.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60)
+    )
+    if busy:
+        lines.append(
+            averages.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60)
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--model-dir", type=Path, default=Path("bench_out/qwen25_05b_shaped"))
+    parser.add_argument("--model-shape", choices=list(SHAPE_WRITERS), default="qwen25-0.5b")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--ctx", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if not (args.model_dir / "config.json").is_file():
+        init = args.device if args.device.startswith("cuda") else "cpu"
+        SHAPE_WRITERS[args.model_shape](args.model_dir, init_device=init)
+    lines: list[str] = []
+    for bs in args.batches:
+        run(args, bs, lines)
+    text = "\n".join(lines)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
