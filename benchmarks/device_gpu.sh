@@ -86,8 +86,10 @@ stage_aot() {  # the kernels this machine built, as FlashInfer's AOT layout, in 
 }
 
 stage_profile() {  # where a decode step's time goes on the device (torch profiler)
+  local configs=(bfloat16)
+  ((ON_GPU)) && configs+=(bfloat16+eager)
   $PY benchmarks/gpu/profile_decode.py --device "$DEVICE" --model-dir "$BENCH_DIR/qwen25_05b" \
-    --out "$OUT/profile.txt"
+    --configs "${configs[@]}" --out "$OUT/profile.txt"
 }
 
 stage_info() {
@@ -128,8 +130,10 @@ stage_idle() {
 throughput() {  # name shape model_dir extra args...: writes throughput-<name>.json
   local name=$1 shape=$2 dir=$3
   shift 3
+  local configs=(bfloat16)
+  ((ON_GPU)) && configs+=(bfloat16+eager)  # CUDA graphs on, then off
   $PY benchmarks/model_throughput.py --device "$DEVICE" --model-shape "$shape" --model-dir "$dir" \
-    --configs bfloat16 --hf-dtypes bfloat16 --json "$OUT/throughput-$name.json" "$@"
+    --configs "${configs[@]}" --hf-dtypes bfloat16 --json "$OUT/throughput-$name.json" "$@"
 }
 
 stage_bench05() {

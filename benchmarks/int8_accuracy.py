@@ -27,13 +27,13 @@ def run(side: OurSide, prompt: torch.Tensor, steps: int, forced: list[int] | Non
     greedy choice when ``forced`` is None."""
     n = prompt.shape[1]
     slots = 1 + torch.arange(n)
-    side.req_to_token[0, :n] = slots.to(torch.int32)
+    side.pool.write(0, 0, slots)
     batch = ForwardBatch.extend(prompt.reshape(-1), [0], [0], [n], slots)
     rows = [side.runner.forward(batch).next_token_logits[0]]
     for i in range(steps - 1):
         tok = forced[i] if forced is not None else int(rows[-1].argmax())
         pos = n + i
-        side.req_to_token[0, pos] = 1 + pos
+        side.pool.write(0, pos, torch.tensor([1 + pos]))
         step = ForwardBatch.decode(torch.tensor([tok]), [0], [pos + 1], torch.tensor([1 + pos]))
         rows.append(side.runner.forward(step).next_token_logits[0])
     return torch.stack(rows)

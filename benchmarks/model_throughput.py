@@ -126,12 +126,16 @@ class OurSide:
         torch_linear: bool,
         device: str = "cpu",
     ) -> None:
-        dtype, _, quantization = config.partition("+")
+        dtype, *options = config.split("+")  # +int8: weight-only int8; +eager: no CUDA graphs
+        if not set(options) <= {"int8", "eager"}:
+            raise ValueError(f"unknown options in {config!r}: +int8 and +eager exist")
+        quantization = "int8" if "int8" in options else None
         cfg = EngineConfig(
             model_path=str(model_dir),
             dtype=dtype,
             device=device,
-            quantization=quantization or None,
+            quantization=quantization,
+            disable_cuda_graph="eager" in options,
             max_total_tokens=max_bs * ctx,
             max_running_requests=max_bs,
             max_context_len=ctx,
@@ -142,14 +146,14 @@ class OurSide:
         assert kv.kv_cache is not None
         self.runner = ModelRunner(cfg, kv.kv_cache, kv.req_to_token_pool)
         self.ctx = ctx
-        self.req_to_token = self.runner.req_to_token_pool.req_to_token
+        self.pool = self.runner.req_to_token_pool
 
     def prefill(self, prompts: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
         """Prefill ``prompts`` [bs, len] into rows 0..bs-1 (``lora``: the adapters of its
         rows, ``lora_throughput.py``); returns next tokens [bs]."""
         bs, n = prompts.shape
         slots = 1 + torch.arange(bs).view(bs, 1) * self.ctx + torch.arange(n).view(1, n)  # [bs, n]
-        self.req_to_token[:bs, :n] = slots.to(torch.int32)
+        self.pool.write_spans(list(range(bs)), [0] * bs, [n] * bs, slots.reshape(-1))
         batch = ForwardBatch.extend(
             prompts.reshape(-1),
             list(range(bs)),
@@ -166,9 +170,8 @@ class OurSide:
     ) -> torch.Tensor:
         """One step for rows 0..bs-1 whose KV lengths before the step are ``seq_lens``."""
         bs = len(seq_lens)
-        rows, lens = torch.arange(bs), torch.tensor(seq_lens)
-        slots = 1 + rows * self.ctx + lens
-        self.req_to_token[rows, lens] = slots.to(torch.int32)
+        slots = 1 + torch.arange(bs) * self.ctx + torch.tensor(seq_lens)
+        self.pool.write_spans(list(range(bs)), seq_lens, [1] * bs, slots)
         batch = ForwardBatch.decode(
             tokens, list(range(bs)), [s + 1 for s in seq_lens], slots, self.runner.device
         )
@@ -406,7 +409,8 @@ def main() -> None:
         "--configs",
         nargs="+",
         default=["bfloat16", "bfloat16+int8", "float32"],
-        help="radixserve sides: a dtype, optionally +int8 (weight-only int8)",
+        help="radixserve sides: a dtype, optionally +int8 (weight-only int8) and, on CUDA, +eager "
+        "(no CUDA graphs)",
     )
     parser.add_argument(
         "--hf-dtypes",

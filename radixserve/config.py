@@ -73,6 +73,10 @@ class EngineConfig:
     # evicted (recompute), or move it to the tier, pinned until it resumes (swap; needs a tier)
     preemption_mode: str = "recompute"
     disable_overlap_schedule: bool = False
+    # CUDA only: decode steps of up to cuda_graph_max_bs rows (None: max_running_requests, at
+    # most 256) replayed from CUDA graphs captured at start (runtime/cuda_graph.py)
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None
     # structured output: emit a grammar's forced text in one extend step (docs/structured_output.md)
     disable_jump_forward: bool = False
     enable_priority_scheduling: bool = False
@@ -124,6 +128,8 @@ class EngineConfig:
             raise ValueError(f"tp_timeout_s must be > 0, got {self.tp_timeout_s}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
+            raise ValueError("cuda_graph_max_bs must be >= 1")
         if self.max_queued_requests is not None and self.max_queued_requests < 1:
             raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:

@@ -12,28 +12,37 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+from radixserve.models.forward_batch import ForwardBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from model_throughput import SHAPE_WRITERS, OurSide, synchronize  # noqa: E402
 
 
 def timed_metadata(side: OurSide) -> list[float]:
-    """Wrap the runner's attention metadata build; returns the list its host times go to."""
+    """Wrap the runner's attention metadata builds (eager and graph); returns the list their
+    host times go to."""
     backend = side.runner.attn_backend
-    inner = backend.init_forward_metadata
     spent: list[float] = []
+    for name in ("init_forward_metadata", "init_graph_metadata"):
+        inner = getattr(backend, name, None)
+        if inner is not None:
+            setattr(backend, name, _timed(inner, spent))
+    return spent
 
-    def init_forward_metadata(batch: object) -> None:
+
+def _timed(inner: Callable[[ForwardBatch], None], spent: list[float]) -> Callable:
+    def call(batch: ForwardBatch) -> None:
         start = time.perf_counter()
         inner(batch)
         spent.append(time.perf_counter() - start)
 
-    backend.init_forward_metadata = init_forward_metadata  # type: ignore[method-assign]
-    return spent
+    return call
 
 
 def kernel_seconds(prof: profile) -> float:
@@ -42,10 +51,8 @@ def kernel_seconds(prof: profile) -> float:
     return sum(getattr(e, "self_device_time_total", 0.0) for e in events) / 1e6
 
 
-def run(args: argparse.Namespace, bs: int, lines: list[str]) -> None:
-    side = OurSide(
-        args.model_dir, "bfloat16", bs, args.ctx + args.steps * 3 + 8, False, args.device
-    )
+def run(args: argparse.Namespace, config: str, bs: int, lines: list[str]) -> None:
+    side = OurSide(args.model_dir, config, bs, args.ctx + args.steps * 3 + 8, False, args.device)
     spent = timed_metadata(side)
     gen = torch.Generator().manual_seed(bs)
     prompts = torch.randint(0, side.runner.vocab_size, (bs, args.ctx), generator=gen)
@@ -64,7 +71,7 @@ def run(args: argparse.Namespace, bs: int, lines: list[str]) -> None:
     steps(args.steps)
     synchronize()
     wall = (time.perf_counter() - start) / args.steps
-    meta = sum(spent) / len(spent)
+    meta = sum(spent) / max(len(spent), 1)
     activities = [ProfilerActivity.CPU]
     if args.device.startswith("cuda"):
         activities.append(ProfilerActivity.CUDA)
@@ -74,7 +81,7 @@ def run(args: argparse.Namespace, bs: int, lines: list[str]) -> None:
     busy = kernel_seconds(prof) / args.steps
     idle = f", device busy {busy * 1e3:.3f} ms ({1 - busy / wall:.0%} idle)" if busy else ""
     lines.append(
-        f"b={bs}: {wall * 1e3:.3f} ms a step, attention metadata {meta * 1e3:.3f} ms on the host"
+        f"{config} b={bs}: {wall * 1e3:.3f} ms a step, attention metadata {meta * 1e3:.3f} ms on the host"
         f"{idle}"
     )
     print(lines[-1], flush=True)
@@ -86,6 +93,7 @@ def run(args: argparse.Namespace, bs: int, lines: list[str]) -> None:
         lines.append(
             averages.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60)
         )
+    print("\n".join(lines[-2 if busy else -1 :]), flush=True)  # now: a later batch may fail
 
 
 def main() -> None:
@@ -94,6 +102,9 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=Path("bench_out/qwen25_05b_shaped"))
     parser.add_argument("--model-shape", choices=list(SHAPE_WRITERS), default="qwen25-0.5b")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64])
+    parser.add_argument(
+        "--configs", nargs="+", default=["bfloat16"], help="model_throughput.py's, e.g. +eager"
+    )
     parser.add_argument("--ctx", type=int, default=512)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None)
@@ -102,12 +113,11 @@ def main() -> None:
         init = args.device if args.device.startswith("cuda") else "cpu"
         SHAPE_WRITERS[args.model_shape](args.model_dir, init_device=init)
     lines: list[str] = []
-    for bs in args.batches:
-        run(args, bs, lines)
-    text = "\n".join(lines)
+    for config in args.configs:
+        for bs in args.batches:
+            run(args, config, bs, lines)
     if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+        args.out.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from radixserve.models.forward_batch import ForwardBatch
 # 3; a window of 16), the kernel test's (groups of 4, a window of 64), the Qwen2.5-0.5B shape,
 # the Llama-3-8B shape. `--parallel` builds the groups at once, one process each: a module's
 # build is a few nvcc processes, so one group at a time leaves most of 16 cores idle.
-GROUPS = {
+GROUPS: dict[str, list[tuple[int, int, int, int | None]]] = {
     "hd64": [(4, 1, 64, None), (4, 2, 64, None), (6, 2, 64, None), (14, 2, 64, None)],
     "hd64-window": [(4, 2, 64, 16), (8, 2, 64, 64)],
     "hd128": [(32, 8, 128, None)],

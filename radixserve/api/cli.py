@@ -154,6 +154,18 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="do not prepare the next batch while the current one runs",
     )
     add(
+        "--disable-cuda-graph",
+        action="store_true",
+        help="CUDA: run every decode step eagerly instead of replaying captured graphs",
+    )
+    add(
+        "--cuda-graph-max-bs",
+        type=int,
+        default=None,
+        help="CUDA: the largest decode batch replayed from a graph (default: "
+        "--max-running-requests, at most 256)",
+    )
+    add(
         "--enable-priority-scheduling",
         action="store_true",
         help="order by the requests' priority first (and preempt for much higher priority)",
@@ -294,6 +306,8 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         schedule_policy=args.schedule_policy,
         disable_radix_cache=args.disable_radix_cache,
         disable_overlap_schedule=args.disable_overlap_schedule,
+        disable_cuda_graph=args.disable_cuda_graph,
+        cuda_graph_max_bs=args.cuda_graph_max_bs,
         disable_jump_forward=args.disable_jump_forward,
         enable_hierarchical_cache=args.enable_hierarchical_cache,
         kv_tier_path=args.kv_tier_path,

@@ -25,11 +25,16 @@ class ReqToTokenPool:
             (size, max_context_len), dtype=torch.int32, device=self.device
         )
         self._free_rows: list[int] = list(range(size))
-        # on the CPU, a numpy view of the same memory: reading or writing a piece of a row
-        # through it costs a few microseconds, torch's slice, cast and copy several times that
-        self._host: np.ndarray | None = (
-            self.req_to_token.numpy() if self.device.type == "cpu" else None
+        # the table on the host, which the scheduler reads (a request's slots when it finishes,
+        # is retracted or cached): on the CPU a numpy view of the same memory (a few
+        # microseconds a piece, torch's slice, cast and copy several times that); on a GPU a
+        # mirror written beside the device table, so no read waits for the device
+        self._host: np.ndarray = (
+            self.req_to_token.numpy()
+            if self.device.type == "cpu"
+            else np.zeros((size, max_context_len), dtype=np.int32)
         )
+        self._mirrored = self.device.type != "cpu"
 
     def available_size(self) -> int:
         return len(self._free_rows)
@@ -50,16 +55,13 @@ class ReqToTokenPool:
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         """Store ``slots`` as the KV slots of tokens ``start .. start+len(slots)`` of ``row``."""
         end = start + slots.shape[0]
-        if self._host is not None and slots.device.type == "cpu":
-            self._host[row, start:end] = slots.numpy()
-        else:
-            self.req_to_token[row, start:end] = slots.to(torch.int32)
+        self._host[row, start:end] = slots.numpy(force=True)
+        if self._mirrored:
+            self.req_to_token[row, start:end] = slots.to(self.device, torch.int32)
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
-        """The KV slots of tokens ``start .. end`` of ``row``: an int64 copy."""
-        if self._host is not None:
-            return torch.from_numpy(self._host[row, start:end].astype(np.int64))
-        return self.req_to_token[row, start:end].to(torch.int64)
+        """The KV slots of tokens ``start .. end`` of ``row``: an int64 copy on the host."""
+        return torch.from_numpy(self._host[row, start:end].astype(np.int64))
 
     def write_spans(
         self, rows: list[int], starts: list[int], lens: list[int], slots: torch.Tensor
@@ -67,26 +69,19 @@ class ReqToTokenPool:
         """One scatter for a batch: ``slots`` holds ``lens[i]`` slots for tokens
         ``starts[i] ..`` of ``rows[i]``, request after request."""
         n = slots.shape[0]
-        if self._host is not None and slots.device.type == "cpu":
-            if n == len(rows):  # decode: one token each
-                self._host[rows, starts] = slots.numpy()
-                return
+        values = slots.numpy(force=True)
+        if n == len(rows):  # decode: one token each
+            row_idx, cols = np.asarray(rows, dtype=np.int64), np.asarray(starts, dtype=np.int64)
+        else:
             lens_a = np.asarray(lens, dtype=np.int64)
             row_idx = np.repeat(np.asarray(rows, dtype=np.int64), lens_a)
             offsets = np.asarray(starts, dtype=np.int64) - (np.cumsum(lens_a) - lens_a)
             cols = np.repeat(offsets, lens_a) + np.arange(n)
-            self._host[row_idx, cols] = slots.numpy()
-            return
-        row_ids = torch.tensor(rows, dtype=torch.int64)
-        if n == len(rows):
-            t_rows, t_cols = row_ids, torch.tensor(starts, dtype=torch.int64)
-        else:
-            lens_t = torch.tensor(lens, dtype=torch.int64)
-            t_rows = torch.repeat_interleave(row_ids, lens_t, output_size=n)
-            t_offsets = torch.tensor(starts, dtype=torch.int64) - (torch.cumsum(lens_t, 0) - lens_t)
-            t_cols = torch.repeat_interleave(t_offsets, lens_t, output_size=n) + torch.arange(n)
-        table = self.req_to_token
-        table[t_rows.to(table.device), t_cols.to(table.device)] = slots.to(table.dtype)
+        self._host[row_idx, cols] = values
+        if self._mirrored:  # the same scatter on the device: indices and values sent at once
+            packed = torch.from_numpy(np.stack([row_idx, cols, values.astype(np.int64)]))
+            idx = packed.to(self.device, non_blocking=False)
+            self.req_to_token[idx[0], idx[1]] = idx[2].to(torch.int32)
 
     def clear(self) -> None:
         self._free_rows = list(range(self.size))

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from radixserve.models.lora import LoraBatch
+from radixserve.transfer import to_device_packed
 
 
 class ForwardMode(enum.Enum):
@@ -107,15 +108,18 @@ class ForwardBatch:
         positions = offsets + torch.repeat_interleave(
             torch.tensor(prefix, dtype=torch.int64), ext_t, output_size=num_tokens
         )
+        ids, pos, slots, rows, seq_t, prefix_t, ext_d = to_device_packed(
+            [input_ids, positions, out_cache_loc, req_pool_indices, seq, prefix, ext_t], device
+        )
         return cls(
             forward_mode=ForwardMode.EXTEND,
-            input_ids=_as_long(input_ids, device),
-            positions=positions.to(device),
-            req_pool_indices=_as_long(req_pool_indices, device),
-            seq_lens=torch.tensor(seq, dtype=torch.int64, device=device),
-            extend_prefix_lens=torch.tensor(prefix, dtype=torch.int64, device=device),
-            extend_seq_lens=ext_t.to(device),
-            out_cache_loc=_as_long(out_cache_loc, device),
+            input_ids=ids,
+            positions=pos,
+            req_pool_indices=rows,
+            seq_lens=seq_t,
+            extend_prefix_lens=prefix_t,
+            extend_seq_lens=ext_d,
+            out_cache_loc=slots,
             seq_lens_list=seq,
             extend_prefix_lens_list=prefix,
             extend_seq_lens_list=ext,
@@ -145,27 +149,20 @@ class ForwardBatch:
             raise ValueError("a DECODE batch needs one input id, row, seq_len and slot per request")
         if min(seq) < 1:
             raise ValueError("seq_lens must be >= 1")
-        seq_t = torch.tensor(seq, dtype=torch.int64, device=device)
+        positions = [s - 1 for s in seq]
+        ids, rows, seq_t, pos, slots = to_device_packed(
+            [input_ids, req_pool_indices, seq, positions, out_cache_loc], device
+        )
         return cls(
             forward_mode=ForwardMode.DECODE,
-            input_ids=_as_long(input_ids, device),
-            positions=seq_t - 1,
-            req_pool_indices=_as_long(req_pool_indices, device),
+            input_ids=ids,
+            positions=pos,
+            req_pool_indices=rows,
             seq_lens=seq_t,
-            extend_prefix_lens=seq_t - 1,
+            extend_prefix_lens=pos,
             extend_seq_lens=torch.ones(bs, dtype=torch.int64, device=device),
-            out_cache_loc=_as_long(out_cache_loc, device),
+            out_cache_loc=slots,
             seq_lens_list=seq,
-            extend_prefix_lens_list=[s - 1 for s in seq],
+            extend_prefix_lens_list=positions,
             extend_seq_lens_list=[1] * bs,
         )
-
-
-def _as_long(
-    values: Sequence[int] | np.ndarray | torch.Tensor, device: torch.device | str
-) -> torch.Tensor:
-    if isinstance(values, torch.Tensor):
-        return values.to(device=device, dtype=torch.int64)
-    if isinstance(values, np.ndarray):  # token ids arrive as int32 arrays: no Python loop
-        return torch.from_numpy(values).to(device=device, dtype=torch.int64)
-    return torch.tensor(list(values), dtype=torch.int64, device=device)

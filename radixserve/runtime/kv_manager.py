@@ -63,7 +63,9 @@ class KVManager:
         """The pools of ``config``'s model: K/V buffers, request rows, the allocator, the tree."""
         layout = layout or KVLayout.from_config(config)
         kv_cache, rows = layout.build_pools(config)
-        allocator = TokenToKVPoolAllocator(kv_cache.num_slots, config.page_size, layout.device)
+        # the free lists, the rows' slots and the tree's values live on the host whatever the
+        # device (no step waits on the device to plan the next); a batch carries its slots over
+        allocator = TokenToKVPoolAllocator(kv_cache.num_slots, config.page_size)
         return cls(rows, allocator, build_prefix_cache(config, kv_cache), kv_cache)
 
     # ---- queries -------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import torch
 
 from radixserve.config import EngineConfig
 from radixserve.memory_pool import KVCache, ReqToTokenPool
+from radixserve.models.attention.flashinfer_backend import FlashInferBackend
 from radixserve.models.attention.registry import create_attention_backend
 from radixserve.models.forward_batch import ForwardBatch
 from radixserve.models.kernels import CpuKernels
@@ -26,8 +27,10 @@ from radixserve.models.loader import load_model
 from radixserve.models.lora import LoraAdapter, load_adapter
 from radixserve.models.numerics import cpu_kernels_for, model_dtype
 from radixserve.models.parallel import SINGLE, TPGroup
+from radixserve.runtime.cuda_graph import CudaGraphRunner
 from radixserve.runtime.tp_batch import BatchSender
 from radixserve.runtime.tp_ranks import TensorParallelRanks
+from radixserve.transfer import to_device
 
 PROMPT_LOGPROB_CHUNK = 256  # rows per lm_head call for prompt logprobs (~150 MB of fp32 logits)
 
@@ -95,10 +98,25 @@ class ModelRunner:
             self.req_to_token_pool,
             cpu_kernels=cpu_kernels,
         )
+        self.graphs = self._cuda_graphs(config)
         self._sender: BatchSender | None = None
         if tp_ranks is not None:
             tp_ranks.wait_loaded()
             self._sender = BatchSender(tp_ranks.control, req_to_token_pool, tp.timeout)
+
+    def _cuda_graphs(self, config: EngineConfig) -> CudaGraphRunner | None:
+        """Decode graphs where they apply: CUDA, FlashInfer, one rank, not disabled."""
+        if (
+            self.device.type != "cuda"
+            or config.disable_cuda_graph
+            or self.tp_ranks is not None
+            or not isinstance(self.attn_backend, FlashInferBackend)
+        ):
+            return None
+        max_bs = min(config.cuda_graph_max_bs or 256, config.max_running_requests)
+        return CudaGraphRunner(
+            self.model, self.attn_backend, max_bs, self.max_context_len, self.device
+        )
 
     def check_alive(self) -> None:
         """``RuntimeError`` if a tensor-parallel rank has exited (nothing to check without)."""
@@ -132,12 +150,14 @@ class ModelRunner:
             assert self.tp_ranks is not None
             self.tp_ranks.check_alive()
             self._sender.send(batch)
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return LogitsOutput(self.graphs.replay(batch))
         self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch, self.attn_backend)  # [num_tokens, hidden]
         if batch.is_decode:
             return LogitsOutput(self.model.compute_logits(hidden).float())
         ends = [n - 1 for n in itertools.accumulate(batch.extend_seq_lens_list)]
-        last = hidden.index_select(0, torch.tensor(ends, device=self.device))
+        last = hidden.index_select(0, to_device(ends, self.device))
         next_token_logits = self.model.compute_logits(last).float()
         starts = batch.input_logprob_start
         if starts is None or all(s is None for s in starts):
@@ -158,7 +178,7 @@ class ModelRunner:
             first = end - n + 1 + s  # the row of extend offset s
             spans.append((len(rows), end - first))
             rows.extend(range(first, end))
-        rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        rows_t = to_device(rows, self.device)
         targets = batch.input_ids.index_select(0, rows_t + 1)  # the token each row predicts
         out = torch.empty(len(rows), dtype=torch.float32, device=self.device)
         for i in range(0, len(rows), PROMPT_LOGPROB_CHUNK):

@@ -25,6 +25,7 @@ from radixserve.runtime.model_runner import ModelRunner
 from radixserve.runtime.sampler import Sampler, SamplerOutput
 from radixserve.runtime.sampling_batch_info import SamplingBatchInfo
 from radixserve.runtime.schedule_batch import ScheduleBatch
+from radixserve.transfer import to_device
 from radixserve.types import Req
 
 
@@ -149,11 +150,7 @@ class ModelWorker:
         rows = [i for i, s in enumerate(batch.samples) if s]
         logits = out.next_token_logits if len(rows) == n else out.next_token_logits[rows]
         sampled = self.sampler(logits, info)
-        row_idx = torch.tensor(
-            [batch.reqs[i].req_pool_idx for i in rows],
-            dtype=torch.int64,
-            device=self.last_token.device,
-        )
+        row_idx = to_device([_row(batch.reqs[i]) for i in rows], self.last_token.device)
         self.last_token.index_copy_(0, row_idx, sampled.next_token_ids)
         return _Launched(result, rows, _HostCopy.start(sampled), info.top_logprobs_nums)
 
@@ -183,6 +180,11 @@ class ModelWorker:
             if target is not None:
                 lp = float(torch.log_softmax(logits[i], dim=-1)[target])
                 result.input_logprobs[i] = (result.input_logprobs[i] or []) + [lp]
+
+
+def _row(req: Req) -> int:
+    assert req.req_pool_idx is not None, "a request in a batch holds a row"
+    return req.req_pool_idx
 
 
 @dataclass(slots=True)

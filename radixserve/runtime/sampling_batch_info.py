@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from radixserve.runtime.grammar.bitmask import fill_batch_bitmask
+from radixserve.transfer import to_device, to_device_packed
 from radixserve.types import Req, SamplingParams
 
 
@@ -130,17 +131,17 @@ class SamplingBatchInfo:
         flags = [return_logprob] * bs if isinstance(return_logprob, bool) else list(return_logprob)
 
         def col(values: list[float]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.float32, device=device).view(bs, 1)
+            return to_device(values, device, torch.float32).view(bs, 1)
 
         info = cls(
             vocab_size=vocab_size,
             temperatures=col(
                 [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]
             ),
-            top_ks=torch.tensor(ks, dtype=torch.int64, device=device),
-            top_ps=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-            min_ps=torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
-            is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            top_ks=to_device(ks, device),
+            top_ps=to_device([p.top_p for p in params], device, torch.float32),
+            min_ps=to_device([p.min_p for p in params], device, torch.float32),
+            is_greedy=to_device(greedy, device, torch.bool),
             all_greedy=not sampled_rows,
             any_greedy=any(greedy),
             need_top_k=need_top_k,
@@ -166,7 +167,7 @@ class SamplingBatchInfo:
             for row, p in enumerate(params):
                 for token, bias in (p.logit_bias or {}).items():
                     info.logit_bias[row, token] = bias
-            info.logit_bias = info.logit_bias.to(device)
+            info.logit_bias = to_device(info.logit_bias, device, torch.float32)
         if any(p.repetition_penalty != 1.0 for p in params):
             seen = [
                 list(o) if prompt_ids is None else list(prompt_ids[i]) + list(o)
@@ -192,6 +193,6 @@ def _token_table(
     cols = [t for toks in token_lists for t in toks]
     table = torch.zeros(len(token_lists), vocab_size, dtype=torch.float32, device=device)
     if cols:
-        idx = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
+        idx = tuple(to_device_packed([rows, cols], device))
         table.index_put_(idx, torch.ones(len(cols), device=device), accumulate=True)
     return table > 0 if dtype == torch.bool else table

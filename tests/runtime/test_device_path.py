@@ -34,6 +34,7 @@ from test_scheduler_stress import make_requests, run
 
 from radixserve import Engine
 from radixserve.config import EngineConfig, SchedulerConstants
+from radixserve.models.forward_batch import ForwardBatch
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.runtime.scheduler import Scheduler
 from radixserve.types import FinishKind, SamplingParams
@@ -207,3 +208,50 @@ def test_kv_tier_load_back_on_device(device: str, device_llama_dir: Path) -> Non
         if step is not None:
             (lp1, _, _), (lp2, _, _) = first["meta_info"]["output_top_logprobs"][step][:2]
             assert lp1 - lp2 < TIE, f"diverged at step {step} with a margin of {lp1 - lp2:.3f}"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
+def test_cuda_graph_decode_matches_eager(
+    arch: str, device: str, device_model_dirs: dict[str, Path]
+) -> None:
+    """A decode step replayed from a CUDA graph gives the eager step's logits, at captured and
+    padded sizes, a smaller batch after a larger one (stale graph inputs must not leak), on
+    FlashInfer's CUDA-core decode (llama: groups of 4), its tensor-core decode (qwen3: groups
+    of 3) and a sliding window (mistral)."""
+    if not device.startswith("cuda"):
+        pytest.skip("CUDA graphs need a CUDA GPU (--device cpu: there are none to replay)")
+    runner = make_runner(device_model_dirs[arch], dtype="bfloat16", device=device)
+    graphs = runner.graphs
+    assert graphs is not None and graphs.sizes == [1, 2, 4, 8, 16]
+    driver = Driver(runner)
+    rng = random.Random(arch)
+    seqs = [
+        driver.new_seq([rng.randrange(5, 1000) for _ in range(rng.randrange(10, 40))])
+        for _ in range(13)
+    ]
+    driver.extend(seqs, [len(s.tokens) for s in seqs])
+    for bs in (1, 3, 8, 13, 2):
+        part = seqs[:bs]
+        slots = driver.allocator.alloc(bs)
+        assert slots is not None
+        for seq, slot in zip(part, slots, strict=True):
+            driver.pool.write(seq.row, seq.kv_len, slot.view(1))
+
+        def step(use_graphs: bool, part: list = part, slots: torch.Tensor = slots) -> torch.Tensor:
+            runner.graphs = graphs if use_graphs else None
+            batch = ForwardBatch.decode(
+                [s.tokens[-1] for s in part],
+                [s.row for s in part],
+                [s.kv_len + 1 for s in part],
+                slots,
+                device,
+            )
+            return runner.forward(batch).next_token_logits.cpu()
+
+        replayed, eager = step(True), step(False)
+        torch.testing.assert_close(replayed, eager, rtol=3e-2, atol=3e-2)
+        assert replayed.shape == (bs, runner.vocab_size)
+        for seq, row in zip(part, eager, strict=True):
+            seq.kv_len += 1
+            seq.tokens.append(int(row.argmax()))
+    runner.graphs = graphs

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import torch
 
 from radixserve.memory_pool import KVCache, ReqToTokenPool
@@ -30,39 +31,45 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class PagedKVMetadata:
-    """FlashInfer's CSR page table over ``req_to_token`` with page size 1 (int32 tensors)."""
+    """FlashInfer's CSR page table over ``req_to_token`` with page size 1 (int32 tensors). The
+    indptrs and last page lengths are on the host: FlashInfer's ``plan`` reads them there, and
+    a device copy would cost a device-to-host sync every step (waiting for the forward in
+    flight); the indices are gathered on the device."""
 
-    qo_indptr: torch.Tensor  # [bs + 1]: request b's queries are rows qo_indptr[b]:qo_indptr[b+1]
-    kv_indptr: torch.Tensor  # [bs + 1]
-    kv_indices: torch.Tensor  # [sum(seq_lens)]: KV slots, request after request
-    kv_last_page_len: torch.Tensor  # [bs]: all ones
+    qo_indptr: torch.Tensor  # [bs + 1], host: request b's queries are rows qo_indptr[b]:[b+1]
+    kv_indptr: torch.Tensor  # [bs + 1], host
+    kv_indices: torch.Tensor  # [sum(seq_lens)], device: KV slots, request after request
+    kv_last_page_len: torch.Tensor  # [bs], host: all ones
 
 
 def build_paged_kv_metadata(
     req_to_token: torch.Tensor,  # [rows, max_context_len] int32
-    req_pool_indices: torch.Tensor,  # [bs] int64
-    seq_lens: torch.Tensor,  # [bs] int64: KV length after the step
-    extend_seq_lens: torch.Tensor | None,  # [bs] int64 (None: decode, one query per request)
-    total_kv: int,  # sum(seq_lens), known on the host (avoids a sync for the output size)
+    req_pool_indices: torch.Tensor,  # [bs] int64, on req_to_token's device
+    seq_lens: torch.Tensor,  # [bs] int64, the same: KV length after the step
+    seq_lens_list: list[int],  # the same numbers on the host
+    extend_seq_lens_list: list[int] | None,  # None: decode, one query per request
 ) -> PagedKVMetadata:
-    """A pure function of its inputs; vectorised (no loop over requests)."""
+    """A pure function of its inputs; vectorised (no loop over requests), no device sync."""
     device = req_to_token.device
-    bs = seq_lens.shape[0]
-    zero = torch.zeros(1, dtype=torch.int64, device=device)
-    kv_indptr = torch.cat([zero, torch.cumsum(seq_lens, 0)])
+    bs = len(seq_lens_list)
+    kv_indptr = np.zeros(bs + 1, dtype=np.int64)
+    np.cumsum(seq_lens_list, out=kv_indptr[1:])
+    total_kv = int(kv_indptr[-1])
+    starts = torch.cumsum(seq_lens, 0) - seq_lens  # [bs] on the device: each request's offset
     rows = torch.repeat_interleave(req_pool_indices, seq_lens, output_size=total_kv)
-    starts = torch.repeat_interleave(kv_indptr[:-1], seq_lens, output_size=total_kv)
-    cols = torch.arange(total_kv, device=device) - starts
-    kv_indices = req_to_token[rows, cols]
-    if extend_seq_lens is None:
-        qo_indptr = torch.arange(bs + 1, device=device)
+    cols = torch.arange(total_kv, device=device) - torch.repeat_interleave(
+        starts, seq_lens, output_size=total_kv
+    )
+    if extend_seq_lens_list is None:
+        qo_indptr = np.arange(bs + 1)
     else:
-        qo_indptr = torch.cat([zero, torch.cumsum(extend_seq_lens, 0)])
+        qo_indptr = np.zeros(bs + 1, dtype=np.int64)
+        np.cumsum(extend_seq_lens_list, out=qo_indptr[1:])
     return PagedKVMetadata(
-        qo_indptr=qo_indptr.to(torch.int32),
-        kv_indptr=kv_indptr.to(torch.int32),
-        kv_indices=kv_indices.to(torch.int32),
-        kv_last_page_len=torch.ones(bs, dtype=torch.int32, device=device),
+        qo_indptr=torch.from_numpy(qo_indptr.astype(np.int32)),
+        kv_indptr=torch.from_numpy(kv_indptr.astype(np.int32)),
+        kv_indices=req_to_token[rows, cols],
+        kv_last_page_len=torch.ones(bs, dtype=torch.int32),
     )
 
 
@@ -95,12 +102,43 @@ class FlashInferWrappers:
             self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores
         )
 
+    def graph_decode(self, buffers: GraphBuffers, bs: int) -> Any:
+        """A decode wrapper a CUDA graph of batch size ``bs`` captures: its page table lives in
+        ``buffers`` (shared by every size; ``plan`` fills them before each replay)."""
+        return self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace,
+            "NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=self.use_tensor_cores,
+            paged_kv_indptr_buffer=buffers.kv_indptr[: bs + 1],
+            paged_kv_indices_buffer=buffers.kv_indices,
+            paged_kv_last_page_len_buffer=buffers.kv_last_page_len[:bs],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GraphBuffers:
+    """The fixed device buffers the captured decode kernels read their page table from."""
+
+    kv_indptr: torch.Tensor  # [max_bs + 1] int32
+    kv_indices: torch.Tensor  # [max_bs * max_context_len] int32: any batch's whole table
+    kv_last_page_len: torch.Tensor  # [max_bs] int32
+
+    @classmethod
+    def allocate(cls, max_bs: int, max_context_len: int, device: torch.device) -> GraphBuffers:
+        def zeros(n: int) -> torch.Tensor:
+            return torch.zeros(n, dtype=torch.int32, device=device)
+
+        return cls(zeros(max_bs + 1), zeros(max_bs * max_context_len), zeros(max_bs) + 1)
+
 
 class FlashInferBackend:
     """Implements :class:`~radixserve.models.attention.base.AttentionBackend` with FlashInfer.
 
     One prefill and one decode wrapper per distinct sliding window (FlashInfer fixes
     ``window_left`` when planning), planned once per batch in :meth:`init_forward_metadata`.
+    With :meth:`init_cuda_graphs`, also one decode wrapper per window and captured batch size,
+    planned by :meth:`init_graph_metadata` before each replay.
     """
 
     def __init__(
@@ -114,32 +152,51 @@ class FlashInferBackend:
         self.kv_cache = kv_cache
         self.req_to_token = req_to_token_pool.req_to_token
         factory = wrappers if wrappers is not None else FlashInferWrappers(spec, kv_cache.device)
+        self._factory = factory
         windows = set(spec.sliding_windows)
         self._prefill = {w: factory.prefill() for w in windows}
         self._decode = {w: factory.decode() for w in windows}
+        self._graph_decode: dict[int, dict[int | None, Any]] = {}  # batch size -> per window
+        self._active = self._decode  # the wrappers the last plan was for
         self.metadata: PagedKVMetadata | None = None
 
+    def init_cuda_graphs(self, batch_sizes: list[int], max_context_len: int) -> None:
+        """Decode wrappers for CUDA graphs of each of ``batch_sizes`` (FlashInfer only)."""
+        assert isinstance(self._factory, FlashInferWrappers), "CUDA graphs need FlashInfer"
+        buffers = GraphBuffers.allocate(max(batch_sizes), max_context_len, self.kv_cache.device)
+        self._graph_decode = {
+            bs: {w: self._factory.graph_decode(buffers, bs) for w in self._decode}
+            for bs in batch_sizes
+        }
+
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        self._plan(batch, self._decode if batch.is_decode else self._prefill)
+
+    def init_graph_metadata(self, batch: ForwardBatch) -> None:
+        """Plan the graph wrappers of ``batch``'s (captured) size: a decode batch whose tensors
+        are the graph's own inputs."""
+        self._plan(batch, self._graph_decode[batch.batch_size])
+
+    def _plan(self, batch: ForwardBatch, wrappers: dict[int | None, Any]) -> None:
         spec = self.spec
         md = build_paged_kv_metadata(
             self.req_to_token,
             batch.req_pool_indices,
             batch.seq_lens,
-            None if batch.is_decode else batch.extend_seq_lens,
-            sum(batch.seq_lens_list),
+            batch.seq_lens_list,
+            None if batch.is_decode else batch.extend_seq_lens_list,
         )
         self.metadata = md
+        self._active = wrappers
         heads = (spec.num_heads, spec.num_kv_heads, spec.head_dim, 1)  # page size 1
         dtypes = dict(q_data_type=self.kv_cache.dtype, kv_data_type=self.kv_cache.dtype)
-        for w in self._prefill:
+        for w, wrapper in wrappers.items():
             window_left = -1 if w is None else w - 1  # keys (p - w, p] == [p - (w - 1), p]
             common = dict(sm_scale=spec.scaling, window_left=window_left, **dtypes)
             if batch.is_decode:
-                self._decode[w].plan(
-                    md.kv_indptr, md.kv_indices, md.kv_last_page_len, *heads, **common
-                )
+                wrapper.plan(md.kv_indptr, md.kv_indices, md.kv_last_page_len, *heads, **common)
             else:
-                self._prefill[w].plan(
+                wrapper.plan(
                     md.qo_indptr,
                     md.kv_indptr,
                     md.kv_indices,
@@ -152,7 +209,7 @@ class FlashInferBackend:
     def forward_extend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:
-        return self._run(self._prefill, q, k, v, layer_id, batch)
+        return self._run(q, k, v, layer_id, batch)
 
     def fused_args(self, layer_id: int, batch: ForwardBatch) -> None:
         return None  # the layer runs op by op
@@ -160,21 +217,15 @@ class FlashInferBackend:
     def forward_decode(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:
-        return self._run(self._decode, q, k, v, layer_id, batch)
+        return self._run(q, k, v, layer_id, batch)
 
     def _run(
-        self,
-        wrappers: dict[int | None, Any],
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer_id: int,
-        batch: ForwardBatch,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:
         self.kv_cache.set_kv(layer_id, batch.out_cache_loc, k, v)
         k_buf, v_buf = self.kv_cache.get_kv(layer_id)
         # pages of one slot: [num_slots, 1, kv_heads, head_dim] each
         paged = (k_buf.unsqueeze(1), v_buf.unsqueeze(1))
-        wrapper = wrappers[self.spec.sliding_windows[layer_id]]
+        wrapper = self._active[self.spec.sliding_windows[layer_id]]
         o = wrapper.run(q.contiguous(), paged)  # [num_tokens, heads, head_dim]
         return o.reshape(q.shape[0], self.spec.num_heads * self.spec.head_dim)
