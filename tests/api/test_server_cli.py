@@ -34,6 +34,8 @@ def test_serve_help_lists_design_options() -> None:
         "--page-size",
         "--disable-radix-cache",
         "--disable-overlap-schedule",
+        "--disable-cuda-graph",
+        "--cuda-graph-max-bs",
         "--enable-priority-scheduling",
         "--api-key",
         "--dtype",
@@ -75,6 +77,10 @@ def test_no_model_option_makes_the_default_model(
     assert config.engine.model_path == str(target) and is_default_model_dir(target)
     assert (target / "config.json").is_file() and (target / "tokenizer_config.json").is_file()
     assert config.engine.max_total_tokens is not None  # a smoke test gets a small KV pool
+    assert not config.engine.disable_cuda_graph and config.engine.cuda_graph_max_bs is None
+    flags = ["serve", "--disable-cuda-graph", "--cuda-graph-max-bs", "32"]
+    engine = make_server_config(build_parser().parse_args(flags)).engine
+    assert engine.disable_cuda_graph and engine.cuda_graph_max_bs == 32
 
 
 @pytest.mark.slow  # ~15-30 s on 2 cores: model creation, then three processes start
