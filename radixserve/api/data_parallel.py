@@ -1,10 +1,12 @@
-"""``radixserve serve --dp-size N``: N radixserve workers behind SGLang's router.
+"""``radixserve serve --dp-size N``: N radixserve workers behind SGLang's router or gateway.
 
 Each worker is a whole radixserve server (its own scheduler, radix cache and model) on a free
-loopback port, started in a process of its own; ``sglang-router`` (the optional extra
-``radixserve[router]``) then listens on the public host and port and routes ``/generate`` and
-the OpenAI routes to them (``cache_aware`` by default: an approximate radix tree per worker, so
-a conversation's turns go where its prefix is cached). No transport or routing of our own.
+loopback port, started in a process of its own; SGLang's model gateway ``smg`` or its
+predecessor ``sglang-router`` (both in the optional extra ``radixserve[router]``; ``--router``
+picks, by default smg where it is installed) then listens on the public host and port and
+routes ``/generate`` and the OpenAI routes to them (``cache_aware`` by default: an approximate
+radix tree per worker, so a conversation's turns go where its prefix is cached). No transport
+or routing of our own.
 
 Supervision, until SIGINT/SIGTERM: a worker that dies is reported and the rest keep serving
 (the router's health checks take it out of rotation); if the router dies, or every worker,
@@ -38,7 +40,13 @@ from radixserve.config import ServerConfig
 logger = logging.getLogger("radixserve.dp")
 
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "manual")
-INSTALL_HINT = "--dp-size > 1 needs SGLang's router: pip install 'radixserve[router]'"
+# the launcher module of each: the same command line (smg forked sglang-router's)
+ROUTER_MODULES = {"smg": "smg.launch_router", "sglang-router": "sglang_router.launch_router"}
+ROUTERS = ("auto", *ROUTER_MODULES)
+# the routers check each worker every 60 s and drop it after 3 failures: a dead local worker
+# would take requests for 3 minutes. These drop it within about 10 s (--router-arg overrides).
+HEALTH_CHECKS = {"--health-check-interval-secs": "5", "--health-failure-threshold": "2"}
+INSTALL_HINT = "--dp-size > 1 needs SGLang's gateway or router: pip install 'radixserve[router]'"
 STOP_TIMEOUT_S = 10.0
 
 
@@ -47,9 +55,12 @@ class DataParallelConfig:
     dp_size: int = 1
     router_policy: str = "cache_aware"
     threads_per_worker: int | None = None  # torch threads per worker (None: cores / dp_size)
-    router_args: tuple[str, ...] = ()  # passed to sglang_router.launch_router as they are
+    router_args: tuple[str, ...] = ()  # passed to the router's launcher as they are
+    router: str = "auto"  # smg, sglang-router, or auto: smg where it is installed
 
     def __post_init__(self) -> None:
+        if self.router not in ROUTERS:
+            raise ValueError(f"--router must be one of {ROUTERS}")
         if self.dp_size < 1:
             raise ValueError("--dp-size must be >= 1")
         if self.router_policy not in ROUTER_POLICIES:
@@ -73,6 +84,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the router's policy with --dp-size > 1 (manual: route by a routing-key header)",
     )
     parser.add_argument(
+        "--router",
+        choices=ROUTERS,
+        default="auto",
+        help="with --dp-size > 1: SGLang's model gateway (smg) or its router (sglang-router); "
+        "auto: smg where it is installed",
+    )
+    parser.add_argument(
         "--threads-per-worker",
         type=int,
         default=None,
@@ -83,19 +101,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="ARG",
-        help="an extra argument for sglang_router.launch_router, e.g. "
+        help="an extra argument for the router's launcher, e.g. "
         "--router-arg=--balance-abs-threshold=8 (repeatable)",
     )
 
 
 def from_args(args: argparse.Namespace) -> DataParallelConfig:
     return DataParallelConfig(
-        args.dp_size, args.router_policy, args.threads_per_worker, tuple(args.router_arg)
+        args.dp_size,
+        args.router_policy,
+        args.threads_per_worker,
+        tuple(args.router_arg),
+        args.router,
     )
 
 
+def _installed(router: str) -> bool:
+    return importlib.util.find_spec(ROUTER_MODULES[router].partition(".")[0]) is not None
+
+
 def router_available() -> bool:
-    return importlib.util.find_spec("sglang_router") is not None
+    return any(_installed(r) for r in ROUTER_MODULES)
+
+
+def resolve_router(router: str) -> str:
+    """``router`` itself if installed (``auto``: smg, else sglang-router); ``ValueError``
+    with the install hint if not."""
+    names = [r for r in ROUTER_MODULES if _installed(r)] if router == "auto" else [router]
+    if not names or not _installed(names[0]):
+        raise ValueError(f"{INSTALL_HINT} (--router {router} is not installed)")
+    return names[0]
 
 
 def worker_server_configs(
@@ -118,6 +153,7 @@ def serve_data_parallel(config: ServerConfig, dp: DataParallelConfig) -> int:
     """Start the workers and the router; supervise until a signal. Returns the exit code."""
     if not router_available():
         raise ValueError(INSTALL_HINT)
+    dp = dataclasses.replace(dp, router=resolve_router(dp.router))
     threads = dp.threads_per_worker or max(1, (multiprocessing.cpu_count() or 1) // dp.dp_size)
     ports = free_ports(dp.dp_size)
     worker_configs = worker_server_configs(config, threads, ports)
@@ -182,14 +218,18 @@ class RouterLog:
 
 
 def router_command(config: ServerConfig, dp: DataParallelConfig, urls: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "sglang_router.launch_router"]
+    cmd = [sys.executable, "-m", ROUTER_MODULES[resolve_router(dp.router)]]
     cmd += ["--host", config.host, "--port", str(config.port), "--policy", dp.router_policy]
     cmd += ["--worker-urls", *urls, "--log-level", _router_log_level(config.log_level)]
     if config.api_key:  # the router's own calls to the workers (server info, load)
         cmd += ["--api-key", config.api_key]
-    if not any(a.startswith("--prometheus-port") for a in dp.router_args):
+    given = {a.split("=")[0] for a in dp.router_args}
+    if "--prometheus-port" not in given:
         # its default (29000) is fixed: a second --dp-size server on the machine would collide
         cmd += ["--prometheus-port", str(free_ports(1)[0])]
+    for flag, value in HEALTH_CHECKS.items():
+        if flag not in given:
+            cmd += [flag, value]
     return cmd + list(dp.router_args)
 
 
@@ -307,7 +347,7 @@ def _print_ready(config: ServerConfig, dp: DataParallelConfig, urls: list[str]) 
     url = f"http://{_connect_host(config.host)}:{config.port}"
     body = f'{{"model": "{config.model_name}", "prompt": "def fibonacci(n):", "max_tokens": 16}}'
     print(
-        f"radixserve is ready at {url}: sglang-router ({dp.router_policy}) over "
+        f"radixserve is ready at {url}: {dp.router} ({dp.router_policy}) over "
         f"{len(urls)} workers: {' '.join(urls)}\n"
         f"try:\n  curl {url}/v1/completions -H 'Content-Type: application/json' -d '{body}'",
         flush=True,

@@ -1,7 +1,8 @@
 """Request bodies of SGLang's native ``/generate`` (OpenAI's: :mod:`radixserve.api.protocol_openai`).
 
 Strict: an unknown field is a 400 naming it, never silently dropped; SGLang's fields that
-radixserve does not implement are accepted at their default and refused when set. Types are
+radixserve does not implement are accepted at their default and refused when set (for
+``/generate``, the table of :mod:`radixserve.api.generate_fields`). Types are
 strict too (pydantic's strict mode): ``true`` is no token id, ``"yes"`` no boolean, ``"1"`` no
 number (an integer is a float). Bad types and missing fields (and NaN or infinite floats)
 surface as FastAPI validation errors, which
@@ -15,6 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, Strict, model_validator
 
+from radixserve.api.generate_fields import UnsupportedField, take_fields
 from radixserve.api.structured import grammar_fields, json_schema_string
 from radixserve.types import SamplingParams
 
@@ -106,15 +108,6 @@ NATIVE_UNSUPPORTED: dict[str, Any] = {
 }
 
 
-class UnsupportedField(ValueError):
-    """A field radixserve knows but does not implement, set: ``param`` names it (the 400's
-    ``param``)."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
 def refuse_set_fields(model: BaseModel, defaults: dict[str, Any], where: str = "") -> None:
     """:class:`UnsupportedField` naming every field of ``defaults`` that ``model`` sets to anything but
     its default (an empty list or dict counts as unset)."""
@@ -134,8 +127,9 @@ def refuse_set_fields(model: BaseModel, defaults: dict[str, Any], where: str = "
 
 class GenerateReqInput(BaseModel):
     """``/generate``: ``text`` or ``input_ids``, one prompt or a batch; per-item fields may be
-    lists of the batch's length. Strict: an unknown field is a 400; SGLang's fields that
-    radixserve does not implement are accepted at their default (:data:`GENERATE_UNSUPPORTED`)."""
+    lists of the batch's length. Strict: an unknown field is a 400. The other fields of SGLang's
+    ``GenerateReqInput`` (what its clients, router and gateway send) are taken, checked and
+    dropped before validation by :func:`~radixserve.api.generate_fields.take_fields`."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -147,6 +141,8 @@ class GenerateReqInput(BaseModel):
     logprob_start_len: int | list[int] | None = -1
     top_logprobs_num: int | list[int] | None = 0
     return_text_in_logprobs: bool = False
+    # the prompt's token ids in each result ("prompt_token_ids", SGLang's key)
+    return_prompt_token_ids: bool = False
     rid: str | list[str] | None = None
     priority: int | list[int] | None = None
     log_metrics: bool = True  # accepted: every request is counted
@@ -154,60 +150,21 @@ class GenerateReqInput(BaseModel):
     lora_path: str | list[str | None] | None = None
     # with --reasoning-parser: the thinking as "reasoning_text", the answer as "text"
     separate_reasoning: bool = False
-    # vLLM's: a namespace of the prompt cache inside the caller's tenant (api/tenants.py)
-    cache_salt: str | None = None
-    # what SGLang's router adds to every request it forwards: accepted, no-ops here (one model
-    # is served, whatever `model` names; nothing is logged per request but metrics)
-    model: str | None = None
-    no_logs: bool = False
-    # SGLang's, not implemented here: a 400 when set
-    image_data: Any = None
-    audio_data: Any = None
-    video_data: Any = None
-    input_embeds: Any = None
-    modalities: list[str] | None = None
-    session_params: dict[str, Any] | list[dict[str, Any]] | None = None
-    custom_logit_processor: str | list[str | None] | None = None
-    return_hidden_states: bool | list[bool] = False
-    token_ids_logprob: list[int] | list[list[int]] | None = None
-    bootstrap_host: str | list[str] | None = None
-    bootstrap_port: int | list[int | None] | None = None
-    bootstrap_room: int | list[int] | None = None
-    data_parallel_rank: int | None = None
-    background: bool = False  # the router sends false; true (SGLang's async mode) is refused
-    return_bytes: bool = False
-    return_entropy: bool = False
+    # namespaces of the prompt cache inside the caller's tenant (api/tenants.py), one or one per
+    # batch item: SGLang's extra_key and vLLM's (and now SGLang's) cache_salt
+    extra_key: str | list[str | None] | None = None
+    cache_salt: str | list[str | None] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _take_sglang_fields(cls, data: Any) -> Any:
+        return take_fields(dict(data) if isinstance(data, dict) else data)
 
     @model_validator(mode="after")
-    def _refuse_unsupported(self) -> GenerateReqInput:
+    def _normalise(self) -> GenerateReqInput:
         if isinstance(self.lora_path, list) and not any(self.lora_path):
             self.lora_path = None  # SGLang's clients send [None] * batch
-        if isinstance(self.custom_logit_processor, list) and not any(self.custom_logit_processor):
-            self.custom_logit_processor = None
-        if isinstance(self.return_hidden_states, list) and not any(self.return_hidden_states):
-            self.return_hidden_states = False
-        refuse_set_fields(self, GENERATE_UNSUPPORTED, "/generate")
         return self
-
-
-GENERATE_UNSUPPORTED: dict[str, Any] = {
-    "image_data": None,
-    "audio_data": None,
-    "video_data": None,
-    "input_embeds": None,
-    "modalities": None,
-    "session_params": None,
-    "custom_logit_processor": None,
-    "return_hidden_states": False,
-    "token_ids_logprob": None,
-    "bootstrap_host": None,
-    "bootstrap_port": None,
-    "bootstrap_room": None,
-    "data_parallel_rank": None,
-    "background": False,
-    "return_bytes": False,
-    "return_entropy": False,
-}
 
 
 class AbortReqInput(BaseModel):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -49,20 +50,17 @@ class NativeServing:
     async def generate(self, body: GenerateReqInput, raw: Request) -> Response:
         if body.separate_reasoning and self.reasoning_parser is None:
             raise ValueError("separate_reasoning needs a server started with --reasoning-parser")
-        extra_key = self.tenants.namespace(raw.state, body.cache_salt)
-        requests, is_batch = await self.build_requests(body, extra_key)
+        requests, is_batch = await self.build_requests(body, raw.state)
         started = time.monotonic()
         group = await open_requests(self.tm, requests, raw.is_disconnected)
-        with_text = body.return_text_in_logprobs
+        shape = _Shape(body.return_text_in_logprobs, body.return_prompt_token_ids)
         if body.stream:
             return SSEResponse(
-                self._stream(
-                    group, requests, is_batch, with_text, started, body.separate_reasoning
-                ),
+                self._stream(group, requests, is_batch, shape, started, body.separate_reasoning),
                 on_close=group.aclose,
             )
         results = await collect_all(group, requests)
-        outs = [self.result_dict(r, with_text, started) for r in results]
+        outs = [self.result_dict(r, shape, started) for r in results]
         if body.separate_reasoning:
             for out in outs:
                 out["reasoning_text"], out["text"] = self._reasoner().parse(out["text"])
@@ -73,8 +71,10 @@ class NativeServing:
         return ReasoningParser.create(self.reasoning_parser)
 
     async def build_requests(
-        self, body: GenerateReqInput, extra_key: str | None = None
+        self, body: GenerateReqInput, state: Any = None
     ) -> tuple[list[GenerateRequest], bool]:
+        """The batch's requests, each in its cache namespace: the tenant's (``state``: what
+        the guard left on the request), then its ``extra_key`` and ``cache_salt``."""
         if (body.text is None) == (body.input_ids is None):
             raise ValueError("give exactly one of text and input_ids")
         limits = self.tm.config
@@ -106,6 +106,8 @@ class NativeServing:
             raise ValueError("rid must be a list of the batch's length for a batch")
         rids = _per_item(body.rid, n, "rid") if body.rid is not None else [None] * n
         names = _per_item(body.lora_path, n, "lora_path")  # per item: a name or None
+        keys = _per_item(body.extra_key, n, "extra_key")
+        salts = _per_item(body.cache_salt, n, "cache_salt")
         loras = [check_adapter(self.tm, name) for name in names]
         requests = []
         for i, ids in enumerate(ids_list):
@@ -116,7 +118,7 @@ class NativeServing:
                 input_ids=ids,
                 sampling_params=sp.to_sampling_params(max_new),
                 priority=prios[i] or 0,
-                extra_key=extra_key,
+                extra_key=self.tenants.namespace(state, salts[i], keys[i]),
                 return_logprob=bool(logprob[i]),
                 top_logprobs_num=(tops[i] or 0) if logprob[i] else 0,
                 logprob_start_len=_or(starts[i], -1) if logprob[i] else -1,
@@ -132,7 +134,7 @@ class NativeServing:
         group: OpenRequests,
         requests: list[GenerateRequest],
         is_batch: bool,
-        with_text: bool,
+        shape: _Shape,
         started: float,
         separate_reasoning: bool,
     ) -> AsyncIterator[str]:
@@ -141,7 +143,7 @@ class NativeServing:
         try:
             async for i, out in group.events():
                 results[i].add(out)
-                event = self.result_dict(results[i], with_text, started)
+                event = self.result_dict(results[i], shape, started)
                 splitter = split[i]
                 if splitter is not None:
                     final = out.output.finish_reason is not None
@@ -156,9 +158,20 @@ class NativeServing:
             yield sse(error_body(err.message, err.type, err.param, err.status_code))
         yield SSE_DONE
 
-    def result_dict(self, result: RequestResult, with_text: bool, started: float) -> dict[str, Any]:
-        token_text = self.tm.prompts.decode_token if with_text else None
-        return generate_result(result, started, token_text)
+    def result_dict(self, result: RequestResult, shape: _Shape, started: float) -> dict[str, Any]:
+        token_text = self.tm.prompts.decode_token if shape.text_in_logprobs else None
+        out = generate_result(result, started, token_text)
+        if shape.prompt_token_ids:
+            out["prompt_token_ids"] = list(result.request.input_ids)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What a result carries beyond the defaults."""
+
+    text_in_logprobs: bool  # return_text_in_logprobs
+    prompt_token_ids: bool  # return_prompt_token_ids
 
 
 class _StreamSplit:

@@ -95,12 +95,18 @@ class Tenants:
         """The cache page shows prompts' text to an admin key, or on an open server."""
         return admin or not self.required
 
-    def namespace(self, state: Any, cache_salt: str | None) -> str | None:
-        """The radix-cache namespace (``extra_key``) of a request whose guard left ``state``."""
+    def namespace(
+        self, state: Any, cache_salt: str | None, extra_key: str | None = None
+    ) -> str | None:
+        """The radix-cache namespace (the request's ``extra_key``) of a request whose guard
+        left ``state``: its tenant's, then SGLang's ``extra_key`` and the ``cache_salt`` it
+        sent (each part prefixed, so no client value can name another part or an adapter)."""
         parts = []
         tenant = getattr(state, "tenant", None)
         if tenant is not None and not self.shared_cache:
             parts.append(f"tenant:{tenant}")
+        if extra_key:
+            parts.append(f"key:{extra_key}")
         if cache_salt:
             parts.append(f"salt:{cache_salt}")
         return "|".join(parts) or None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from radixserve.transfer import to_device
+
 
 class ReqToTokenPool:
     """An int32 table ``[max_running_reqs, max_context_len]``.
@@ -57,7 +59,7 @@ class ReqToTokenPool:
         end = start + slots.shape[0]
         self._host[row, start:end] = slots.numpy(force=True)
         if self._mirrored:
-            self.req_to_token[row, start:end] = slots.to(self.device, torch.int32)
+            self.req_to_token[row, start:end] = to_device(slots, self.device, torch.int32)
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
         """The KV slots of tokens ``start .. end`` of ``row``: an int64 copy on the host."""
@@ -78,9 +80,9 @@ class ReqToTokenPool:
             offsets = np.asarray(starts, dtype=np.int64) - (np.cumsum(lens_a) - lens_a)
             cols = np.repeat(offsets, lens_a) + np.arange(n)
         self._host[row_idx, cols] = values
-        if self._mirrored:  # the same scatter on the device: indices and values sent at once
-            packed = torch.from_numpy(np.stack([row_idx, cols, values.astype(np.int64)]))
-            idx = packed.to(self.device, non_blocking=False)
+        if self._mirrored:  # the same scatter on the device: indices and values in one copy
+            packed = np.stack([row_idx, cols, values.astype(np.int64)])
+            idx = to_device(packed, self.device)
             self.req_to_token[idx[0], idx[1]] = idx[2].to(torch.int32)
 
     def clear(self) -> None:

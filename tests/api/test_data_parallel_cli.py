@@ -34,7 +34,9 @@ def test_router_command_puts_the_router_on_the_public_address() -> None:
     config = ServerConfig(
         engine=EngineConfig(model_path="/m"), host="0.0.0.0", port=8000, log_level="warning"
     )
-    dp = data_parallel.DataParallelConfig(2, "round_robin", None, ("--balance-abs-threshold=8",))
+    dp = data_parallel.DataParallelConfig(
+        2, "round_robin", None, ("--balance-abs-threshold=8",), "sglang-router"
+    )
     cmd = data_parallel.router_command(config, dp, ["http://127.0.0.1:1", "http://127.0.0.1:2"])
     assert cmd[1:3] == ["-m", "sglang_router.launch_router"]
     joined = " ".join(cmd)
@@ -76,3 +78,37 @@ def test_the_router_gets_a_free_metrics_port_unless_one_is_given() -> None:
     given = data_parallel.DataParallelConfig(2, router_args=("--prometheus-port=9100",))
     cmd = data_parallel.router_command(config, given, urls)
     assert cmd.count("--prometheus-port") == 0 and cmd[-1] == "--prometheus-port=9100"
+    # health checks every 5 s, 2 failures: a dead worker leaves rotation in about 10 s
+    assert cmd[cmd.index("--health-check-interval-secs") + 1] == "5"
+    slow = data_parallel.DataParallelConfig(2, router_args=("--health-failure-threshold=9",))
+    cmd = data_parallel.router_command(config, slow, urls)
+    assert "--health-failure-threshold" not in cmd and "--health-check-interval-secs" in cmd
+
+
+def test_the_gateway_is_smg_where_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto: smg (SGLang's model gateway) where it is installed, else sglang-router; a router
+    that is not installed is named in the error with the install hint."""
+    installed = {"smg": True, "sglang-router": True}
+    monkeypatch.setattr(data_parallel, "_installed", lambda r: installed[r])
+    config = ServerConfig(engine=EngineConfig(model_path="/m"), port=8000)
+    cmd = data_parallel.router_command(
+        config, data_parallel.DataParallelConfig(2), ["http://127.0.0.1:1"]
+    )
+    assert cmd[1:3] == ["-m", "smg.launch_router"] and "--prometheus-port" in cmd
+    assert data_parallel.resolve_router("sglang-router") == "sglang-router"
+    installed["smg"] = False
+    assert data_parallel.resolve_router("auto") == "sglang-router"
+    with pytest.raises(ValueError, match="--router smg is not installed"):
+        data_parallel.resolve_router("smg")
+    installed["sglang-router"] = False
+    assert not data_parallel.router_available()
+    with pytest.raises(ValueError, match="--router auto is not installed"):
+        data_parallel.resolve_router("auto")
+
+
+def test_router_choice_is_an_argument(capsys: pytest.CaptureFixture[str]) -> None:
+    args = cli.build_parser().parse_args(["serve", "--dp-size", "2", "--router", "smg"])
+    assert data_parallel.from_args(args).router == "smg"
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["serve", "--router", "nginx"])
+    assert "invalid choice" in capsys.readouterr().err

@@ -266,3 +266,53 @@ def test_the_fields_sglangs_router_adds_are_accepted(http: httpx.Client) -> None
     assert http.post("/generate", json={**body, **routed}).status_code == 200
     refused = http.post("/generate", json={**body, "background": True})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "background"
+
+
+def test_every_table_field_at_what_it_accepts(http: httpx.Client) -> None:
+    """Each field of generate_fields.FIELDS: a value it accepts goes through (one request with
+    all of them, batch-shaped unset lists included); one it does not is a 400 naming it."""
+    from radixserve.api.generate_fields import FIELDS, NO_OP, RANK_ZERO
+
+    body = {"input_ids": [[5, 6], [7, 8]], "sampling_params": {"max_new_tokens": 2}}
+    taken = {name: "anything" if t is NO_OP else 0 for name, t in FIELDS.items()}
+    taken |= {"image_data": [None, None], "custom_logit_processor": [None, None]}
+    assert http.post("/generate", json={**body, **taken}).status_code == 200
+    for name, treatment in FIELDS.items():
+        if treatment is NO_OP:
+            continue
+        value = 1 if treatment is RANK_ZERO else "x"
+        error = assert_openai_400(http.post("/generate", json={**body, name: value}), name)
+        assert error["param"] == name
+        if treatment is RANK_ZERO:
+            assert "each radixserve worker is one rank" in error["message"]
+
+
+def test_extra_key_and_cache_salt_split_the_cache_per_item(http: httpx.Client) -> None:
+    """SGLang's extra_key (and cache_salt), one or per batch item: a prompt cached under one
+    key is a miss under another and a hit under the same."""
+    prompt = [9, 10, 11, 12] * 8
+
+    def cached(**fields: Any) -> list[int]:
+        body = {"input_ids": [prompt, prompt], "sampling_params": {"max_new_tokens": 1}}
+        out = http.post("/generate", json={**body, **fields})
+        assert out.status_code == 200, out.text
+        return [o["meta_info"]["cached_tokens"] for o in out.json()]
+
+    cached(extra_key=["k1", "k2"])  # both keys now hold the prompt
+    assert cached(extra_key="k3")[0] == 0  # a new key misses
+    assert min(cached(extra_key=["k2", "k1"])) == len(prompt) - 1
+    assert cached(extra_key="k1", cache_salt=["s", "s"])[0] == 0  # the salt splits further
+    bad = http.post("/generate", json={"input_ids": [prompt], "extra_key": ["a", "b"]})
+    assert_openai_400(bad, "extra_key")
+
+
+def test_return_prompt_token_ids(http: httpx.Client) -> None:
+    body = {"input_ids": [4, 5, 6], "sampling_params": {"max_new_tokens": 2}}
+    out = http.post("/generate", json={**body, "return_prompt_token_ids": True}).json()
+    assert out["prompt_token_ids"] == [4, 5, 6]
+    assert "prompt_token_ids" not in http.post("/generate", json=body).json()
+    with http.stream(
+        "POST", "/generate", json={**body, "stream": True, "return_prompt_token_ids": True}
+    ) as resp:
+        events = [line for line in resp.iter_lines() if line.startswith("data: {")]
+    assert events and all('"prompt_token_ids": [4, 5, 6]' in e for e in events)
