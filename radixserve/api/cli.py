@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import logging
 import sys
@@ -360,8 +361,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         dp = data_parallel.from_args(args)
-        if dp.dp_size > 1 and not data_parallel.router_available():
-            raise ValueError(data_parallel.INSTALL_HINT)
+        if dp.dp_size > 1:  # the router it names (auto: the one installed), or the install hint
+            dp = dataclasses.replace(dp, router=data_parallel.resolve_router(dp.router))
         config = make_server_config(args)
     except ValueError as exc:
         print(f"radixserve serve: {exc}", file=sys.stderr)

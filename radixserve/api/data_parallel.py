@@ -151,9 +151,7 @@ def worker_server_configs(
 
 def serve_data_parallel(config: ServerConfig, dp: DataParallelConfig) -> int:
     """Start the workers and the router; supervise until a signal. Returns the exit code."""
-    if not router_available():
-        raise ValueError(INSTALL_HINT)
-    dp = dataclasses.replace(dp, router=resolve_router(dp.router))
+    dp = dataclasses.replace(dp, router=resolve_router(dp.router))  # the hint if none is
     threads = dp.threads_per_worker or max(1, (multiprocessing.cpu_count() or 1) // dp.dp_size)
     ports = free_ports(dp.dp_size)
     worker_configs = worker_server_configs(config, threads, ports)

@@ -11,9 +11,13 @@ from radixserve.config import EngineConfig, ServerConfig
 def test_dp_size_without_the_router_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(data_parallel, "router_available", lambda: False)
+    monkeypatch.setattr(data_parallel, "_installed", lambda router: False)
     assert cli.main(["serve", "--dp-size", "2"]) == 2
     assert "pip install 'radixserve[router]'" in capsys.readouterr().err
+    # a router named but not installed, the other one installed: the same exit, not a traceback
+    monkeypatch.setattr(data_parallel, "_installed", lambda router: router == "sglang-router")
+    assert cli.main(["serve", "--dp-size", "2", "--router", "smg"]) == 2
+    assert "--router smg is not installed" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
