@@ -120,10 +120,6 @@ def _installed(router: str) -> bool:
     return importlib.util.find_spec(ROUTER_MODULES[router].partition(".")[0]) is not None
 
 
-def router_available() -> bool:
-    return any(_installed(r) for r in ROUTER_MODULES)
-
-
 def resolve_router(router: str) -> str:
     """``router`` itself if installed (``auto``: smg, else sglang-router); ``ValueError``
     with the install hint if not."""
