@@ -6,7 +6,8 @@ the current tree, each with list keys (what the scheduler passed before #11) and
 keys (``Req.fill_ids`` after #11). The old tree is exported from git (``git archive``) into a
 temp dir and every run is a subprocess importing ``radixserve`` from its own tree; runs
 alternate, each one ``--repeat`` times, and the fastest counts. The matched length of every
-match must be identical in all four.
+match must be identical in all four. ``--events`` adds a fifth: the current tree with KV events
+on (``radix/kv_events.py``), each turn's events taken and encoded as the publisher would.
 
     python benchmarks/radix_ops.py --conversations 500 --turns 8 --repeat 3
 """
@@ -44,7 +45,7 @@ def make_trace(args: argparse.Namespace) -> list[tuple[np.ndarray, int]]:
     return order
 
 
-def replay(tree, trace: list, capacity: int) -> tuple[int, list[int], float]:  # type: ignore[no-untyped-def]
+def replay(tree, trace: list, capacity: int, on_turn=None) -> tuple[int, list[int], float]:  # type: ignore[no-untyped-def]
     """Returns (operations, matched length of each match, seconds). ``trace`` holds lists or
     int32 arrays; slicing them is what the scheduler does too. Values are opaque to the tree,
     so every insert passes a view of one slot range (no allocation outside the tree)."""
@@ -63,6 +64,8 @@ def replay(tree, trace: list, capacity: int) -> tuple[int, list[int], float]:  #
         tree.insert(key, slots[: len(key)])
         tree.dec_lock_ref(result.last_node)
         ops += 4
+        if on_turn is not None:  # a scheduler step's end: the events go out
+            on_turn()
     return ops, matched, time.perf_counter() - start
 
 
@@ -74,8 +77,18 @@ def worker(args: argparse.Namespace) -> None:
     trace = make_trace(args)
     if args.worker == "list":
         trace = [(key.tolist(), prompt_len) for key, prompt_len in trace]
-    tree = RadixCache(args.page_size)
-    ops, matched, secs = replay(tree, trace, args.capacity)
+    if args.with_events:
+        import msgspec
+
+        from radixserve.radix.kv_events import KVEventBatch, KVEventRecorder
+
+        recorder = KVEventRecorder(args.page_size)
+        tree = RadixCache(args.page_size, recorder)
+        encode = msgspec.msgpack.Encoder().encode
+        on_turn = lambda: encode(KVEventBatch(0.0, recorder.take()))  # type: ignore[arg-type]  # noqa: E731
+    else:
+        tree, on_turn = RadixCache(args.page_size), None
+    ops, matched, secs = replay(tree, trace, args.capacity, on_turn)
     tree.check_integrity(unique_values=False)
     digest = hashlib.sha256(np.asarray(matched, dtype=np.int64).tobytes()).hexdigest()
     module = radixserve.radix.__file__
@@ -86,8 +99,9 @@ def worker(args: argparse.Namespace) -> None:
     )
 
 
-def run_worker(args: argparse.Namespace, key_form: str, path: str) -> dict:
-    return run_json([__file__, "--worker", key_form, *args.forwarded], path)
+def run_worker(args: argparse.Namespace, key_form: str, path: str, events: bool = False) -> dict:
+    extra = ["--with-events"] if events else []
+    return run_json([__file__, "--worker", key_form, *extra, *args.forwarded], path)
 
 
 def main() -> None:
@@ -106,7 +120,9 @@ def main() -> None:
     shape.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rev", default="4470cc1", help="the 'before' tree (a git revision)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each; the fastest counts")
+    parser.add_argument("--events", action="store_true", help="also time KV events on")
     parser.add_argument("--worker", choices=KEY_FORMS, help=argparse.SUPPRESS)
+    parser.add_argument("--with-events", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -131,6 +147,11 @@ def main() -> None:
                     prev = best.get((name, key_form))
                     if prev is None or res["secs"] < prev["secs"]:
                         best[(name, key_form)] = res
+            if args.events:
+                res = run_worker(args, "int32", str(REPO), events=True)
+                prev = best.get(("events", "int32"))
+                if prev is None or res["secs"] < prev["secs"]:
+                    best[("events", "int32")] = res
     digests = {res["digest"] for res in best.values()}
     if len(digests) != 1:
         raise SystemExit(f"matched lengths differ between runs: {best}")
@@ -150,6 +171,9 @@ def main() -> None:
     for key_form in KEY_FORMS:
         after, before = best[("after", key_form)], best[("before", key_form)]
         print(f"after / before, {key_form} keys: {before['secs'] / after['secs']:.2f}x")
+    if args.events:
+        on, off = best[("events", "int32")], best[("after", "int32")]
+        print(f"KV events on / off, int32 keys: {off['secs'] / on['secs']:.2f}x the ops/s")
 
 
 if __name__ == "__main__":

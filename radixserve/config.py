@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.kv_events_config import KVEventsConfig
+
 SCHEDULE_POLICIES = ("fcfs", "lof", "random", "lpm", "dfs-weight", "hrrn", "adaptive")
 QUANTIZATIONS = ("int8",)
 CPU_ISAS = ("avx2", "avx512", "avx512_bf16", "neon")  # the kernel variants (x86 lowest first)
@@ -69,6 +71,9 @@ class EngineConfig:
     kv_tier_path: str | None = None
     kv_tier_bytes: int | None = None
     kv_tier_write_policy: str = "write_back"
+    # SGLang's --kv-events-config (JSON): publish the radix tree's changes (radix/kv_events.py)
+    kv_events_config: str | None = None
+    dp_rank: int = 0  # set by serve --dp-size for each worker; its KV events carry it
     # what preemption and retraction do with the victim's KV: cache it and recompute what was
     # evicted (recompute), or move it to the tier, pinned until it resumes (swap; needs a tier)
     preemption_mode: str = "recompute"
@@ -139,10 +144,20 @@ class EngineConfig:
         if self.cpu_isa is not None and self.cpu_isa not in CPU_ISAS:
             raise ValueError(f"cpu_isa must be one of {CPU_ISAS} or None, got {self.cpu_isa!r}")
         self._check_kv_tier()
+        if self.kv_events_config is not None:
+            KVEventsConfig.from_cli(self.kv_events_config)  # a ValueError naming the field
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
             )
+
+    @property
+    def kv_events(self) -> KVEventsConfig | None:
+        """The KV event publisher's config, or None when publishing is off."""
+        if self.kv_events_config is None:
+            return None
+        config = KVEventsConfig.from_cli(self.kv_events_config)
+        return config if config.enabled else None
 
     @property
     def kv_tier_enabled(self) -> bool:

@@ -143,6 +143,12 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="copy KV to the tier when the pool evicts it (write_back) or when it is cached",
     )
     add(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help='publish KV events as SGLang does, e.g. {"publisher": "zmq", "endpoint": "tcp://*:5557"}',
+    )
+    add(
         "--preemption-mode",
         choices=PREEMPTION_MODES,
         default=_DEFAULTS.preemption_mode,
@@ -314,6 +320,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         kv_tier_path=args.kv_tier_path,
         kv_tier_bytes=args.kv_tier_size,
         kv_tier_write_policy=args.kv_tier_write_policy,
+        kv_events_config=args.kv_events_config,
         preemption_mode=args.preemption_mode,
         enable_priority_scheduling=args.enable_priority_scheduling,
         tp_size=args.tp_size,

@@ -22,6 +22,7 @@ from fastapi.responses import FileResponse
 
 from radixserve.api.errors import APIError
 from radixserve.api.tenants import Tenants
+from radixserve.radix.tree_summary import HEAD_TOKENS
 from radixserve.server.tokenizer_manager import TokenizerManager
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -100,16 +101,20 @@ def dashboard_router(tm: TokenizerManager, tenants: Tenants) -> APIRouter:
     async def cache_tree(
         request: Request,
         max_nodes: int = Query(200, ge=1, le=MAX_TREE_NODES),
+        token_ids: bool = False,
     ) -> dict[str, Any]:
         """The radix tree (at most ``max_nodes`` nodes: the ones holding the most tokens, each
         saying what it leaves out), KV usage, queue lengths and the last minutes' rates. The
-        prompts' text and namespaces only to an admin key, or on a server without keys."""
-        reply = await tm.get_cache_tree(max_nodes)
+        prompts' text and namespaces only to an admin key, or on a server without keys; with
+        ``token_ids``, each node's whole run of token ids too (what KV events describe)."""
+        reply = await tm.get_cache_tree(max_nodes, full_keys=token_ids)
         tree, stats = reply["tree"], reply["stats"]
         show = tenants.may_see_text(getattr(request.state, "admin", False))
         for node in tree["nodes"]:
             head_ids = node.pop("head_ids")
-            node["text"] = tm.prompts.decode(head_ids) if show else None
+            node["text"] = tm.prompts.decode(head_ids[:HEAD_TOKENS]) if show else None
+            if token_ids:
+                node["token_ids"] = head_ids if show else None
             if not show:
                 node["extra_key"] = None
         history.add(stats)

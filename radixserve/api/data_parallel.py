@@ -134,10 +134,16 @@ def worker_server_configs(
 ) -> list[ServerConfig]:
     """Each worker's config: loopback on its port, ``threads`` torch threads, and a file KV tier
     of its own (``<kv_tier_path>/dp<i>``: two workers mapping one file would overwrite each
-    other's KV; each gets a tier of ``--kv-tier-size``)."""
+    other's KV; each gets a tier of ``--kv-tier-size``), and its rank: its KV events carry it and
+    go out on the ``--kv-events-config`` ports plus the rank, as SGLang's do."""
     out = []
     for i, port in enumerate(ports):
-        engine = dataclasses.replace(config.engine, num_threads=threads)
+        engine = dataclasses.replace(config.engine, num_threads=threads, dp_rank=i)
+        events = engine.kv_events
+        if events is not None:  # SGLang's ports: the endpoints' plus the rank
+            engine = dataclasses.replace(
+                engine, kv_events_config=events.for_rank(i).model_dump_json()
+            )
         if engine.kv_tier_path is not None:
             tier_path = str(Path(engine.kv_tier_path) / f"dp{i}")
             engine = dataclasses.replace(engine, kv_tier_path=tier_path)

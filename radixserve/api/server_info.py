@@ -62,7 +62,7 @@ async def get_server_info(
         **args,
         "last_gen_throughput": meter.update(stats["num_generated_tokens"]),
         "load": stats["num_running_reqs"] + stats["num_waiting_reqs"],
-        "dp_rank": 0,
+        "dp_rank": config.engine.dp_rank,
         "max_total_num_tokens": tm.info.max_total_tokens,
     }
     return {

@@ -15,6 +15,8 @@ class NoPrefixCache:
     allocated (and its partial last page, which no cache takes); its ``indices`` are empty, as a
     match would be. Matches are always empty and end at the root; locks are no-ops."""
 
+    events = None  # no KV events: nothing is ever cached
+
     def __init__(self, page_size: int = 1) -> None:
         self.page_size = page_size
         self._root = object()

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from radixserve.radix.base import InsertResult, MatchResult, TokenKey
+from radixserve.radix.kv_events import L1, KVEventRecorder
 from radixserve.radix.tree_node import TreeNode
 
 _EMPTY_VALUE = torch.empty(0, dtype=torch.int64)
@@ -44,13 +45,19 @@ class RadixCache:
     unlocked leaf has an entry with its current access time, stale entries are skipped when
     popped, and the heap is rebuilt when stale ones outnumber the leaves. Values are opaque:
     with ``create_simulated()`` they may be the tokens themselves (the policy's in-batch check
-    uses such a tree, never the real one).
+    uses such a tree, never the real one). ``events`` (None: off) hears of every node that
+    enters or leaves the pool (``radix.kv_events``).
     """
 
-    def __init__(self, page_size: int = 1) -> None:
+    def __init__(self, page_size: int = 1, events: KVEventRecorder | None = None) -> None:
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
+        if events is not None and events.page_size != page_size:
+            raise ValueError(
+                f"events of {events.page_size}-token pages under a tree of {page_size}"
+            )
         self.page_size = page_size
+        self.events = events
         self._page_bytes = page_size * _TOKEN_BYTES
         self._clock = itertools.count(1)
         self._node_ids = itertools.count()
@@ -134,6 +141,8 @@ class RadixCache:
             self._leaves.add(leaf)
             self._push_lru(leaf)
             self._evictable_size += len(leaf)
+            if self.events is not None:
+                self.events.stored(leaf, L1)
             values.append(leaf.value)  # type: ignore[arg-type]  # (just set)
             node = leaf
         return InsertResult(num_present, _cat(values), node)
@@ -157,6 +166,8 @@ class RadixCache:
     def _evict_leaf(self, leaf: TreeNode) -> None:
         """The pool took ``leaf``'s slots: it leaves the tree; a parent left a leaf joins the
         order."""
+        if self.events is not None:
+            self.events.removed(leaf, L1)
         parent = self._delete_leaf(leaf)
         if parent is not self._root and parent.is_leaf:
             self._push_lru(parent)
@@ -191,6 +202,8 @@ class RadixCache:
         return delta
 
     def reset(self) -> None:
+        if self.events is not None and hasattr(self, "_root"):
+            self.events.all_cleared()
         self._root = TreeNode(next(self._node_ids), b"", _EMPTY_VALUE, None)
         self._root.lock_ref = 1  # the root is never evicted
         self._leaves: set[TreeNode] = set()
@@ -336,6 +349,10 @@ class RadixCache:
             child.last_access_time,
         )
         upper.lock_ref = child.lock_ref
+        if child.event_digests is not None:  # published: each part keeps its pages' hashes
+            cut = n // self.page_size * 32  # bytes: a SHA-256 digest a page
+            upper.event_digests = child.event_digests[:cut]
+            child.event_digests = child.event_digests[cut:]
         child.key_bytes = child.key_bytes[n * _TOKEN_BYTES :]
         if child.value is not None:
             child.value = child.value[n:]

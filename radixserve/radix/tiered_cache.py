@@ -36,6 +36,7 @@ import torch
 from radixserve.memory_pool.kv_cache import KVCache
 from radixserve.memory_pool.kv_tier import KVTier
 from radixserve.radix.base import InsertResult, MatchResult, TokenKey
+from radixserve.radix.kv_events import DISK, HOST, L1, KVEventRecorder
 from radixserve.radix.radix_cache import _EMPTY_VALUE, RadixCache, _cat, _key_bytes
 from radixserve.radix.tree_node import TreeNode
 
@@ -51,6 +52,7 @@ class TieredRadixCache(RadixCache):
         tier: KVTier,
         kv: KVCache,
         write_policy: str = "write_back",
+        events: KVEventRecorder | None = None,
     ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
@@ -61,7 +63,8 @@ class TieredRadixCache(RadixCache):
         self.write_policy = write_policy
         self.num_written_tokens = 0  # pool -> tier copies
         self.num_loaded_tokens = 0  # tier -> pool copies
-        super().__init__(page_size)
+        self._tier_medium = DISK if tier.name.startswith("file:") else HOST
+        super().__init__(page_size, events)
 
     # ---- queries -------------------------------------------------------------------------
     def match_prefix(self, key: TokenKey, extra_key: str | None = None) -> MatchResult:
@@ -111,6 +114,8 @@ class TieredRadixCache(RadixCache):
         """The pool took ``leaf``'s slots: it moves to the tier (written there first if it has
         no copy), or leaves the tree with its tier subtree when the tier has no room."""
         self._leaves.discard(leaf)
+        if self.events is not None:
+            self.events.removed(leaf, L1)
         if leaf.tier_value is not None or self._backup(leaf):
             leaf.value = None
         else:
@@ -148,8 +153,7 @@ class TieredRadixCache(RadixCache):
         if node.lock_ref or node.value is not None:
             return False
         assert node.tier_value is not None
-        self.tier.forget(node.tier_value)
-        node.tier_value = None
+        self._forget_tier_copy(node)
         self._drop_subtree(node)
         return True
 
@@ -164,6 +168,8 @@ class TieredRadixCache(RadixCache):
             assert node.value is not None
             freed.append(node.value)
             self._protected_size -= len(node)
+            if self.events is not None:
+                self.events.removed(node, L1)
             node.value = None
             self._leaves.discard(node)
             parent = node.parent
@@ -196,6 +202,8 @@ class TieredRadixCache(RadixCache):
         node.tier_value = tier_slots
         parent.children[self._child_key(parent, extra_key, key_bytes)] = node
         self._push_tier_lru(node)
+        if self.events is not None:
+            self.events.stored(node, self._tier_medium)
         return node
 
     def reset(self) -> None:
@@ -248,6 +256,8 @@ class TieredRadixCache(RadixCache):
         for n in path:
             n.value = slots[off : off + len(n)]
             off += len(n)
+            if self.events is not None:
+                self.events.stored(n, L1)
             if n.lock_ref:
                 self._protected_size += len(n)
             else:
@@ -284,6 +294,8 @@ class TieredRadixCache(RadixCache):
         node.tier_value = tier_slots
         self.num_written_tokens += need
         self._push_tier_lru(node)
+        if self.events is not None:
+            self.events.stored(node, self._tier_medium)
         return True
 
     def _evict_tier(self, num_tokens: int) -> None:
@@ -302,9 +314,8 @@ class TieredRadixCache(RadixCache):
             if node.lock_ref or any(c.tier_value is not None for c in node.children.values()):
                 aside[node.id] = entry
                 continue
-            self.tier.forget(node.tier_value)
             num_freed += len(node)
-            node.tier_value = None
+            self._forget_tier_copy(node)
             parent = node.parent
             assert parent is not None
             if node.value is None:  # tier-only, and with no child: it leaves the tree
@@ -323,10 +334,15 @@ class TieredRadixCache(RadixCache):
             n = stack.pop()
             stack.extend(n.children.values())
             if n.tier_value is not None:
-                self.tier.forget(n.tier_value)
-                n.tier_value = None
+                self._forget_tier_copy(n)
         node.children = {}
         self._unlink(node)
+
+    def _forget_tier_copy(self, node: TreeNode) -> None:
+        if self.events is not None:
+            self.events.removed(node, self._tier_medium)
+        self.tier.forget(node.tier_value)  # type: ignore[arg-type]
+        node.tier_value = None
 
     def _unlink(self, node: TreeNode) -> None:
         parent = node.parent

@@ -16,6 +16,7 @@ class TreeNode:
     a copy in each. ``children`` maps a child's first page of tokens (as bytes; under the root, paired with the
     extra key, which namespaces whole paths) to the child. ``lock_ref`` counts the locks held on
     this node or a descendant. ``id`` (given by the tree) breaks LRU ties by creation order.
+    ``event_digests``: its pages' chain hashes, once a KV event published them.
     """
 
     __slots__ = (
@@ -28,6 +29,7 @@ class TreeNode:
         "extra_key",
         "lock_ref",
         "last_access_time",
+        "event_digests",
     )
 
     def __init__(
@@ -48,6 +50,7 @@ class TreeNode:
         self.extra_key = extra_key
         self.lock_ref = 0
         self.last_access_time = last_access_time
+        self.event_digests: bytes | None = None  # its pages' hashes, once published
 
     @property
     def key(self) -> np.ndarray:  # [n] int32, read-only

@@ -18,8 +18,11 @@ from radixserve.radix.tree_node import TreeNode
 HEAD_TOKENS = 32  # the tokens of a node's run sent for its hover text
 
 
-def summarize_tree(cache: PrefixCache, max_nodes: int, head_tokens: int = HEAD_TOKENS) -> dict:
-    """The tree as JSON-ready data: ``nodes`` (parents before children), ``total_nodes``,
+def summarize_tree(
+    cache: PrefixCache, max_nodes: int, head_tokens: int | None = HEAD_TOKENS
+) -> dict:
+    """The tree as JSON-ready data: ``nodes`` (parents before children; ``head_ids``, the
+    first ``head_tokens`` of each run, None: all; ``where``: D, DT or T), ``total_nodes``,
     ``total_tokens``, ``shown_nodes``, ``clock`` (the newest access stamp: a node's
     ``last_access`` close to it was hit recently) and ``disabled`` (no radix cache)."""
     if max_nodes < 1:
@@ -77,7 +80,7 @@ def _subtree_tokens(root: TreeNode) -> dict[int, int]:
 
 
 def _node_dict(
-    node: TreeNode, sizes: dict[int, int], kept_ids: set[int], head_tokens: int
+    node: TreeNode, sizes: dict[int, int], kept_ids: set[int], head_tokens: int | None
 ) -> dict[str, Any]:
     hidden = [c for c in node.children.values() if c.id not in kept_ids]
     return {
@@ -91,6 +94,8 @@ def _node_dict(
         "evictable": node.parent is not None and node.lock_ref == 0,
         "last_access": node.last_access_time,
         "extra_key": node.extra_key,
+        "where": ("D" if node.value is not None else "")
+        + ("T" if node.tier_value is not None else ""),
         "hidden_children": len(hidden),
         "hidden_tokens": sum(sizes[c.id] for c in hidden),
     }

@@ -3,7 +3,8 @@
 ``--disable-radix-cache``: the null cache. Otherwise a :class:`RadixCache`, or with a KV tier
 (``--enable-hierarchical-cache``: host memory; ``--kv-tier-path DIR``: a memory-mapped file) a
 :class:`TieredRadixCache`. A file tier reopened under the same model, dtype, page size and size
-gets its index back (``radix.tier_index``): the first request after a restart hits it.
+gets its index back (``radix.tier_index``): the first request after a restart hits it. With
+``--kv-events-config`` the tree records its KV events (``radix.kv_events``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from radixserve.config import EngineConfig
 from radixserve.memory_pool import KVCache
 from radixserve.memory_pool.kv_tier import KVTier, TierLayout, file_tier, host_tier
 from radixserve.radix import NoPrefixCache, PrefixCache, RadixCache
+from radixserve.radix.kv_events import KVEventRecorder
 from radixserve.radix.tier_index import restore_index
 from radixserve.radix.tiered_cache import TieredRadixCache
 
@@ -28,8 +30,9 @@ TIER_RATIO = 2  # the tier's default size, in pools (SGLang's --hicache-ratio de
 def build_prefix_cache(config: EngineConfig, kv_cache: KVCache) -> PrefixCache:
     if config.disable_radix_cache:
         return NoPrefixCache(config.page_size)
+    events = KVEventRecorder(config.page_size) if config.kv_events is not None else None
     if not config.kv_tier_enabled:
-        return RadixCache(config.page_size)
+        return RadixCache(config.page_size, events)
     layout = TierLayout.of(kv_cache, config.page_size)
     tier_bytes = config.kv_tier_bytes or TIER_RATIO * kv_cache.num_slots * layout.bytes_per_token
     num_tokens = tier_bytes // layout.bytes_per_token
@@ -41,7 +44,7 @@ def build_prefix_cache(config: EngineConfig, kv_cache: KVCache) -> PrefixCache:
         tier, reopened = file_tier(config.kv_tier_path, layout, num_tokens, model_key(config))
     else:
         tier = host_tier(layout, num_tokens, pin_memory=kv_cache.device.type == "cuda")
-    tree = TieredRadixCache(config.page_size, tier, kv_cache, config.kv_tier_write_policy)
+    tree = TieredRadixCache(config.page_size, tier, kv_cache, config.kv_tier_write_policy, events)
     restored = restore_index(tree) if reopened else 0
     logger.info(
         "KV tier %s: %d tokens (%.2f GB), %s; %d tokens restored",

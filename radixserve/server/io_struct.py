@@ -96,6 +96,7 @@ class GetCacheTreeReq:
 
     call_id: int
     max_nodes: int
+    full_keys: bool = False  # each node's whole run of tokens, not only its head
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from typing import Any
 import zmq
 
 from radixserve.config import EngineConfig
-from radixserve.radix.tree_summary import summarize_tree
+from radixserve.radix.tree_summary import HEAD_TOKENS, summarize_tree
 from radixserve.runtime.io_struct import GenerateRequest, QueueFull
 from radixserve.runtime.scheduler import Scheduler
 from radixserve.server.io_struct import (
@@ -43,6 +43,7 @@ from radixserve.server.ipc import (
     recv_all,
     setup_child_process,
 )
+from radixserve.server.kv_event_publisher import KVEventPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +57,15 @@ class SchedulerLoop:
     """Owns the scheduler and its two sockets; single-threaded."""
 
     def __init__(
-        self, scheduler: Scheduler, recv: zmq.Socket, send: zmq.Socket, watch: ParentWatch
+        self,
+        scheduler: Scheduler,
+        recv: zmq.Socket,
+        send: zmq.Socket,
+        watch: ParentWatch,
+        events: KVEventPublisher | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.events = events  # the tree's KV events go out once per iteration
         self.recv = recv
         self.send = send
         self.watch = watch
@@ -88,6 +95,8 @@ class SchedulerLoop:
             self._stepped_since_save = True
         if self.pending_info:
             self._answer_server_info()
+        if self.events is not None:
+            self._publish_events()
         self.flush()
         self._maybe_log_stats()
 
@@ -95,6 +104,12 @@ class SchedulerLoop:
         if self.outbox:
             self.send.send_pyobj(self.outbox)
             self.outbox = []
+
+    def _publish_events(self) -> None:
+        recorder = self.scheduler.kv.tree.events  # type: ignore[attr-defined]
+        events = recorder.take()
+        if events:
+            self.events.publish(events)  # type: ignore[union-attr]
 
     def handle(self, msg: object) -> None:
         if isinstance(msg, GenerateRequest):
@@ -171,7 +186,8 @@ class SchedulerLoop:
 
     def _cache_tree(self, msg: GetCacheTreeReq) -> RpcReply:
         try:
-            tree = summarize_tree(self.scheduler.kv.tree, msg.max_nodes)
+            head = None if msg.full_keys else HEAD_TOKENS
+            tree = summarize_tree(self.scheduler.kv.tree, msg.max_nodes, head)
         except ValueError as exc:
             return RpcReply(msg.call_id, error=str(exc))
         for node in tree["nodes"]:  # the cache page names each namespace's adapter
@@ -239,7 +255,12 @@ def run_scheduler_process(
         info.max_total_tokens,
         info.max_context_len,
     )
-    loop = SchedulerLoop(scheduler, recv, send, ParentWatch(parent_pid))
+    events_config = config.kv_events
+    publisher = None
+    if events_config is not None:
+        publisher = KVEventPublisher(events_config, config.dp_rank)
+        logger.info("KV events on %s", events_config.endpoint)
+    loop = SchedulerLoop(scheduler, recv, send, ParentWatch(parent_pid), publisher)
     code = 0
     try:
         loop.run()
@@ -255,4 +276,6 @@ def run_scheduler_process(
         code = 1
     finally:
         scheduler.shutdown()
+        if publisher is not None:
+            publisher.shutdown()
     exit_process(code)

@@ -266,9 +266,10 @@ class TokenizerManager:
         reply = await self._rpc(GetServerInfoReq(next(self._call_ids), check_integrity))
         return dict(reply)
 
-    async def get_cache_tree(self, max_nodes: int) -> dict[str, Any]:
+    async def get_cache_tree(self, max_nodes: int, full_keys: bool = False) -> dict[str, Any]:
         """The radix tree summarised to ``max_nodes`` nodes, and the scheduler's stats."""
-        return dict(await self._rpc(GetCacheTreeReq(next(self._call_ids), max_nodes)))
+        msg = GetCacheTreeReq(next(self._call_ids), max_nodes, full_keys)
+        return dict(await self._rpc(msg))
 
     async def _rpc(
         self, msg: FlushCacheReq | GetServerInfoReq | GetCacheTreeReq | UpdateLoraReq

@@ -73,6 +73,21 @@ def test_each_worker_gets_a_file_tier_of_its_own(tmp_path, tiny_llama_dir) -> No
     assert torch.count_nonzero(tiers[1].storage) == 0  # worker 1's KV is untouched
 
 
+def test_each_worker_publishes_kv_events_on_its_own_ports(tiny_llama_dir) -> None:
+    """SGLang's ports: the endpoints' plus the worker's rank, which its batches carry."""
+    config = '{"publisher": "zmq", "endpoint": "tcp://*:6000", "replay_endpoint": "tcp://*:6100"}'
+    argv = ["serve", "--model", str(tiny_llama_dir), "--dp-size", "3"]
+    server = cli.make_server_config(
+        cli.build_parser().parse_args([*argv, "--kv-events-config", config])
+    )
+    workers = data_parallel.worker_server_configs(server, 1, [1001, 1002, 1003])
+    events = [w.engine.kv_events for w in workers]
+    assert [(e.endpoint, e.replay_endpoint) for e in events if e is not None] == [
+        (f"tcp://*:{6000 + i}", f"tcp://*:{6100 + i}") for i in range(3)
+    ]
+    assert [w.engine.dp_rank for w in workers] == [0, 1, 2]
+
+
 def test_the_router_gets_a_free_metrics_port_unless_one_is_given() -> None:
     config = ServerConfig(engine=EngineConfig(model_path="/m"), port=8000)
     urls = ["http://127.0.0.1:1"]

@@ -6,36 +6,21 @@ docs/data_parallel.md."""
 from __future__ import annotations
 
 import ast
-import os
 import re
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
+from sglang_wheel import sglang_source
 
 from radixserve.api.generate_fields import FIELDS, is_unset
 from radixserve.api.protocol import GenerateReqInput
 
-SGLANG = "sglang==0.5.23"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "data_parallel.md"
 
 
 def sglang_generate_fields() -> list[str]:
-    """The fields of ``GenerateReqInput`` in SGLang's ``io_struct.py``, read from its wheel
-    (downloaded once, without its dependencies, into the cache)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    folder = cache / "radixserve" / "sglang-wheels"
-    wheels = sorted(folder.glob("sglang-0.5.23-*.whl"))
-    if not wheels:
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(folder)]
-        done = subprocess.run([*cmd, SGLANG], capture_output=True, text=True, timeout=600)
-        wheels = sorted(folder.glob("sglang-0.5.23-*.whl"))
-        if not wheels:
-            pytest.skip(f"cannot download {SGLANG}: {done.stderr[-400:]}")
-    with zipfile.ZipFile(wheels[0]) as wheel:
-        source = wheel.read("sglang/srt/managers/io_struct.py").decode()
+    """The fields of ``GenerateReqInput`` in SGLang's ``io_struct.py``, read from its wheel."""
+    source = sglang_source("sglang/srt/managers/io_struct.py")
     for node in ast.parse(source).body:
         if isinstance(node, ast.ClassDef) and node.name == "GenerateReqInput":
             return [

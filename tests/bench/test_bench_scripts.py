@@ -74,7 +74,7 @@ SCRIPT_ARGS: dict[str, list[str]] = {
     "radix_ops.py": [
         *("--rev", "HEAD", "--conversations", "2", "--turns", "2", "--num-systems", "1"),
         *("--system-len", "8", "--question-len", "2", "4", "--answer-len", "2", "4"),
-        *("--capacity", "64", "--repeat", "1"),
+        *("--capacity", "64", "--repeat", "1", "--events"),
     ],
     "scheduler_idle.py": [
         *("--shapes", "qwen25-0.5b", "--batches", "1", "--context", "8", "--steps", "2"),
@@ -152,7 +152,11 @@ EXPECTED: dict[str, list[str]] = {
     "load.py": [r"^requests\s+[1-9]", r"^errors\s+0$", r"^integrity_ok\s+True$"],
     "model_throughput.py": [r"^prefill 8 tok\s+\d", r"^decode b=1 ctx=8\s+\d", r"bandwidth bound"],
     "multiturn_chat.py": [r"^radixserve\s+\d", r"^hit rate radixserve: "],
-    "radix_ops.py": [r"^matched lengths identical in all runs", r"^after\s+int32\s+[\d,]+"],
+    "radix_ops.py": [
+        r"^matched lengths identical in all runs",
+        r"^after\s+int32\s+[\d,]+",
+        r"^KV events on / off, int32 keys: [\d.]+x",
+    ],
     "scheduler_idle.py": [r"sched CPU", r"^qwen25-0\.5b\s+1\s+on\s+async\s+\d"],
     "scheduler_overhead.py": [r"^\s*current: step\s+[\d.]+ ms .* overlap step\s+[\d.]+ ms"],
     "shared_prefix.py": [r"^radixserve\s+\d", r"^hit rate radixserve: "],

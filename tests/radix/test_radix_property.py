@@ -1,4 +1,6 @@
-"""Stateful property tests: RadixCache against a naive reference of token prefixes."""
+"""Stateful property tests: RadixCache against a naive reference of token prefixes, and its KV
+events against the tree (a consumer that rebuilds the tree's pages from the events alone sees
+exactly what the tree holds, after every step)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from kv_event_index import EventIndex, tree_contents
 
 from radixserve.radix import RadixCache
+from radixserve.radix.kv_events import KVEventRecorder
 
 EXTRA_KEYS = (None, "salt-a")
 # the key forms a caller may pass: the int32 array a request carries (also a strided view of
@@ -97,7 +101,8 @@ def make_machine(page_size: int, max_len: int):
     class RadixMachine(RuleBasedStateMachine):
         @initialize()
         def setup(self) -> None:
-            self.tree = RadixCache(page_size)
+            self.tree = RadixCache(page_size, KVEventRecorder(page_size))
+            self.index = EventIndex()
             self.ref = NaiveReference(page_size)
             self.next_slot = itertools.count(1)
             self.locks: list[tuple[object, str | None, tuple[int, ...]]] = []
@@ -134,6 +139,12 @@ def make_machine(page_size: int, max_len: int):
             node, _, _ = self.locks.pop(which % len(self.locks))
             self.tree.dec_lock_ref(node)
 
+        @precondition(lambda self: not self.locks)
+        @rule()
+        def flush(self) -> None:
+            self.tree.reset()
+            self.ref = NaiveReference(page_size)
+
         @rule(num_tokens=st.integers(0, 3 * max_len))
         def evict(self, num_tokens: int) -> None:
             before = self.tree.evictable_size()
@@ -164,6 +175,11 @@ def make_machine(page_size: int, max_len: int):
         def locked_prefixes(self) -> set[tuple]:
             ps = self.ref.page_size
             return {(e, p[:end]) for _, e, p in self.locks for end in range(ps, len(p) + 1, ps)}
+
+        @invariant()
+        def events_rebuild_the_tree(self) -> None:
+            self.index.apply_events(self.tree.events.take())
+            assert self.index.contents() == tree_contents(self.tree)
 
         @invariant()
         def sizes_add_up(self) -> None:

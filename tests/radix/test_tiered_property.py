@@ -20,11 +20,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from kv_event_index import EventIndex, tree_contents
 from tier_helpers import compute, expected_kv, new_pool, path_of, path_tokens, pool_kv, tier_kv
 
 from radixserve.memory_pool.allocator import TokenToKVPoolAllocator
 from radixserve.memory_pool.kv_cache import KVCache
 from radixserve.memory_pool.kv_tier import INDEX, TierLayout, file_tier
+from radixserve.radix.kv_events import DISK, KVEventRecorder
 from radixserve.radix.tier_index import restore_index, save_index
 from radixserve.radix.tiered_cache import TieredRadixCache
 from radixserve.radix.tree_node import TreeNode
@@ -79,7 +81,8 @@ def make_machine(ps: int, max_len: int, pool_tokens: int, tier_tokens: int, poli
             self.alloc = TokenToKVPoolAllocator(pool_tokens + ps, ps)
             layout = TierLayout.of(self.kv, ps)
             self.tier, reopened = file_tier(self.dir, layout, tier_tokens, MODEL_KEY)
-            self.tree = TieredRadixCache(ps, self.tier, self.kv, policy)
+            self.tree = TieredRadixCache(ps, self.tier, self.kv, policy, KVEventRecorder(ps))
+            self.index = EventIndex()  # a new engine: its consumer starts afresh
             return reopened
 
         # ---- checks against the reference ------------------------------------------------
@@ -295,6 +298,8 @@ def make_machine(ps: int, max_len: int, pool_tokens: int, tier_tokens: int, poli
         def integrity(self) -> None:
             if not hasattr(self, "tree"):
                 return
+            self.index.apply_events(self.tree.events.take())
+            assert self.index.contents() == tree_contents(self.tree, DISK), "events differ"
             self.tree.check_integrity()
             self.alloc.check_integrity(self.tree.all_values())
             for node, _, tokens in self.locks:
