@@ -26,13 +26,14 @@ import numpy as np
 from radixserve.config import EngineConfig
 from radixserve.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from radixserve.radix import NoPrefixCache, PrefixCache, RadixCache
+from radixserve.radix.kv_events import KVCacheEvent, KVEventRecorder
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.lora_manager import LoraManager
 from radixserve.runtime.scheduler import Scheduler
 from radixserve.sim.clock import VirtualClock
 from radixserve.sim.cost_model import CostModel
-from radixserve.sim.router import CacheAwareConfig, Router
+from radixserve.sim.router import EVENT_POLICIES, CacheAwareConfig, Router
 from radixserve.sim.sim_worker import SimWorker
 from radixserve.sim.trace import SimSession
 from radixserve.types import SamplingParams
@@ -67,11 +68,17 @@ class Replica:
         token_range: tuple[int, int],
         seed: int,
         adapters: Iterable[str] = (),
+        kv_events: bool = False,
     ) -> None:
         if config.max_total_tokens is None:
             raise ValueError("a simulated replica needs max_total_tokens (its KV pool)")
         page = config.page_size
-        tree: PrefixCache = NoPrefixCache(page) if config.disable_radix_cache else RadixCache(page)
+        tree: PrefixCache
+        if config.disable_radix_cache:
+            tree = NoPrefixCache(page)
+        else:
+            tree = RadixCache(page, KVEventRecorder(page) if kv_events else None)
+        self.events = tree.events  # what its router hears of its cache (None: nothing)
         slots = (-(-config.max_total_tokens // page) + 1) * page
         self.kv = KVManager(
             ReqToTokenPool(config.max_running_requests, max_context_len),
@@ -85,6 +92,7 @@ class Replica:
         self.scheduler = Scheduler(config, kv=self.kv, worker=self.worker, clock=clock, loras=loras)
         self.busy_until = 0.0  # its step in progress ends then (inf: idle, nothing to do)
         self.pending: list[ReqOutput] | None = None  # that step's outputs, due at busy_until
+        self.pending_events: list[KVCacheEvent] = []  # and its KV events
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,13 +128,23 @@ class Simulation:
         self.sessions = sorted(sessions, key=lambda s: (s.arrival_s, s.sid))
         ctx = _max_context_len(self.sessions)
         adapters = sorted({s.lora for s in self.sessions if s.lora is not None})
+        events = opts.router_policy in EVENT_POLICIES
         self.replicas = [
             Replica(
-                opts.config, opts.cost, self.clock, ctx, opts.token_range, opts.seed + i, adapters
+                opts.config,
+                opts.cost,
+                self.clock,
+                ctx,
+                opts.token_range,
+                opts.seed + i,
+                adapters,
+                events,
             )
             for i in range(opts.dp_size)
         ]
-        self.router = Router(opts.router_policy, opts.dp_size, opts.cache_aware, opts.seed)
+        self.router = Router(
+            opts.router_policy, opts.dp_size, opts.cache_aware, opts.seed, opts.config.page_size
+        )
         self.records: list[SimRecord] = []
         self._due: list[tuple[float, int, int, int, np.ndarray]] = []  # (t, seq, sid, turn, hist)
         self._seq = itertools.count()
@@ -148,9 +166,10 @@ class Simulation:
             if now == math.inf:
                 break
             self.clock.advance_to(now)
-            for r in self.replicas:
+            for i, r in enumerate(self.replicas):
                 if r.pending is not None and r.busy_until <= now:
                     outputs, r.pending = r.pending, None
+                    self._publish(i, r)
                     self._deliver(r, outputs, now)
             while self._due and self._due[0][0] <= now:
                 _, _, sid, turn, history = heapq.heappop(self._due)
@@ -187,13 +206,21 @@ class Simulation:
         before = r.worker.num_batches
         outputs = r.scheduler.step()
         self.num_steps += 1
+        if r.events is not None:  # published when the step ends
+            r.pending_events.extend(r.events.take())
         if r.worker.num_batches == before:  # nothing could run: wait for the next arrival
             r.busy_until = math.inf
+            self._publish(self.replicas.index(r), r)
             if outputs:
                 self._deliver(r, outputs, now)
             return
         r.busy_until = now + r.worker.last_cost_s
         r.pending = outputs
+
+    def _publish(self, i: int, r: Replica) -> None:
+        if r.pending_events:
+            self.router.observe(i, r.pending_events)
+            r.pending_events = []
 
     # ---- clients --------------------------------------------------------------------------
     def _start_next_session(self, now: float) -> None:

@@ -1,10 +1,14 @@
-"""Router policies route as sglang-router documents them."""
+"""Router policies route as sglang-router documents them, and ``cache_aware_events`` as smg's
+event-driven selection does."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
+from radixserve.radix import RadixCache
+from radixserve.radix.kv_events import KVEventRecorder
 from radixserve.sim.router import CacheAwareConfig, Router
 
 
@@ -73,3 +77,35 @@ def test_done_lowers_the_load_and_bad_input_is_refused() -> None:
         Router("random_walk", 2)
     with pytest.raises(ValueError, match="cache_threshold"):
         CacheAwareConfig(cache_threshold=1.5)
+
+
+def test_cache_aware_events_follows_what_replicas_report() -> None:
+    r = Router("cache_aware_events", 3)
+    trees = [RadixCache(1, KVEventRecorder(1)) for _ in range(3)]
+    system = _ids((1000, 1100))
+    assert r.pick(system, 0.0) == 0  # nothing reported yet: the least loaded, the first
+    trees[2].insert(system, torch.arange(100))  # replica 2 reports the system prompt
+    r.observe(2, trees[2].events.take())
+    assert r.pick(_ids((1000, 1100), (0, 5)), 0.0) == 2  # any overlap counts, no threshold
+    trees[1].insert(_ids((1000, 1010)), torch.arange(10))
+    r.observe(1, trees[1].events.take())
+    assert r.pick(_ids((1000, 1100), (5, 9)), 0.0) == 2  # the longer run of leading pages
+    trees[2].evict(100)  # replica 2 evicted it: the router hears so
+    r.observe(2, trees[2].events.take())
+    assert r.pick(_ids((1000, 1100), (9, 12)), 0.0) == 1  # now only replica 1's 10 tokens
+    trees[2].reset()
+    r.observe(2, trees[2].events.take())
+    assert r._held[2] == {}
+    assert r.num_cache_routed == 3
+
+
+def test_cache_aware_events_balances_and_breaks_ties_by_load() -> None:
+    r = Router("cache_aware_events", 2, CacheAwareConfig(balance_abs_threshold=4))
+    trees = [RadixCache(1, KVEventRecorder(1)) for _ in range(2)]
+    for i, tree in enumerate(trees):
+        tree.insert(_ids((0, 50)), torch.arange(50))
+        r.observe(i, tree.events.take())
+    r.loads = [3, 1]
+    assert r.pick(_ids((0, 60)), 0.0) == 1  # equal runs: the lower load
+    r.loads = [10, 1]  # 10 - 1 > 4 and 10 > 1.5: imbalanced
+    assert r.pick(_ids((0, 60)), 0.0) == 1 and r.num_balance_routed == 1

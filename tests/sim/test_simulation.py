@@ -71,7 +71,9 @@ def test_cache_hit_is_counted_and_costs_less() -> None:
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "lpm", "dfs-weight"])
-@pytest.mark.parametrize("dp_size,router", [(1, "round_robin"), (2, "cache_aware")])
+@pytest.mark.parametrize(
+    "dp_size,router", [(1, "round_robin"), (2, "cache_aware"), (2, "cache_aware_events")]
+)
 def test_small_pool_finishes_everything_with_integrity(
     policy: str, dp_size: int, router: str
 ) -> None:
@@ -154,3 +156,33 @@ def test_lora_sessions_hit_only_their_own_adapters_cache() -> None:
     assert {r.lora for r in result.records} == {"lora0", "lora1", "lora2", "lora3"}
     assert max(len(s) for s in seen) == 2
     scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_the_event_router_knows_exactly_what_each_replica_holds(page_size: int) -> None:
+    """``cache_aware_events``: after a run that evicts, the router's picture of each replica,
+    built from that replica's KV events alone, is its tree's pages (no more, no fewer)."""
+    from radixserve.radix.kv_events import KVEventRecorder
+
+    sessions = from_bench_sessions(
+        make_multiturn(
+            MultiTurnSpec(num_conversations=12, num_turns=3, user_len=(40, 90), answer_len=(8, 20)),
+            5,
+            500,
+        )
+    )
+    config = _config(max_total_tokens=900, page_size=page_size)
+    opts = SimOptions(config, COST, dp_size=3, router_policy="cache_aware_events", parallel=6)
+    sim = Simulation(opts, sessions)
+    summary = summarize("events", sim.run())
+    assert summary["hit_rate"] > 0.2
+    assert sim.router.num_cache_routed > 0
+    for i, rep in enumerate(sim.replicas):
+        tree = rep.kv.tree
+        hashes: set[int] = set()
+        stack = list(tree.root.children.values())
+        while stack:
+            node = stack.pop()
+            hashes.update(KVEventRecorder(page_size)._hashes(node))
+            stack.extend(node.children.values())
+        assert set(sim.router._held[i]) == hashes, f"replica {i}"
