@@ -90,6 +90,12 @@ class EngineConfig:
     # tensor parallelism: ranks that each hold a slice of the model (docs/tensor_parallel.md);
     # rank 0 schedules, the others run the model only. Collectives time out after tp_timeout_s
     tp_size: int = 1
+    # tensor parallelism over several machines (SGLang's names): nnodes machines of
+    # tp_size / nnodes ranks each meet at dist_init_addr (HOST:PORT, node 0's address); node 0
+    # serves, the others only run their ranks (docs/tensor_parallel.md)
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
     tp_timeout_s: float = 120.0
     num_threads: int | None = field(default_factory=lambda: _env_int("RADIXSERVE_NUM_THREADS"))
     # the highest CPU kernel variant to use (models/kernels/_ext.py); None: the best this CPU
@@ -129,6 +135,7 @@ class EngineConfig:
             raise ValueError("page_size must be >= 1")
         if self.tp_size < 1:
             raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        self._check_nodes()
         if self.tp_timeout_s <= 0:
             raise ValueError(f"tp_timeout_s must be > 0, got {self.tp_timeout_s}")
         if self.max_running_requests < 1:
@@ -150,6 +157,19 @@ class EngineConfig:
             raise ValueError(
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
             )
+
+    def _check_nodes(self) -> None:
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(
+                f"node_rank must be in [0, nnodes), got {self.node_rank} of {self.nnodes}"
+            )
+        if self.nnodes == 1:
+            return
+        if self.tp_size % self.nnodes:
+            raise ValueError(f"tp_size {self.tp_size} does not divide into {self.nnodes} nodes")
+        host, _, port = (self.dist_init_addr or "").rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError("nnodes > 1 needs dist_init_addr HOST:PORT (node 0's address)")
 
     @property
     def kv_events(self) -> KVEventsConfig | None:
@@ -213,6 +233,8 @@ class ServerConfig:
     engine: EngineConfig
     host: str = "127.0.0.1"
     port: int = 30000
+    # SGLang's gRPC scheduler service on this port too, for smg's gRPC workers (api/grpc_server.py)
+    grpc_port: int | None = None
     api_key: str | None = None  # one key: one tenant (the CLI's first --api-key)
     # (tenant, key) pairs: --api-key (each its own tenant) and --api-keys-file; api_key alone
     # becomes one pair. Each tenant has its own prompt-cache namespace unless

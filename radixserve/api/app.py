@@ -72,9 +72,16 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await tm.start()
+        grpc_server = None
         try:
+            if config.grpc_port is not None:  # grpcio and smg-grpc-proto: the [grpc] extra
+                from radixserve.api.grpc_server import start_grpc_server
+
+                grpc_server = await start_grpc_server(tm, config)
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop(1.0)
             await tm.close()
 
     docs = {} if not config.disable_docs else dict(docs_url=None, redoc_url=None, openapi_url=None)

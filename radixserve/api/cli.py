@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.api.cli_access import access_fields, add_access_flags
+from radixserve.api.cli_cache import add_cache_flags, cache_fields
 from radixserve.api.cli_lora import add_lora_flags, lora_fields
 from radixserve.config import (
-    KV_TIER_WRITE_POLICIES,
     PREEMPTION_MODES,
     QUANTIZATIONS,
     REASONING_PARSERS,
@@ -26,7 +26,6 @@ from radixserve.config import (
     default_model_dir,
 )
 from radixserve.hub import is_hub_id, resolve_model
-from radixserve.units import parse_size
 
 logger = logging.getLogger("radixserve.cli")
 _DEFAULTS = EngineConfig()
@@ -68,6 +67,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     )
     add("--host", default="127.0.0.1", help="address to listen on")
     add("--port", type=int, default=30000, help="port to listen on")
+    add("--grpc-port", type=int, default=None, help="also serve SGLang's gRPC API (for smg)")
     add(
         "--schedule-policy",
         choices=SCHEDULE_POLICIES,
@@ -116,38 +116,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     add("--max-context-len", type=int, default=None, help="context length (default: the model's)")
     add("--disable-radix-cache", action="store_true", help="no prefix caching (a baseline)")
     add("--disable-jump-forward", action="store_true", help="decode a grammar's forced text")
-    add(
-        "--enable-hierarchical-cache",
-        action="store_true",
-        help="keep what the KV pool evicts in a host-memory tier and load it back on a hit",
-    )
-    add(
-        "--kv-tier-path",
-        default=None,
-        metavar="DIR",
-        help="keep the KV tier in a memory-mapped file in DIR (survives a restart)",
-    )
-    add(
-        "--kv-tier-size",
-        type=parse_size,
-        default=None,
-        metavar="SIZE",
-        help="the tier's size, e.g. 8GB or 512MiB (default: twice the KV pool)",
-    )
-    add(
-        "--hicache-write-policy",
-        "--kv-tier-write-policy",
-        dest="kv_tier_write_policy",
-        choices=KV_TIER_WRITE_POLICIES,
-        default=_DEFAULTS.kv_tier_write_policy,
-        help="copy KV to the tier when the pool evicts it (write_back) or when it is cached",
-    )
-    add(
-        "--kv-events-config",
-        default=None,
-        metavar="JSON",
-        help='publish KV events as SGLang does, e.g. {"publisher": "zmq", "endpoint": "tcp://*:5557"}',
-    )
+    add_cache_flags(serve)
     add(
         "--preemption-mode",
         choices=PREEMPTION_MODES,
@@ -199,6 +168,9 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="tensor parallelism: split the model over this many processes (gloo on CPU, NCCL "
         "on CUDA: one GPU each); see docs/tensor_parallel.md",
     )
+    add("--nnodes", type=int, default=1, help="machines the --tp-size ranks are spread over")
+    add("--node-rank", type=int, default=0, help="this machine's index (0 serves)")
+    add("--dist-init-addr", default=None, metavar="HOST:PORT", help="node 0's address, all nodes")
     add(
         "--served-model-name",
         default=None,
@@ -316,20 +288,20 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         disable_cuda_graph=args.disable_cuda_graph,
         cuda_graph_max_bs=args.cuda_graph_max_bs,
         disable_jump_forward=args.disable_jump_forward,
-        enable_hierarchical_cache=args.enable_hierarchical_cache,
-        kv_tier_path=args.kv_tier_path,
-        kv_tier_bytes=args.kv_tier_size,
-        kv_tier_write_policy=args.kv_tier_write_policy,
-        kv_events_config=args.kv_events_config,
+        **cache_fields(args),
         preemption_mode=args.preemption_mode,
         enable_priority_scheduling=args.enable_priority_scheduling,
         tp_size=args.tp_size,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        dist_init_addr=args.dist_init_addr,
         **lora_fields(args),
     )
     return ServerConfig(
         engine=engine,
         host=args.host,
         port=args.port,
+        grpc_port=args.grpc_port,
         **access_fields(args),
         served_model_name=args.served_model_name,
         tool_call_parser=args.tool_call_parser,
@@ -376,6 +348,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if dp.dp_size > 1:
         return data_parallel.serve_data_parallel(config, dp)
+    if config.engine.node_rank > 0:  # this machine only runs its tensor-parallel ranks
+        from radixserve.runtime.tp_ranks import run_node
+        from radixserve.runtime.tp_worker import run_tp_worker
+
+        return run_node(config.engine, run_tp_worker)
     from radixserve.api.server import StartupError, launch_server
 
     code = 0

@@ -43,6 +43,7 @@ ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "manu
 # the launcher module of each: the same command line (smg forked sglang-router's)
 ROUTER_MODULES = {"smg": "smg.launch_router", "sglang-router": "sglang_router.launch_router"}
 ROUTERS = ("auto", *ROUTER_MODULES)
+TRANSPORTS = ("http", "grpc")  # grpc: SGLang's gRPC scheduler API (api/grpc_server.py), smg only
 # the routers check each worker every 60 s and drop it after 3 failures: a dead local worker
 # would take requests for 3 minutes. These drop it within about 10 s (--router-arg overrides).
 HEALTH_CHECKS = {"--health-check-interval-secs": "5", "--health-failure-threshold": "2"}
@@ -57,10 +58,15 @@ class DataParallelConfig:
     threads_per_worker: int | None = None  # torch threads per worker (None: cores / dp_size)
     router_args: tuple[str, ...] = ()  # passed to the router's launcher as they are
     router: str = "auto"  # smg, sglang-router, or auto: smg where it is installed
+    transport: str = "http"  # how the router reaches the workers
 
     def __post_init__(self) -> None:
         if self.router not in ROUTERS:
             raise ValueError(f"--router must be one of {ROUTERS}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"--worker-transport must be one of {TRANSPORTS}")
+        if self.transport == "grpc" and self.router == "sglang-router":
+            raise ValueError("--worker-transport grpc needs smg (--router smg or auto)")
         if self.dp_size < 1:
             raise ValueError("--dp-size must be >= 1")
         if self.router_policy not in ROUTER_POLICIES:
@@ -91,6 +97,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "auto: smg where it is installed",
     )
     parser.add_argument(
+        "--worker-transport",
+        choices=TRANSPORTS,
+        default="http",
+        help="how the router reaches the workers with --dp-size > 1: http, or grpc (smg only: "
+        "the gateway tokenizes, and cache_aware follows each worker's KV events)",
+    )
+    parser.add_argument(
         "--threads-per-worker",
         type=int,
         default=None,
@@ -113,6 +126,7 @@ def from_args(args: argparse.Namespace) -> DataParallelConfig:
         args.threads_per_worker,
         tuple(args.router_arg),
         args.router,
+        args.worker_transport,
     )
 
 
@@ -130,13 +144,20 @@ def resolve_router(router: str) -> str:
 
 
 def worker_server_configs(
-    config: ServerConfig, threads: int, ports: list[int]
+    config: ServerConfig, threads: int, ports: list[int], grpc_ports: list[int] | None = None
 ) -> list[ServerConfig]:
     """Each worker's config: loopback on its port, ``threads`` torch threads, and a file KV tier
     of its own (``<kv_tier_path>/dp<i>``: two workers mapping one file would overwrite each
     other's KV; each gets a tier of ``--kv-tier-size``), and its rank: its KV events carry it and
-    go out on the ``--kv-events-config`` ports plus the rank, as SGLang's do."""
+    go out on the ``--kv-events-config`` ports plus the rank, as SGLang's do. With
+    ``grpc_ports`` each also serves gRPC there and, unless ``--kv-events-config`` says
+    otherwise, publishes its KV events on a free loopback port (smg's gRPC relay reads them)."""
     out = []
+    if grpc_ports is not None and config.engine.kv_events_config is None:
+        loopback = [f"tcp://127.0.0.1:{p}" for p in free_ports(len(ports))]
+        configs = [json.dumps({"publisher": "zmq", "endpoint": e, "bind": True}) for e in loopback]
+    else:
+        configs = None
     for i, port in enumerate(ports):
         engine = dataclasses.replace(config.engine, num_threads=threads, dp_rank=i)
         events = engine.kv_events
@@ -147,7 +168,14 @@ def worker_server_configs(
         if engine.kv_tier_path is not None:
             tier_path = str(Path(engine.kv_tier_path) / f"dp{i}")
             engine = dataclasses.replace(engine, kv_tier_path=tier_path)
-        out.append(dataclasses.replace(config, engine=engine, host="127.0.0.1", port=port))
+        if configs is not None:  # (a port each: nothing to offset)
+            engine = dataclasses.replace(engine, kv_events_config=configs[i])
+        grpc_port = grpc_ports[i] if grpc_ports is not None else None
+        out.append(
+            dataclasses.replace(
+                config, engine=engine, host="127.0.0.1", port=port, grpc_port=grpc_port
+            )
+        )
     return out
 
 
@@ -156,8 +184,10 @@ def serve_data_parallel(config: ServerConfig, dp: DataParallelConfig) -> int:
     dp = dataclasses.replace(dp, router=resolve_router(dp.router))  # the hint if none is
     threads = dp.threads_per_worker or max(1, (multiprocessing.cpu_count() or 1) // dp.dp_size)
     ports = free_ports(dp.dp_size)
-    worker_configs = worker_server_configs(config, threads, ports)
+    grpc_ports = free_ports(dp.dp_size) if dp.transport == "grpc" else None
+    worker_configs = worker_server_configs(config, threads, ports, grpc_ports)
     urls = [f"http://127.0.0.1:{p}" for p in ports]
+    router_urls = urls if grpc_ports is None else [f"grpc://127.0.0.1:{p}" for p in grpc_ports]
     ctx = multiprocessing.get_context("spawn")
     workers: list[BaseProcess] = []
     router: subprocess.Popen[bytes] | None = None
@@ -172,7 +202,9 @@ def serve_data_parallel(config: ServerConfig, dp: DataParallelConfig) -> int:
                 logger.error("worker %d (%s) did not start", i, url)
                 return 1
         router = subprocess.Popen(
-            router_command(config, dp, urls), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            router_command(config, dp, router_urls),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
         router_log = RouterLog(router)
         router_url = f"http://{_connect_host(config.host)}:{config.port}"
@@ -186,7 +218,7 @@ def serve_data_parallel(config: ServerConfig, dp: DataParallelConfig) -> int:
                 router_log.tail(),
             )
             return 1
-        _print_ready(config, dp, urls)
+        _print_ready(config, dp, router_urls)
         return _supervise(workers, urls, router)
     except KeyboardInterrupt:
         logger.info("stopping the router and %d workers", len(workers))
@@ -223,6 +255,8 @@ def router_command(config: ServerConfig, dp: DataParallelConfig, urls: list[str]
     cmd += ["--worker-urls", *urls, "--log-level", _router_log_level(config.log_level)]
     if config.api_key:  # the router's own calls to the workers (server info, load)
         cmd += ["--api-key", config.api_key]
+    if dp.transport == "grpc":  # the gateway tokenizes: the checkpoint's tokenizer
+        cmd += ["--model-path", str(config.engine.model_path)]
     given = {a.split("=")[0] for a in dp.router_args}
     if "--prometheus-port" not in given:
         # its default (29000) is fixed: a second --dp-size server on the machine would collide

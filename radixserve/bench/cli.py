@@ -90,7 +90,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     add(
         "--router-policy",
         default="cache_aware,round_robin",
-        help="comma list of sglang-router policies compared with --dp-size",
+        help="comma list of router policies compared with --dp-size; POLICY:grpc runs smg over "
+        "gRPC workers, whose cache_aware follows the workers' KV events",
     )
     add(
         "--router-arg",

@@ -97,21 +97,29 @@ class HttpClient:
         self.http = httpx.Client(
             base_url=url.rstrip("/"), headers=headers, timeout=timeout_s, limits=limits
         )
+        self.model: str | None = None  # sent as "model" (smg's gRPC mode routes by it)
+        self.deltas = False  # each event's output_ids are new ones (smg's gRPC mode)
 
     def generate(self, input_ids: list[int], max_new_tokens: int) -> Generated:
-        body = {
+        body: dict[str, Any] = {
             "input_ids": input_ids,
             "sampling_params": _sampling(max_new_tokens),
             "stream": True,
         }
+        if self.model is not None:
+            body["model"] = self.model
         first: float | None = None
         last: dict[str, Any] = {}
+        ids: list[int] = []
         with self.http.stream("POST", "/generate", json=body) as response:
             for event in _sse_events(response):
                 if event.get("output_ids") and first is None:
                     first = time.perf_counter()
-                last = event  # events are cumulative
-        ids = list(last.get("output_ids", []))
+                last = event  # radixserve's events are cumulative
+                if self.deltas and event.get("meta_info", {}).get("finish_reason") is None:
+                    ids += event.get("output_ids", [])  # (smg's last event repeats the last id)
+        if not self.deltas:
+            ids = list(last.get("output_ids", []))
         meta = last.get("meta_info", {})
         return Generated(ids, len(ids), first, meta.get("cached_tokens"), _tier_part(meta))
 
@@ -132,8 +140,17 @@ class HttpClient:
 
 
 class RouterClient(HttpClient):
-    """``/generate`` through sglang-router (``radixserve serve --dp-size``); the scheduler
-    stats are the workers' (listed by the router's ``/workers``), summed."""
+    """``/generate`` through SGLang's router or gateway (``radixserve serve --dp-size``); the
+    scheduler stats are the workers' (listed by the router's ``/workers``), summed. With gRPC
+    workers (``--worker-transport grpc``) smg's ``/generate`` needs the model and streams new
+    ids only, and each worker's stats come from its gRPC ``GetServerInfo``."""
+
+    def __init__(self, url: str, grpc: bool = False) -> None:
+        super().__init__(url)
+        if grpc:
+            models = self.http.get("/v1/models")
+            models.raise_for_status()
+            self.model, self.deltas = str(models.json()["data"][0]["id"]), True
 
     def worker_urls(self) -> list[str]:
         response = self.http.get("/workers")
@@ -143,6 +160,9 @@ class RouterClient(HttpClient):
     def worker_stats(self) -> list[dict[str, Any]]:
         out = []
         for url in self.worker_urls():
+            if url.startswith("grpc://"):
+                out.append(dict(_grpc_server_info(url)["scheduler"]))
+                continue
             response = httpx.get(f"{url}/get_server_info", timeout=60)
             response.raise_for_status()
             out.append(dict(response.json()["scheduler"]))
@@ -150,6 +170,8 @@ class RouterClient(HttpClient):
 
     def server_info(self) -> dict[str, Any]:
         url = self.worker_urls()[0]
+        if url.startswith("grpc://"):
+            return _grpc_server_info(url)
         response = httpx.get(f"{url}/get_server_info", timeout=60)
         response.raise_for_status()
         return dict(response.json())
@@ -158,6 +180,21 @@ class RouterClient(HttpClient):
         per_worker = self.worker_stats()
         keys = [k for k, v in per_worker[0].items() if isinstance(v, (int, float))]
         return {k: sum(w[k] for w in per_worker) for k in keys}
+
+
+def _grpc_server_info(url: str) -> dict[str, Any]:
+    """A gRPC worker's ``GetServerInfo``: its server args, and its scheduler's stats under
+    ``scheduler`` (the shape of ``/get_server_info``)."""
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+    from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
+    from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(url.removeprefix("grpc://")) as channel:
+        info = pb_grpc.SglangSchedulerStub(channel).GetServerInfo(
+            pb.GetServerInfoRequest(), timeout=60
+        )
+    return {**MessageToDict(info.server_args), "scheduler": MessageToDict(info.scheduler_info)}
 
 
 class OpenAIClient:

@@ -95,8 +95,10 @@ class BenchOptions:
             raise ValueError(f"kv_tier must be one of {KV_TIERS}, got {self.kv_tier!r}")
         if self.kv_tier_bytes is not None and self.kv_tier is None:
             raise ValueError("--kv-tier-size needs --kv-tier")
-        if (self.kv_tier or self.max_total_tokens) and (self.url or self.dp_size > 1):
+        if (self.kv_tier or self.max_total_tokens) and self.url:
             raise ValueError("--kv-tier and --max-total-tokens start their own servers: no --url")
+        if self.kv_tier and self.dp_size > 1:
+            raise ValueError("--kv-tier is not passed to --dp-size workers")
         if "unbounded" in self.baselines and self.max_total_tokens is None:
             raise ValueError("the unbounded baseline is the reference of --max-total-tokens")
         if self.quantization is not None and {"hf", "hf-kv"} & set(self.baselines):
@@ -363,9 +365,14 @@ def _started(
     extra_args = setup.serve_args(tier_dir) + ("--device", opts.device)
     if opts.quantization is not None:
         extra_args += ("--quantization", opts.quantization)
-    if router_policy is not None:
+    grpc = False
+    if router_policy is not None:  # "cache_aware:grpc": smg over gRPC workers (KV events)
+        router_policy, _, transport = router_policy.partition(":")
+        grpc = transport == "grpc"
         worker_threads = str(opts.num_threads or 1)
         extra_args += ("--dp-size", str(opts.dp_size), "--router-policy", router_policy)
+        if grpc:
+            extra_args += ("--worker-transport", "grpc", "--router", "smg")
         extra_args += ("--threads-per-worker", worker_threads)
         extra_args += tuple(f"--router-arg={a}" for a in opts.router_args)
     with launched_server(
@@ -382,7 +389,7 @@ def _started(
             deadline = time.monotonic() + 600
             if not wait_router_ready(url, opts.dp_size, deadline):
                 raise RuntimeError(f"the router at {url} did not register {opts.dp_size} workers")
-        http = RouterClient(url) if router_policy is not None else HttpClient(url)
+        http = RouterClient(url, grpc) if router_policy is not None else HttpClient(url)
         try:
             yield http, url
         finally:

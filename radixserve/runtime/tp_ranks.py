@@ -16,6 +16,12 @@ Failures: a rank that dies closes its connections, so rank 0's next collective r
 (and :meth:`check_alive` names the rank and its exit code first); a rank that hangs makes rank
 0's collective time out; when rank 0 dies the others' waits raise and they exit. Startup waits
 for each rank's handshake through a pipe (its error text if loading failed), watching exit codes.
+
+Several machines (``nnodes > 1``): node 0 hosts the store on ``dist_init_addr`` and runs ranks
+``0 .. tp_size/nnodes - 1``; node ``k`` runs :func:`run_node`, which starts its own ranks, joins
+the store, and reports their handshake there (``node<k>/joining``, ``node<k>/loaded``, or
+``node<k>/error`` with the reason), where rank 0 waits for it. gloo then connects each rank
+through the address its machine reaches node 0 from.
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ import dataclasses
 import datetime
 import logging
 import os
+import signal
+import socket
 import time
+import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -44,8 +53,9 @@ STARTUP_TIMEOUT_S = 600.0  # a rank's start (interpreter, torch) and, separately
 STOP_TIMEOUT_S = 5.0
 _CONTROL_WAIT = datetime.timedelta(days=365)  # the other ranks wait for batches while rank 0 idles
 JOINING, LOADED = "joining", "loaded"  # the handshake messages of a rank through its pipe
-# a rank's process: (config, rank, store port, its end of the handshake pipe, rank 0's pid)
-RankEntry = Callable[[EngineConfig, int, int, Connection, int], None]
+# a rank's process: (config, rank, the store's (host, port), its end of the handshake pipe, its
+# parent's pid)
+RankEntry = Callable[[EngineConfig, int, tuple[str, int], Connection, int], None]
 
 
 class TPStartupError(RuntimeError):
@@ -62,10 +72,32 @@ class RankGroups:
 
 
 def rank_config(config: EngineConfig, rank: int) -> EngineConfig:
-    """The config of ``rank``: its own GPU on CUDA (``cuda:rank``), the rest unchanged."""
+    """The config of ``rank``: its own GPU of its machine on CUDA, the rest unchanged."""
     if torch.device(config.device).type == "cuda":
-        return dataclasses.replace(config, device=f"cuda:{rank}")
+        return dataclasses.replace(config, device=f"cuda:{rank % _per_node(config)}")
     return config
+
+
+def _per_node(config: EngineConfig) -> int:
+    return config.tp_size // config.nnodes
+
+
+def store_address(config: EngineConfig) -> tuple[str, int]:
+    """Where the ranks meet: ``dist_init_addr`` across machines, else loopback (port 0: any)."""
+    if config.nnodes == 1:
+        return "127.0.0.1", 0
+    host, _, port = (config.dist_init_addr or "").rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def gloo_hostname(config: EngineConfig) -> str:
+    """The address gloo listens on: the one this machine reaches node 0 from."""
+    if config.nnodes == 1:
+        return "127.0.0.1"
+    host = store_address(config)[0]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((socket.gethostbyname(host), 9))  # (no packet is sent)
+        return str(probe.getsockname()[0])
 
 
 def make_groups(config: EngineConfig, rank: int, store: Any) -> RankGroups:
@@ -73,7 +105,8 @@ def make_groups(config: EngineConfig, rank: int, store: Any) -> RankGroups:
     size, timeout = config.tp_size, datetime.timedelta(seconds=config.tp_timeout_s)
     control_opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     control_opts._timeout = _CONTROL_WAIT
-    control_opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    hostname = gloo_hostname(config)
+    control_opts._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
     control = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, size, control_opts)
     model_store = dist.PrefixStore("model", store)
     device = torch.device(rank_config(config, rank).device)
@@ -85,7 +118,7 @@ def make_groups(config: EngineConfig, rank: int, store: Any) -> RankGroups:
     else:
         opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         opts._timeout = timeout
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
         backend = dist.ProcessGroupGloo(model_store, rank, size, opts)
     return RankGroups(TPGroup(rank, size, backend, timeout), control, store)
 
@@ -93,7 +126,14 @@ def make_groups(config: EngineConfig, rank: int, store: Any) -> RankGroups:
 class TensorParallelRanks:
     """Start with :meth:`start`; rank 0 loads its own slice, then calls :meth:`wait_loaded`."""
 
-    def __init__(self, groups: RankGroups, procs: list[BaseProcess], pipes: list[Connection]):
+    def __init__(
+        self,
+        config: EngineConfig,
+        groups: RankGroups,
+        procs: list[BaseProcess],
+        pipes: list[Connection],
+    ):
+        self.config = config
         self.groups = groups
         self.procs = procs
         self.pipes = pipes
@@ -112,42 +152,33 @@ class TensorParallelRanks:
         """Spawn ranks ``1 .. tp_size - 1``, each running ``entry`` (``run_tp_worker``: the
         caller hands it in, since that process imports this module), and join the groups."""
         size = config.tp_size
+        host, port = store_address(config)
         store = dist.TCPStore(
-            "127.0.0.1",
-            0,
+            host,
+            port,
             size,
             is_master=True,
             wait_for_workers=False,
             timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
         )
-        ctx = mp.get_context("spawn")
         procs: list[BaseProcess] = []
         pipes: list[Connection] = []
         try:
-            for rank in range(1, size):
-                reader, writer = ctx.Pipe(duplex=False)
-                proc = ctx.Process(
-                    target=entry,
-                    args=(config, rank, store.port, writer, os.getpid()),
-                    name=f"radixserve-tp{rank}",
-                    daemon=True,
-                )
-                proc.start()
-                writer.close()
-                procs.append(proc)
-                pipes.append(reader)
+            _spawn(config, entry, range(1, _per_node(config)), (host, store.port), procs, pipes)
             _wait_all(procs, pipes, JOINING)
+            _wait_nodes(store, config, JOINING)
             groups = make_groups(config, 0, store)
         except BaseException:
             _stop(procs)
             raise
         logger.info("tensor parallel: %d ranks joined (pids %s)", size, [p.pid for p in procs])
-        return cls(groups, procs, pipes)
+        return cls(config, groups, procs, pipes)
 
     def wait_loaded(self) -> None:
         """Until every other rank has loaded its slice; ``TPStartupError`` with its reason."""
         try:
             _wait_all(self.procs, self.pipes, LOADED)
+            _wait_nodes(self.groups.store, self.config, LOADED)
         except BaseException:
             self.shutdown()
             raise
@@ -175,9 +206,90 @@ class TensorParallelRanks:
         _stop(self.procs)
 
 
-def _wait_all(procs: list[BaseProcess], pipes: list[Connection], expected: str) -> None:
+def _spawn(
+    config: EngineConfig,
+    entry: RankEntry,
+    ranks: range,
+    store: tuple[str, int],
+    procs: list[BaseProcess],
+    pipes: list[Connection],
+) -> None:
+    """Start ``entry`` for each of ``ranks`` (spawn), appending to ``procs`` and ``pipes``."""
+    ctx = mp.get_context("spawn")
+    for rank in ranks:
+        reader, writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=entry,
+            args=(config, rank, store, writer, os.getpid()),
+            name=f"radixserve-tp{rank}",
+            daemon=True,
+        )
+        proc.start()
+        writer.close()
+        procs.append(proc)
+        pipes.append(reader)
+
+
+def _wait_nodes(store: Any, config: EngineConfig, expected: str) -> None:
+    """Until every other machine has reported ``expected`` through the store (its error text
+    raises ``TPStartupError``)."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    for rank, (proc, pipe) in enumerate(zip(procs, pipes, strict=True), start=1):
+    for node in range(1, config.nnodes):
+        while not store.check([f"node{node}/{expected}"]):
+            if store.check([f"node{node}/error"]):
+                error = store.get(f"node{node}/error").decode()
+                raise TPStartupError(f"tensor-parallel node {node} failed:\n{error}")
+            if time.monotonic() > deadline:
+                raise TPStartupError(f"tensor-parallel node {node} was not {expected} in time")
+            time.sleep(0.1)
+
+
+def run_node(config: EngineConfig, entry: RankEntry) -> int:
+    """Node ``node_rank`` > 0: start this machine's ranks, report their handshake to node 0
+    through the store, then wait. The exit code: 0 when node 0 stopped them, else 1."""
+    host, port = store_address(config)
+    first = config.node_rank * _per_node(config)
+    logger.info(
+        "tensor-parallel node %d: ranks %d-%d, joining %s:%d",
+        config.node_rank,
+        first,
+        first + _per_node(config) - 1,
+        host,
+        port,
+    )
+    store = dist.TCPStore(
+        host,
+        port,
+        config.tp_size,
+        is_master=False,
+        timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
+    )
+    procs: list[BaseProcess] = []
+    pipes: list[Connection] = []
+    prefix = f"node{config.node_rank}"
+    old_term = signal.signal(signal.SIGTERM, lambda signum, frame: _stop(procs))
+    try:
+        _spawn(config, entry, range(first, first + _per_node(config)), (host, port), procs, pipes)
+        _wait_all(procs, pipes, JOINING, first)
+        store.set(f"{prefix}/{JOINING}", "ok")
+        _wait_all(procs, pipes, LOADED, first)
+        store.set(f"{prefix}/{LOADED}", "ok")
+        while all(p.exitcode is None for p in procs):
+            time.sleep(0.5)
+    except Exception:
+        store.set(f"{prefix}/error", traceback.format_exc())
+        logger.exception("tensor-parallel node %d failed", config.node_rank)
+    finally:
+        _stop(procs)
+        signal.signal(signal.SIGTERM, old_term)
+    return 0 if procs and all(p.exitcode == 0 for p in procs) else 1
+
+
+def _wait_all(
+    procs: list[BaseProcess], pipes: list[Connection], expected: str, first: int = 1
+) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    for rank, (proc, pipe) in enumerate(zip(procs, pipes, strict=True), start=first):
         while True:
             if pipe.poll(0.1):
                 try:

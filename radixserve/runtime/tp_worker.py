@@ -39,7 +39,7 @@ _LOG_FORMAT = "%(asctime)s %(levelname)s [%(processName)s] %(name)s: %(message)s
 
 
 def run_tp_worker(
-    config: EngineConfig, rank: int, store_port: int, ready: Connection, parent_pid: int
+    config: EngineConfig, rank: int, store: tuple[str, int], ready: Connection, parent_pid: int
 ) -> None:
     """Process entry point: join the groups, load this rank's slice, then run every batch rank
     0 sends until it says stop (exit 0) or is gone (exit 1)."""
@@ -54,14 +54,14 @@ def run_tp_worker(
     tqdm.set_lock(threading.RLock())
     config = rank_config(config, rank)
     ready.send(JOINING)
-    store = dist.TCPStore(
-        "127.0.0.1",
-        store_port,
+    client = dist.TCPStore(
+        store[0],
+        store[1],
         config.tp_size,
         is_master=False,
         timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
     )
-    groups = make_groups(config, rank, store)
+    groups = make_groups(config, rank, client)
     try:
         kernels = cpu_kernels_for(config)
         layout = KVLayout.from_config(config, kernels)
@@ -81,7 +81,7 @@ def run_tp_worker(
         pass
     except BaseException as exc:
         gone = os.getppid() != parent_pid
-        why = "rank 0 is gone" if gone else f"{type(exc).__name__}: {exc}"
+        why = "its parent is gone" if gone else f"{type(exc).__name__}: {exc}"
         logger.error("tensor-parallel rank %d stops: %s", rank, why)
         code = 1
     _exit(code)

@@ -1,0 +1,58 @@
+"""``serve``'s flags for the KV cache's second tier and its KV events, in SGLang's names, and
+the ``EngineConfig`` fields they set."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from radixserve.config import KV_TIER_WRITE_POLICIES, EngineConfig
+from radixserve.units import parse_size
+
+_DEFAULTS = EngineConfig()
+
+
+def add_cache_flags(serve: argparse.ArgumentParser) -> None:
+    add = serve.add_argument
+    add(
+        "--enable-hierarchical-cache",
+        action="store_true",
+        help="keep what the KV pool evicts in a host-memory tier and load it back on a hit",
+    )
+    add(
+        "--kv-tier-path",
+        default=None,
+        metavar="DIR",
+        help="keep the KV tier in a memory-mapped file in DIR (survives a restart)",
+    )
+    add(
+        "--kv-tier-size",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="the tier's size, e.g. 8GB or 512MiB (default: twice the KV pool)",
+    )
+    add(
+        "--hicache-write-policy",
+        "--kv-tier-write-policy",
+        dest="kv_tier_write_policy",
+        choices=KV_TIER_WRITE_POLICIES,
+        default=_DEFAULTS.kv_tier_write_policy,
+        help="copy KV to the tier when the pool evicts it (write_back) or when it is cached",
+    )
+    add(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help='publish KV events as SGLang does, e.g. {"publisher": "zmq", "endpoint": "tcp://*:5557"}',
+    )
+
+
+def cache_fields(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(
+        enable_hierarchical_cache=args.enable_hierarchical_cache,
+        kv_tier_path=args.kv_tier_path,
+        kv_tier_bytes=args.kv_tier_size,
+        kv_tier_write_policy=args.kv_tier_write_policy,
+        kv_events_config=args.kv_events_config,
+    )
