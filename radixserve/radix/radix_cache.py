@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from radixserve.radix.base import InsertResult, MatchResult, TokenKey
-from radixserve.radix.kv_events import L1, KVEventRecorder
+from radixserve.radix.kv_events import DIGEST, L1, KVEventRecorder
 from radixserve.radix.tree_node import TreeNode
 
 _EMPTY_VALUE = torch.empty(0, dtype=torch.int64)
@@ -350,7 +350,7 @@ class RadixCache:
         )
         upper.lock_ref = child.lock_ref
         if child.event_digests is not None:  # published: each part keeps its pages' hashes
-            cut = n // self.page_size * 32  # bytes: a SHA-256 digest a page
+            cut = n // self.page_size * DIGEST  # bytes: a SHA-256 digest a page
             upper.event_digests = child.event_digests[:cut]
             child.event_digests = child.event_digests[cut:]
         child.key_bytes = child.key_bytes[n * _TOKEN_BYTES :]

@@ -244,6 +244,16 @@ def run_scheduler_process(
     except Exception:
         ready.send(f"the scheduler could not load the model:\n{traceback.format_exc()}")
         raise
+    events_config = config.kv_events
+    publisher = None
+    if events_config is not None:
+        try:  # a taken port is a startup error, with the reason
+            publisher = KVEventPublisher(events_config, config.dp_rank)
+        except ValueError as exc:
+            scheduler.shutdown()
+            ready.send(str(exc))
+            raise
+        logger.info("KV events on %s", events_config.endpoint)
     context = zmq.Context()
     recv = make_socket(context, zmq.PULL, endpoints.scheduler_in, bind=True)
     send = make_socket(context, zmq.PUSH, endpoints.detokenizer_in, bind=False)
@@ -255,11 +265,6 @@ def run_scheduler_process(
         info.max_total_tokens,
         info.max_context_len,
     )
-    events_config = config.kv_events
-    publisher = None
-    if events_config is not None:
-        publisher = KVEventPublisher(events_config, config.dp_rank)
-        logger.info("KV events on %s", events_config.endpoint)
     loop = SchedulerLoop(scheduler, recv, send, ParentWatch(parent_pid), publisher)
     code = 0
     try:

@@ -147,3 +147,20 @@ def test_bad_kv_events_config_exits_2(api_model_dir: Path, tmp_path: Path) -> No
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "not a zmq endpoint" in done.stderr
+
+
+def test_a_taken_events_port_stops_the_server_with_the_reason(
+    api_model_dir: Path, tmp_path: Path
+) -> None:
+    taken = zmq.Context()
+    try:
+        sock = taken.socket(zmq.PUB)
+        port = sock.bind_to_random_port("tcp://127.0.0.1")
+        config = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}", "bind": True}
+        cmd = [sys.executable, "-m", "radixserve", "serve", "--model", str(api_model_dir)]
+        cmd += ["--port", str(free_port()), "--kv-events-config", json.dumps(config)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        taken.destroy(linger=0)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "cannot open" in done.stderr and "the server could not start" in done.stderr
