@@ -14,8 +14,10 @@ HRRN's 128-request FCFS fallback, so the cache-aware policies sort every pass):
   in 50), chunked by 512, arriving open loop (Poisson, ``--long-rate`` per second, below
   saturation): what a short request waits behind a long prefill. Classes: short, long.
 
-Systems (``--systems``, each ``POLICY[+age=N][+il]``): fcfs, lpm without aging (``age=0``),
-lpm and dfs-weight with their default aging (8 passes), hrrn, and ``+il`` with prefill
+Systems (``--systems``, each ``POLICY[+age=N][+wage=F][+il]``): fcfs, lpm without aging
+(``age=0``), lpm and dfs-weight with their default aging (8 passes; ``wage=F``: also aging by
+work, ``SchedulerConstants.aging_work_factor``), hrrn, and ``+il`` (``+ilmin=N``: keeping at
+least N tokens of a continuing chunk, default half the chunk) with prefill
 interleaving (``policy/interleave.py``). Printed per trace and system: the
 virtual wall time, prompt tokens/s, the hit rate, TTFT p99 of each class, and each against
 FCFS (``x fcfs``). ``--real N`` also runs the first N requests of the ``pressure`` trace on the
@@ -68,6 +70,11 @@ def system_fields(system: str) -> dict[str, Any]:
             fields["enable_prefill_interleaving"] = True
         elif mark.startswith("age="):
             fields["max_skipped_passes"] = int(mark[4:])
+        elif mark.startswith("wage="):
+            fields["aging_work_factor"] = float(mark[5:])
+        elif mark.startswith("ilmin="):  # interleaving's least continuation, in tokens
+            fields["enable_prefill_interleaving"] = True
+            fields["prefill_interleaving_min_continuation_tokens"] = int(mark[6:])
         else:
             raise ValueError(f"unknown system mark {mark!r} in {system!r}")
     return fields
@@ -137,7 +144,7 @@ TRACES: dict[str, Callable[[argparse.Namespace, int], Trace]] = {
 
 def engine_config(args: argparse.Namespace, system: str, **extra: Any) -> EngineConfig:
     fields = system_fields(system)
-    passes = fields.pop("max_skipped_passes", None)
+    consts = {k: fields.pop(k) for k in ("max_skipped_passes", "aging_work_factor") if k in fields}
     config = EngineConfig(
         max_total_tokens=args.kv_tokens,
         max_running_requests=args.max_running,
@@ -145,9 +152,10 @@ def engine_config(args: argparse.Namespace, system: str, **extra: Any) -> Engine
         **fields,
         **extra,
     )
-    if passes is not None:
-        constants = dataclasses.replace(config.constants, max_skipped_passes=passes)
-        config = dataclasses.replace(config, constants=constants)
+    if consts:
+        config = dataclasses.replace(
+            config, constants=dataclasses.replace(config.constants, **consts)
+        )
     return config
 
 

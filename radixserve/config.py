@@ -33,6 +33,10 @@ class SchedulerConstants:
     max_skipped_passes: int = (
         8  # aging bound: a request overtaken this many passes goes first; <= 0 turns aging off
     )
+    # aging by admissions (beyond SGLang; 0: off): a request found waiting behind N others goes
+    # first once N times this many requests have been admitted since: FCFS would have admitted
+    # it after N (policy/schedule_policy.py)
+    aging_work_factor: float = 0.0
     ignore_eos_reserve_tokens: int = 1  # per request, in the ignore_eos admission check
 
 

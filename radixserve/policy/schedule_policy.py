@@ -72,6 +72,13 @@ class SchedulePolicy:
     every non-aged request of its priority class, FCFS among aged ones. So a request is overtaken
     in at most ``max_skipped_passes`` passes; after that only older aged requests (and more urgent
     priorities) go before it. ``max_skipped_passes <= 0`` turns aging off.
+
+    Aging by admissions (``constants.aging_work_factor`` = F > 0, for the same policies): when a
+    request is first seen waiting behind N requests that arrived before it, FCFS would admit it
+    after N admissions; it is aged as above once N x F requests have been admitted since. It
+    may be overtaken, but only by F - 1 times the queue it found; and since a cache-aware order
+    admits faster than FCFS, F a little above 1 bounds its wait in time by about what FCFS
+    would have made it wait (``benchmarks/README.md``, "Schedule policies").
     """
 
     def __init__(
@@ -95,6 +102,8 @@ class SchedulePolicy:
         self.schedule_low_priority_values_first = schedule_low_priority_values_first
         self._rng = random.Random(seed)
         self._in_batch_tree = RadixCache.create_simulated(tree_cache.page_size)
+        self._deadlines: dict[str, float] = {}  # aging by admissions: rid -> when it ages
+        self._num_admitted = 0  # its clock: requests admitted so far
 
     @property
     def is_aging(self) -> bool:
@@ -134,7 +143,8 @@ class SchedulePolicy:
             facts = PassFacts(dfs_rank=dfs_weight_rank(waiting_queue, matches, root))
         elif policy == RANDOM:
             facts = PassFacts(random_rank={r.rid: self._rng.random() for r in waiting_queue})
-        waiting_queue.sort(key=self._composite_key(policy, facts))
+        aged = self._aged_by_work(waiting_queue)
+        waiting_queue.sort(key=self._composite_key(policy, facts, aged))
         return Ordering(matches, facts.deprioritized)
 
     def on_pass_done(self, still_waiting: Sequence[Req], admitted: Sequence[Req]) -> None:
@@ -145,6 +155,7 @@ class SchedulePolicy:
         A waiting request that arrived before some admitted one was overtaken:
         ``skipped_passes += 1``. Admitted requests restart at 0.
         """
+        self._num_admitted += len(admitted)
         if admitted:
             newest = max(r.arrival_time for r in admitted)
             for req in still_waiting:
@@ -154,6 +165,20 @@ class SchedulePolicy:
             req.skipped_passes = 0
 
     # ---- internals -----------------------------------------------------------------------
+    def _aged_by_work(self, waiting_queue: Sequence[Req]) -> frozenset[str]:
+        """The rids aged by admissions this pass (see the class docstring); the deadlines of
+        requests no longer waiting are dropped."""
+        factor = self.constants.aging_work_factor
+        if factor <= 0 or self.policy not in CACHE_AWARE_POLICIES or self.policy == HRRN:
+            return frozenset()
+        clock = self._num_admitted
+        deadlines: dict[str, float] = {}
+        for ahead, req in enumerate(sorted(waiting_queue, key=lambda r: r.arrival_time)):
+            deadline = self._deadlines.get(req.rid)
+            deadlines[req.rid] = clock + factor * ahead if deadline is None else deadline
+        self._deadlines = deadlines
+        return frozenset(rid for rid, deadline in deadlines.items() if clock >= deadline)
+
     def _adaptive(
         self, waiting_queue: list[Req], matches: dict[Req, MatchResult], available: int | None
     ) -> str:
@@ -199,7 +224,7 @@ class SchedulePolicy:
         return frozenset(deprioritized)
 
     def _composite_key(
-        self, policy: str, facts: PassFacts
+        self, policy: str, facts: PassFacts, aged: frozenset[str] = frozenset()
     ) -> Callable[[Req], tuple[int, int, Any]]:
         policy_key = SORT_KEYS[policy]
         with_priority = self.enable_priority_scheduling
@@ -209,7 +234,7 @@ class SchedulePolicy:
 
         def key(req: Req) -> tuple[int, int, Any]:
             rank = urgency_key(req, low_first) if with_priority else 0
-            if aging and req.skipped_passes >= bound:
+            if (aging and req.skipped_passes >= bound) or req.rid in aged:
                 return (rank, 0, req.arrival_time)
             return (rank, 1, policy_key(req, facts))
 

@@ -58,3 +58,44 @@ def test_without_aging_the_cold_request_starves(policy_name: str) -> None:
 
 def test_fcfs_needs_no_aging() -> None:
     assert passes_until_admitted("fcfs", max_skipped_passes=0) == 1
+
+
+def test_aging_by_admissions_bounds_how_often_a_request_is_overtaken() -> None:
+    """``aging_work_factor`` F: a cold request found behind 2 others ages once 2 x F requests
+    have been admitted since, however long the hits keep coming."""
+    tree, alloc = pool(4096)
+    cache_tokens(tree, alloc, HOT_PREFIX)
+    constants = SchedulerConstants(max_skipped_passes=0, aging_work_factor=1.5)
+    policy = SchedulePolicy("lpm", tree, constants)
+    first = make_req(range(7000, 7100), arrival=0.0, rid="first")
+    second = make_req(range(7200, 7300), arrival=0.5, rid="second")
+    cold = make_req(range(5000, 5040), arrival=1.0, rid="cold")
+    hits = [make_req([*HOT_PREFIX, i], arrival=2.0 + i, rid=f"hit{i}") for i in range(4)]
+    queue = [first, second, cold, *hits]
+    policy.calc_priority(queue)
+    # "first" found nobody before it: FCFS would admit it now, so it is aged at once
+    assert queue[0].rid == "first"
+    for admitted in (first, hits[0]):  # 2 admissions: below 2 x 1.5 for "cold"
+        queue.remove(admitted)
+        policy.on_pass_done(queue, [admitted])
+    policy.calc_priority(queue)
+    assert queue[0].rid == "second"  # found 1 before it: aged after 1.5 admissions
+    queue.remove(second)
+    policy.on_pass_done(queue, [second])  # the third admission since "cold" arrived
+    policy.calc_priority(queue)
+    assert queue[0].rid == "cold"
+    assert set(policy._deadlines) == {"cold", "hit1", "hit2", "hit3"}
+
+
+def test_aging_by_admissions_is_off_by_default_and_for_fcfs() -> None:
+    tree, alloc = pool(4096)
+    cache_tokens(tree, alloc, HOT_PREFIX)
+    queue = [make_req(range(5000, 5040), arrival=1.0, rid="cold")]
+    queue.append(make_req([*HOT_PREFIX, 1], arrival=2.0, rid="hit"))
+    SchedulePolicy("lpm", tree, SchedulerConstants(max_skipped_passes=0)).calc_priority(
+        queue, 10**9
+    )
+    assert queue[0].rid == "hit"
+    fcfs = SchedulePolicy("fcfs", tree, SchedulerConstants(aging_work_factor=1.0))
+    fcfs.calc_priority(queue, 10**9)
+    assert not fcfs._deadlines
