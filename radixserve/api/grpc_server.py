@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import json
 import logging
 import time
 import zipfile
@@ -80,20 +81,16 @@ class SchedulerService(pb_grpc.SglangSchedulerServicer):
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         rid = request.request_id
-        outputs: list[list[int]] = [[] for _ in requests]
-        logprobs: list[list[ReqOutput]] = [[] for _ in requests]
+        seen: list[list[ReqOutput]] = [[] for _ in requests]  # each sample's outputs so far
         try:
             async with self.tm.stream(requests) as stream:
                 async for i, text in stream:
                     out = text.output
-                    outputs[i] += out.new_token_ids
-                    logprobs[i].append(out)
+                    seen[i].append(out)
                     if request.stream:
                         yield pb.GenerateResponse(request_id=rid, chunk=_chunk(out, i))
                     if out.finish_reason is not None:  # all of it, as smg's engines send it
-                        yield pb.GenerateResponse(
-                            request_id=rid, complete=_complete(out, outputs[i], logprobs[i], i)
-                        )
+                        yield pb.GenerateResponse(request_id=rid, complete=_complete(seen[i], i))
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except SchedulerUnavailable as exc:
@@ -116,12 +113,13 @@ class SchedulerService(pb_grpc.SglangSchedulerServicer):
             raise ValueError(f"the LoRA adapter {lora!r} is not loaded")
         rid = request.request_id or self.tm.new_rid()
         max_new = self.tm.validator.max_new_tokens_for(len(ids), _max_new(request.sampling_params))
+        params = sampling_params(request.sampling_params, max_new)
         out = []
         for i in range(n):
             req = GenerateRequest(
                 rid=rid if n == 1 else f"{rid}-{i}",
                 input_ids=ids,
-                sampling_params=sampling_params(request.sampling_params, max_new),
+                sampling_params=params,
                 return_logprob=request.return_logprob,
                 top_logprobs_num=request.top_logprobs_num if request.return_logprob else 0,
                 logprob_start_len=-1,
@@ -267,9 +265,9 @@ def _chunk(out: ReqOutput, index: int) -> pb.GenerateStreamChunk:
     )
 
 
-def _complete(
-    out: ReqOutput, ids: list[int], outputs: list[ReqOutput], index: int
-) -> pb.GenerateComplete:
+def _complete(outputs: list[ReqOutput], index: int) -> pb.GenerateComplete:
+    """A sample's end: all of its ids and logprobs, from all of its outputs."""
+    out = outputs[-1]
     reason = out.finish_reason
     assert reason is not None
     matched: dict[str, Any] = {}
@@ -278,7 +276,7 @@ def _complete(
     elif reason.kind == FinishKind.STOP_STR and isinstance(reason.matched, str):
         matched["matched_stop_str"] = reason.matched
     return pb.GenerateComplete(
-        output_ids=ids,
+        output_ids=[t for o in outputs for t in o.new_token_ids],
         finish_reason=reason.openai_reason,
         prompt_tokens=out.prompt_tokens,
         completion_tokens=out.completion_tokens,
@@ -313,8 +311,6 @@ def tokenizer_zip(directory: Path) -> bytes:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    import json
-
     try:
         return dict(json.loads(path.read_text()))
     except (OSError, ValueError):

@@ -32,7 +32,6 @@ _POLL_S = 0.05
 
 class KVEventPublisher:
     def __init__(self, config: KVEventsConfig, dp_rank: int = 0) -> None:
-        self.config = config
         self.dp_rank = dp_rank
         self._queue: queue.Queue[KVEventBatch | None] = queue.Queue(config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
@@ -64,12 +63,15 @@ class KVEventPublisher:
         self._thread.start()
 
     def publish(self, events: list[KVCacheEvent]) -> None:
-        """Queue one step's events (a full queue drops them, counted: the consumer is gone)."""
+        """Queue one step's events (a full queue drops them: the sending thread fell behind;
+        logged at the first drop and every 1000th)."""
         batch = KVEventBatch(time.time(), events, self.dp_rank)  # type: ignore[arg-type]
         try:
             self._queue.put_nowait(batch)
         except queue.Full:
             self.num_dropped += 1
+            if self.num_dropped % 1000 == 1:
+                logger.warning("KV events: %d batches dropped (queue full)", self.num_dropped)
 
     def shutdown(self, timeout: float = 1.0) -> None:
         self._queue.put(None)
