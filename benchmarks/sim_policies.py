@@ -103,6 +103,10 @@ def pressure_trace(args: argparse.Namespace, n: int, seed: int = 0) -> Trace:
             user = rng.integers(low, high, args.question).tolist()
         sessions.append(Session(sid, prefix, [Turn(user, args.output, [])]))
         classes[sid] = cls
+    if args.rate > 0:  # the same requests, open loop: Poisson arrivals (their own generator)
+        gaps = np.random.default_rng(seed + 1).exponential(1.0 / args.rate, n)
+        times = np.cumsum(gaps) - gaps[0]
+        sessions = [dataclasses.replace(s, arrival_s=float(t)) for s, t in zip(sessions, times)]
     return sessions, classes
 
 
@@ -255,6 +259,7 @@ def main() -> None:
     add("--long-len", type=int, default=8192)
     add("--short-len", type=int, default=256)
     add("--long-rate", type=float, default=4.0, help="arrivals/s of the long trace (open loop)")
+    add("--rate", type=float, default=0.0, help="> 0: the pressure trace open loop at this rate")
     add("--clients", type=int, default=96)
     add("--kv-tokens", type=int, default=16384)
     add("--long-kv-tokens", type=int, default=65536, help="the pool of the long trace")
