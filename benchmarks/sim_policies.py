@@ -14,6 +14,10 @@ HRRN's 128-request FCFS fallback, so the cache-aware policies sort every pass):
   in 50), chunked by 512, arriving open loop (Poisson, ``--long-rate`` per second, below
   saturation): what a short request waits behind a long prefill. Classes: short, long.
 
+``--rate R`` (> 0) runs the same ``pressure`` requests open loop instead, Poisson arrivals at R
+requests/s: every system is offered the same load, so its TTFTs compare at equal load (in the
+closed loop a faster system is also sent more requests per second, its cold ones included).
+
 Systems (``--systems``, each ``POLICY[+age=N][+wage=F][+il]``): fcfs, lpm without aging
 (``age=0``), lpm and dfs-weight with their default aging (8 passes; ``wage=F``: also aging by
 work, ``SchedulerConstants.aging_work_factor``), hrrn, and ``+il`` (``+ilmin=N``: keeping at
@@ -106,7 +110,9 @@ def pressure_trace(args: argparse.Namespace, n: int, seed: int = 0) -> Trace:
     if args.rate > 0:  # the same requests, open loop: Poisson arrivals (their own generator)
         gaps = np.random.default_rng(seed + 1).exponential(1.0 / args.rate, n)
         times = np.cumsum(gaps) - gaps[0]
-        sessions = [dataclasses.replace(s, arrival_s=float(t)) for s, t in zip(sessions, times)]
+        sessions = [
+            dataclasses.replace(s, arrival_s=float(t)) for s, t in zip(sessions, times, strict=True)
+        ]
     return sessions, classes
 
 
