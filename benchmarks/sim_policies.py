@@ -14,7 +14,8 @@ HRRN's 128-request FCFS fallback, so the cache-aware policies sort every pass):
   in 50), chunked by 512, arriving open loop (Poisson, ``--long-rate`` per second, below
   saturation): what a short request waits behind a long prefill. Classes: short, long.
 
-``--rate R`` (> 0) runs the same ``pressure`` requests open loop instead, Poisson arrivals at R
+``--rate R`` (> 0; ``--real-rate`` for the real run) runs the same ``pressure`` requests open
+loop instead, Poisson arrivals at R
 requests/s: every system is offered the same load, so its TTFTs compare at equal load (in the
 closed loop a faster system is also sent more requests per second, its cold ones included).
 
@@ -206,6 +207,9 @@ def print_table(title: str, rows: list[dict[str, Any]], classes: list[str]) -> N
     print(format_table(tuple(header), lines))
 
 
+REAL_OPEN_LOOP_CLIENTS = 512  # client threads of an open-loop real run: more than ever wait
+
+
 def real_rows(args: argparse.Namespace, trace: Trace) -> None:
     """The real Engine on the tiny model against the simulator's replay, per system."""
     from radixserve.bench.clients import EngineClient
@@ -217,13 +221,15 @@ def real_rows(args: argparse.Namespace, trace: Trace) -> None:
     model = str(ensure_bench_model("tiny"))
     cost = calibrate(EngineConfig(model_path=model, dtype="float32", num_threads=args.threads))
     sessions, classes = trace
+    open_loop = any(s.arrival_s for s in sessions)  # as in simulate(): no client bound
+    clients = REAL_OPEN_LOOP_CLIENTS if open_loop else args.clients
     rows = []
     for system in args.real_systems.split(","):
         config = engine_config(args, system, model_path=model, dtype="float32")
         config = dataclasses.replace(config, num_threads=args.threads)
         engine = Engine(model, **_fields(config))
         try:
-            records, wall, _ = run_sessions(EngineClient(engine), sessions, args.clients, system)
+            records, wall, _ = run_sessions(EngineClient(engine), sessions, clients, system)
             engine.check_integrity()
         finally:
             engine.shutdown()
@@ -236,9 +242,9 @@ def real_rows(args: argparse.Namespace, trace: Trace) -> None:
             f"({100 * (sim['wall'] / real['wall'] - 1):+.1f}%); hit real {100 * real['hit']:.1f}%"
             f", sim {100 * sim['hit']:.1f}%"
         )
-    print_table(
-        f"real vs sim, pressure trace, {len(sessions)} requests", rows, ["cold", "hot", "long"]
-    )
+    loop = f"open loop at {args.real_rate}/s" if open_loop else f"{args.clients} clients"
+    title = f"real vs sim, pressure trace, {len(sessions)} requests, {loop}"
+    print_table(title, rows, ["cold", "hot", "long"])
 
 
 def _fields(config: EngineConfig) -> dict[str, Any]:
@@ -274,6 +280,7 @@ def main() -> None:
     add("--token-range", type=lambda s: tuple(map(int, s.split("-"))), default=(3, 2000))
     add("--real", type=int, default=0, help="run this many pressure requests on the real Engine")
     add("--real-systems", default="fcfs,lpm,hrrn")
+    add("--real-rate", type=float, default=0.0, help="> 0: the real run open loop at this rate")
     add("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -288,7 +295,8 @@ def main() -> None:
         n, kv = len(trace[0]), run_args.kv_tokens
         print_table(f"\n{name}: {n} requests, KV {kv}, cost {args.cost}", rows, classes)
     if args.real:
-        real_rows(args, pressure_trace(args, args.real))
+        real_args = argparse.Namespace(**{**vars(args), "rate": args.real_rate})
+        real_rows(args, pressure_trace(real_args, args.real))
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 

@@ -4,8 +4,8 @@ Trace: a hot prefix group (``--hot`` requests sharing a ``--hot-prefix``-token p
 unique question each) with ``--cold`` cold requests (unique prompts, no prefix to match)
 spread evenly among them; ``--clients`` closed-loop clients keep the queue below LPM's
 128-request FCFS fallback, so LPM sorts every pass; a small KV pool. Every policy replays the
-same trace; printed: p99 TTFT of cold and of hot requests and the hit rate, LPM with aging on
-(``max_skipped_passes`` 8) and off, and HRRN (which ages by work done: aging "work").
+same trace; printed: p99 TTFT of cold and of hot requests and the hit rate, LPM with its default aging on
+(by admissions, ``SchedulerConstants.aging_work_factor``) and off, and HRRN (which ages by work done: aging "work").
 
     python benchmarks/sim_starvation.py
 """
@@ -71,9 +71,7 @@ def main() -> None:
             disable_overlap_schedule=True,
         )
         if not aging:
-            config = dataclasses.replace(
-                config, constants=dataclasses.replace(config.constants, max_skipped_passes=0)
-            )
+            config = dataclasses.replace(config, constants=config.constants.without_aging())
         result = Simulation(SimOptions(config, cost, parallel=args.clients), sessions).run()
         ttft: dict[bool, list[float]] = {True: [], False: []}  # cold -> TTFTs
         for r in result.records:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,14 +31,18 @@ class SchedulerConstants:
     new_token_ratio_decay_steps: int = 600
     retract_decode_steps: int = 20
     priority_preemption_threshold: int = 10
-    max_skipped_passes: int = (
-        8  # aging bound: a request overtaken this many passes goes first; <= 0 turns aging off
-    )
-    # aging by admissions (beyond SGLang; 0: off): a request found waiting behind N others goes
-    # first once N times this many requests have been admitted since: FCFS would have admitted
-    # it after N (policy/schedule_policy.py)
-    aging_work_factor: float = 0.0
+    # Anti-starvation aging of the cache-aware policies (beyond SGLang; policy/schedule_policy.py).
+    # By passes (0: off): a request overtaken in this many passes goes first.
+    max_skipped_passes: int = 0
+    # By admissions (0: off; the default since issue #32): a request found waiting behind N
+    # others goes first once N times this many requests have been admitted since (FCFS would
+    # have admitted it after N)
+    aging_work_factor: float = 2.0
     ignore_eos_reserve_tokens: int = 1  # per request, in the ignore_eos admission check
+
+    def without_aging(self) -> SchedulerConstants:
+        """These constants with both kinds of aging off (SGLang's LPM and DFS-weight)."""
+        return dataclasses.replace(self, max_skipped_passes=0, aging_work_factor=0.0)
 
 
 @dataclass(frozen=True, slots=True)

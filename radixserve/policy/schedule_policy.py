@@ -66,19 +66,23 @@ class SchedulePolicy:
     policy's order the second. Direction: a larger ``priority`` value is more urgent (SGLang's
     default); with ``schedule_low_priority_values_first`` a smaller value is.
 
-    Anti-starvation aging (beyond SGLang, for ``lpm`` and ``dfs-weight``): ``on_pass_done`` counts
-    in ``req.skipped_passes`` the passes in which a later-arriving request was admitted while
-    ``req`` kept waiting. A request that reached ``constants.max_skipped_passes`` sorts before
-    every non-aged request of its priority class, FCFS among aged ones. So a request is overtaken
-    in at most ``max_skipped_passes`` passes; after that only older aged requests (and more urgent
-    priorities) go before it. ``max_skipped_passes <= 0`` turns aging off.
+    Anti-starvation aging (beyond SGLang, for ``lpm``, ``dfs-weight`` and ``adaptive``'s LPM
+    passes), two kinds; an aged request sorts before every non-aged request of its priority
+    class, FCFS among aged ones:
 
-    Aging by admissions (``constants.aging_work_factor`` = F > 0, for the same policies): when a
-    request is first seen waiting behind N requests that arrived before it, FCFS would admit it
-    after N admissions; it is aged as above once N x F requests have been admitted since. It
-    may be overtaken, but only by F - 1 times the queue it found; and since a cache-aware order
-    admits faster than FCFS, F a little above 1 bounds its wait in time by about what FCFS
-    would have made it wait (``benchmarks/README.md``, "Schedule policies").
+    - By admissions (``constants.aging_work_factor`` = F, the default: 2): when a request is
+      first seen waiting behind N requests that arrived before it, FCFS would admit it after N
+      admissions; it is aged once N x F requests have been admitted since. It may be overtaken,
+      but only by F - 1 times the queue it found; since a cache-aware order admits faster than
+      FCFS, F = 2 keeps 98% of LPM's throughput gain under pressure and bounds the wait of what
+      it passes over (``benchmarks/README.md``, "Schedule policies").
+    - By passes (``constants.max_skipped_passes`` = B > 0; off by default): ``on_pass_done``
+      counts in ``req.skipped_passes`` the passes in which a later-arriving request was
+      admitted while ``req`` kept waiting; a request that reached B is aged. Under pressure a
+      pass admits many requests, so the bound is loose in time, and where it binds it costs
+      throughput (B = 8 was the default before issue #32's measurements).
+
+    ``constants.without_aging()`` turns both off: SGLang's LPM and DFS-weight.
     """
 
     def __init__(
@@ -107,7 +111,7 @@ class SchedulePolicy:
 
     @property
     def is_aging(self) -> bool:
-        """Pass-count aging: LPM's and DFS-weight's (HRRN ages by work done, its own way)."""
+        """Aging by passes: LPM's and DFS-weight's (HRRN ages by work done, its own way)."""
         aged = self.policy in CACHE_AWARE_POLICIES and self.policy != HRRN
         return aged and self.constants.max_skipped_passes > 0
 

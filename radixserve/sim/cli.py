@@ -60,11 +60,19 @@ def add_sim_parser(sub: Any) -> argparse.ArgumentParser:
     add("--disable-prefill-interleaving", action="store_true", help="see radixserve serve")
     add("--max-prefill-tokens", type=int, default=16384)
     add("--page-size", type=int, default=1)
-    add("--no-aging", action="store_true", help="turn off LPM's anti-starvation aging")
+    add(
+        "--no-aging",
+        action="store_true",
+        help="turn off the cache-aware policies' anti-starvation aging",
+    )
     add("--disable-radix-cache", action="store_true")
     add("--dp-size", type=_ints, default=[1], help="replicas: N or N1,N2,... (a sweep)")
     add("--router", default="cache_aware", help="comma list of router policies (dp-size > 1)")
-    add("--sweep", default=None, help="e.g. kv_tokens=4096,65536,policy=fcfs,lpm,aging=on,off")
+    add(
+        "--sweep",
+        default=None,
+        help="e.g. kv_tokens=4096,65536,policy=fcfs,lpm,aging=on,off,passes",
+    )
     add("--check-integrity-every", type=int, default=0, help="check the KV every N steps")
     add("--out", default="sim_out", help="directory for the JSON (and the PNG of a sweep)")
     add("--name", default=None)
@@ -173,9 +181,7 @@ def _run(args: argparse.Namespace) -> int:
         disable_overlap_schedule=True,
     )
     if args.no_aging:
-        base = dataclasses.replace(
-            base, constants=dataclasses.replace(base.constants, max_skipped_passes=0)
-        )
+        base = dataclasses.replace(base, constants=base.constants.without_aging())
     routers = args.router.split(",")
     sweep.check_routers(routers)
     grid = sweep.parse_sweep(args.sweep)

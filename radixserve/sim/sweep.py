@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from radixserve.config import EngineConfig
+from radixserve.config import EngineConfig, SchedulerConstants
 from radixserve.sim.router import ROUTER_POLICIES
 
 # sweep key -> (EngineConfig field, parser)
@@ -46,7 +46,7 @@ def parse_sweep(text: str | None) -> dict[str, list[str]]:
 
 
 def apply(base: EngineConfig, point: dict[str, str]) -> EngineConfig:
-    """``base`` with one sweep point's engine values (``aging``: on/off)."""
+    """``base`` with one sweep point's engine values (``aging``: ``aging_constants``)."""
     changes: dict[str, Any] = {}
     for key, value in point.items():
         if key in ENGINE_KEYS:
@@ -56,14 +56,26 @@ def apply(base: EngineConfig, point: dict[str, str]) -> EngineConfig:
             except ValueError:
                 raise ValueError(f"sweep {key}={value!r}: expected {kind.__name__}") from None
         elif key == "aging":
-            if value not in ("on", "off"):
-                raise ValueError(f"sweep aging={value!r}: expected on or off")
-            bound = SCHEDULER_AGING_BOUND if value == "on" else 0
-            changes["constants"] = dataclasses.replace(base.constants, max_skipped_passes=bound)
+            changes["constants"] = aging_constants(base.constants, value)
     return dataclasses.replace(base, **changes)
 
 
-SCHEDULER_AGING_BOUND = 8  # SchedulerConstants' default max_skipped_passes
+PASS_AGING_BOUND = 8  # aging=passes: the bound in passes that was the default before issue #32
+
+
+def aging_constants(base: SchedulerConstants, value: str) -> SchedulerConstants:
+    """``base`` with the anti-starvation aging of ``aging=VALUE``: ``on`` (the default, by
+    admissions), ``off`` (SGLang's LPM and DFS-weight) or ``passes`` (by passes, 8: the
+    default before issue #32)."""
+    default = SchedulerConstants()
+    if value == "on":
+        factor = default.aging_work_factor
+        return dataclasses.replace(base, max_skipped_passes=0, aging_work_factor=factor)
+    if value == "passes":
+        return dataclasses.replace(base, max_skipped_passes=PASS_AGING_BOUND, aging_work_factor=0.0)
+    if value == "off":
+        return base.without_aging()
+    raise ValueError(f"sweep aging={value!r}: expected on, off or passes")
 
 
 def points(grid: dict[str, list[str]]) -> Iterator[dict[str, str]]:

@@ -64,7 +64,7 @@ SCRIPT_ARGS: dict[str, list[str]] = {
     "sim_policies.py": [
         *("--requests", "60", "--systems", "fcfs,lpm+age=0,hrrn+il", "--groups", "4"),
         *("--prefix", "64", "--cold-len", "64", "--long-len", "256", "--clients", "8"),
-        *("--kv-tokens", "2048"),
+        *("--kv-tokens", "2048", "--rate", "20"),  # the pressure trace open loop
     ],
     "multiturn_chat.py": [
         *("--quick", "--model", "{model}", "--baselines", "none"),

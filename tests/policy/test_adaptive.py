@@ -32,10 +32,12 @@ def test_a_queue_that_fits_in_the_pool_is_served_in_arrival_order() -> None:
 def test_a_queue_that_does_not_fit_is_ordered_by_its_matches() -> None:
     queue, tree = queue_with_a_cached_prefix()
     # the queue computes 40 + 1 tokens (hot's last one): with 40 available it would evict
-    SchedulePolicy("adaptive", tree).calc_priority(queue, available_tokens=40)
+    # (without aging, which would put "cold", found with nobody before it, first anyway)
+    sglang = SchedulerConstants().without_aging()
+    SchedulePolicy("adaptive", tree, sglang).calc_priority(queue, available_tokens=40)
     assert rids(queue) == ["hot", "cold"]
     queue, tree = queue_with_a_cached_prefix()
-    SchedulePolicy("adaptive", tree).calc_priority(queue, available_tokens=41)
+    SchedulePolicy("adaptive", tree, sglang).calc_priority(queue, available_tokens=41)
     assert rids(queue) == ["cold", "hot"]
 
 

@@ -13,16 +13,27 @@ HOT_PREFIX = list(range(1000, 1064))
 
 
 def passes_until_admitted(
-    policy_name: str, max_skipped_passes: int, *, num_passes: int = 60, arrivals_per_pass: int = 3
+    policy_name: str,
+    max_skipped_passes: int,
+    *,
+    num_passes: int = 60,
+    arrivals_per_pass: int = 3,
+    work_factor: float | None = None,
+    hits_before: int = 0,
 ) -> int | None:
     """Run admission passes with room for 2 new requests each; ``arrivals_per_pass`` cache-hit
-    requests arrive every pass. Returns the pass (1-based) that admits the cold request."""
+    requests arrive every pass (``hits_before`` more were waiting before the cold request).
+    Aging by passes (``max_skipped_passes``) alone, or by admissions alone (``work_factor``).
+    Returns the pass (1-based) that admits the cold request."""
     tree, alloc = pool(4096)
     cache_tokens(tree, alloc, HOT_PREFIX)
-    constants = SchedulerConstants(max_skipped_passes=max_skipped_passes)
+    constants = SchedulerConstants(max_skipped_passes=max_skipped_passes, aging_work_factor=0.0)
+    if work_factor is not None:  # aging by admissions instead
+        constants = SchedulerConstants(max_skipped_passes=0, aging_work_factor=work_factor)
     policy = SchedulePolicy(policy_name, tree, constants)
+    early = [make_req([*HOT_PREFIX, 9_000 + i], arrival=-1.0 - i) for i in range(hits_before)]
     cold = make_req(range(5000, 5040), arrival=0.0, rid="cold")
-    waiting: list[Req] = [cold]
+    waiting: list[Req] = [*early, cold]
     clock = 0.0
     for pass_no in range(1, num_passes + 1):
         for _ in range(arrivals_per_pass):
@@ -54,10 +65,24 @@ def test_a_cold_request_is_admitted_within_the_bound(policy_name: str, bound: in
 @pytest.mark.parametrize("policy_name", ["lpm", "dfs-weight"])
 def test_without_aging_the_cold_request_starves(policy_name: str) -> None:
     assert passes_until_admitted(policy_name, max_skipped_passes=0) is None
+    assert passes_until_admitted(policy_name, 0, work_factor=0.0, hits_before=2) is None
 
 
 def test_fcfs_needs_no_aging() -> None:
     assert passes_until_admitted("fcfs", max_skipped_passes=0) == 1
+
+
+@pytest.mark.parametrize("policy_name", ["lpm", "dfs-weight", "adaptive"])
+@pytest.mark.parametrize("factor", [1.0, 2.0, 4.0])
+def test_aging_by_admissions_bounds_the_admissions_before_a_cold_request(
+    policy_name: str, factor: float
+) -> None:
+    """The cold request found 4 hits waiting before it: FCFS would admit it 5th (3rd pass of
+    2); with F it goes first once 4 x F requests were admitted, whatever keeps arriving. (An
+    ``adaptive`` pass orders by prefix here: the queue's uncached tokens are unknown to fit.)"""
+    admitted_at = passes_until_admitted(policy_name, 0, work_factor=factor, hits_before=4)
+    assert admitted_at == int(4 * factor) // 2 + 1  # 2 admissions a pass
+    assert passes_until_admitted(policy_name, 0, work_factor=0.0, hits_before=4) is None
 
 
 def test_aging_by_admissions_bounds_how_often_a_request_is_overtaken() -> None:
@@ -87,14 +112,17 @@ def test_aging_by_admissions_bounds_how_often_a_request_is_overtaken() -> None:
     assert set(policy._deadlines) == {"cold", "hit1", "hit2", "hit3"}
 
 
-def test_aging_by_admissions_is_off_by_default_and_for_fcfs() -> None:
+def test_aging_by_admissions_is_the_default_and_off_for_fcfs() -> None:
+    assert SchedulerConstants().aging_work_factor == 2.0
+    assert SchedulerConstants().max_skipped_passes == 0
     tree, alloc = pool(4096)
     cache_tokens(tree, alloc, HOT_PREFIX)
     queue = [make_req(range(5000, 5040), arrival=1.0, rid="cold")]
     queue.append(make_req([*HOT_PREFIX, 1], arrival=2.0, rid="hit"))
-    SchedulePolicy("lpm", tree, SchedulerConstants(max_skipped_passes=0)).calc_priority(
-        queue, 10**9
-    )
+    # "cold" found nobody before it: FCFS would admit it now, so by default it goes first
+    SchedulePolicy("lpm", tree).calc_priority(queue, 10**9)
+    assert queue[0].rid == "cold"
+    SchedulePolicy("lpm", tree, SchedulerConstants().without_aging()).calc_priority(queue, 10**9)
     assert queue[0].rid == "hit"
     fcfs = SchedulePolicy("fcfs", tree, SchedulerConstants(aging_work_factor=1.0))
     fcfs.calc_priority(queue, 10**9)

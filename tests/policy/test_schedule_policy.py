@@ -10,6 +10,10 @@ from radixserve.policy import SchedulePolicy
 from radixserve.radix import NoPrefixCache
 from radixserve.types import Req
 
+# SGLang's orders: without radixserve's aging, which puts a request that found nobody waiting
+# before it first (test_aging.py)
+SGLANG = SchedulerConstants().without_aging()
+
 
 def rids(queue: list[Req]) -> list[str]:
     return [r.rid for r in queue]
@@ -64,7 +68,9 @@ def test_lpm_seed_example_longest_prefix_first() -> None:
         make_req(shared + tail(7000), rid="hit40"),
         make_req(shared[:25] + tail(8000), rid="hit25"),
     ]
-    assert set((ordering := SchedulePolicy("lpm", tree).calc_priority(queue)).matches) == set(queue)
+    assert set(
+        (ordering := SchedulePolicy("lpm", tree, SGLANG).calc_priority(queue)).matches
+    ) == set(queue)
     assert rids(queue) == ["hit40", "hit25", "hit10", "hit0"]
     assert [len(ordering.matches[r].indices) for r in queue] == [40, 25, 10, 0]
 
@@ -78,7 +84,8 @@ def test_dfs_weight_seed_example() -> None:
     queue = [make_req(b + tail(900), rid="R4")] + [
         make_req(a + tail(900 + 10 * i), rid=f"R{i}") for i in (1, 2, 3)
     ]
-    assert set(SchedulePolicy("dfs-weight", tree).calc_priority(queue).matches) == set(queue)
+    ordering = SchedulePolicy("dfs-weight", tree, SGLANG).calc_priority(queue)
+    assert set(ordering.matches) == set(queue)
     assert rids(queue) == ["R1", "R2", "R3", "R4"]
 
 
@@ -98,7 +105,7 @@ def test_dfs_weight_visits_heavier_children_first_and_subtrees_before_their_node
         make_req(b + tail(920), rid="B3"),
         make_req(b + tail(930), rid="B4"),
     ]
-    SchedulePolicy("dfs-weight", tree).calc_priority(queue)
+    SchedulePolicy("dfs-weight", tree, SGLANG).calc_priority(queue)
     # B (weight 4) before A (weight 3); in A, x and y (weight 1 each, insertion order) before
     # A's own request; the cold request (at the root) last.
     assert rids(queue) == ["B1", "B2", "B3", "B4", "x", "y", "A", "cold"]
@@ -155,7 +162,7 @@ def test_lpm_falls_back_to_fcfs_above_128_waiting() -> None:
         rng.shuffle(reqs)
         return reqs
 
-    policy = SchedulePolicy("lpm", tree)
+    policy = SchedulePolicy("lpm", tree, SGLANG)
     long_queue = queue_of(129)
     assert policy.calc_priority(long_queue).matches == {}
     assert [r.arrival_time for r in long_queue] == [float(i) for i in range(129)]
@@ -212,7 +219,7 @@ def test_aged_requests_go_first_fcfs_among_them() -> None:
     tree, alloc = pool(256)
     shared = tail(1000, 40)
     cache_tokens(tree, alloc, shared)
-    constants = SchedulerConstants(max_skipped_passes=4)
+    constants = SchedulerConstants(max_skipped_passes=4, aging_work_factor=0.0)
     hit = make_req(shared + tail(7000), arrival=5.0, rid="hit")
     young = make_req(tail(8000, 10), arrival=2.0, rid="aged-young")
     old = make_req(tail(9000, 10), arrival=1.0, rid="aged-old")

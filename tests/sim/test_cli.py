@@ -103,6 +103,7 @@ def test_sim_export_then_replay_jsonl(tmp_path: Path, capsys: pytest.CaptureFixt
         (["--router", "nearest"], "unknown router policies"),
         (["--cost", "nope"], "no cost model file"),
         (["--trace", "jsonl"], "--trace-file"),
+        (["--sweep", "aging=sometimes"], "expected on, off or passes"),
     ],
 )
 def test_bad_sim_flags_exit_2(
@@ -125,3 +126,20 @@ def test_bad_sim_flags_exit_2(
         == 2
     )
     assert message in capsys.readouterr().err
+
+
+def test_aging_sweep_values() -> None:
+    """``aging=``: on (the default, by admissions), off (SGLang's orders), passes (the old one)."""
+    from radixserve.config import SchedulerConstants
+    from radixserve.sim.sweep import aging_constants
+
+    base = SchedulerConstants(lpm_fallback_queue_len=7)
+    on, off = aging_constants(base, "on"), aging_constants(base, "off")
+    passes = aging_constants(base, "passes")
+    assert (on.max_skipped_passes, on.aging_work_factor) == (
+        0,
+        SchedulerConstants().aging_work_factor,
+    )
+    assert (off.max_skipped_passes, off.aging_work_factor) == (0, 0.0)
+    assert (passes.max_skipped_passes, passes.aging_work_factor) == (8, 0.0)
+    assert {c.lpm_fallback_queue_len for c in (on, off, passes)} == {7}

@@ -10,6 +10,7 @@ moves them, recompute with ``python tests/sim/test_sim_golden.py`` and say why i
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sys
 
@@ -21,7 +22,7 @@ from radixserve.bench.workload import (
     make_multiturn,
     make_shared_prefix,
 )
-from radixserve.config import EngineConfig
+from radixserve.config import EngineConfig, SchedulerConstants
 from radixserve.sim.cost_model import CostModel
 from radixserve.sim.simulation import SimOptions, Simulation
 from radixserve.sim.trace import SimSession, from_bench_sessions
@@ -48,6 +49,14 @@ CASES: dict[str, dict[str, object]] = {
     "multiturn-hrrn-chunk64-interleaved": dict(
         trace="multi", kv=900, policy="hrrn", chunk=64, interleave=True
     ),
+    # the cases above pin LPM's and DFS-weight's aging by passes (8), their default until issue
+    # #32 made aging by admissions (factor 2) the default: these pin that one
+    "shared-dfs-roomy-aging-by-admissions": dict(
+        trace="shared", kv=40000, policy="dfs-weight", aging="admissions"
+    ),
+    "multiturn-adaptive-dp2-aging-by-admissions": dict(
+        trace="multi", kv=1500, policy="adaptive", dp=2, router="cache_aware", aging="admissions"
+    ),
 }
 
 EXPECTED = {
@@ -60,6 +69,8 @@ EXPECTED = {
     "multiturn-fcfs-dp2-power-of-two": "1c4aad014b9c8a01c043d983cbb99a5bc920222a25a2b5c65ac724f7f5c3c667",
     "multiturn-fcfs-chunk64-interleaved": "c2575784a4d0429369fea2d2ba234ea6bd871bcb1cc824467b6fce601d08cfbf",
     "multiturn-hrrn-chunk64-interleaved": "66a9fb7695b77af1aa022a8d4861f6672e6337a693dbcc3302fca9752b94c964",
+    "shared-dfs-roomy-aging-by-admissions": "f7aeedf038e48da66831f1adfee1f5d92592cd069b53f3d3176d143c4b481744",
+    "multiturn-adaptive-dp2-aging-by-admissions": "69900158eb7261731b63d747d28055a2c289cc8ad058af6a26ba4fc6898c8088",
 }
 
 
@@ -85,6 +96,9 @@ def digest(case: dict[str, object]) -> str:
         disable_overlap_schedule=True,
         enable_prefill_interleaving=bool(case.get("interleave", False)),
     )
+    if case.get("aging", "passes") == "passes":  # the default the digests were taken with
+        aging = SchedulerConstants(max_skipped_passes=8, aging_work_factor=0.0)
+        config = dataclasses.replace(config, constants=aging)
     cost = CostModel.load("tiny-cpu")
     opts = SimOptions(
         config,
