@@ -15,21 +15,23 @@ HRRN's 128-request FCFS fallback, so the cache-aware policies sort every pass):
   saturation): what a short request waits behind a long prefill. Classes: short, long.
 
 ``--rate R`` (> 0; ``--real-rate`` for the real run) runs the same ``pressure`` requests open
-loop instead, Poisson arrivals at R
-requests/s: every system is offered the same load, so its TTFTs compare at equal load (in the
-closed loop a faster system is also sent more requests per second, its cold ones included).
+loop instead, Poisson arrivals at R requests/s: every system is offered the same load, so its
+TTFTs compare at equal load (in the closed loop a faster system is also sent more requests per
+second, its cold ones included).
 
-Systems (``--systems``, each ``POLICY[+age=N][+wage=F][+il]``): fcfs, lpm without aging
-(``age=0``), lpm and dfs-weight with their default aging (8 passes; ``wage=F``: also aging by
-work, ``SchedulerConstants.aging_work_factor``), hrrn, and ``+il`` (``+ilmin=N``: keeping at
-least N tokens of a continuing chunk, default half the chunk) with prefill
-interleaving (``policy/interleave.py``). Printed per trace and system: the
-virtual wall time, prompt tokens/s, the hit rate, TTFT p99 of each class, and each against
-FCFS (``x fcfs``). ``--real N`` also runs the first N requests of the ``pressure`` trace on the
-real Engine (the tiny model, its cost model calibrated first) for ``--real-systems``, beside the
-simulator's replay of the same N requests.
+Systems (``--systems``, each ``POLICY[+age=N][+wage=F][+il]``): fcfs, lpm, dfs-weight and
+adaptive with their default aging (by admissions, F = 2), hrrn; ``age=N``: aging by N passes
+(``SchedulerConstants.max_skipped_passes``, default 0: off), ``wage=F``: by admissions
+(``aging_work_factor``; ``lpm+age=0+wage=0`` is SGLang's LPM, ``+age=8+wage=0`` the default
+aging before issue #32), and ``+il`` (``+ilmin=N``: keeping at least N tokens of a continuing
+chunk, default half the chunk) with prefill interleaving (``policy/interleave.py``). Printed
+per trace and system: the virtual wall time, prompt tokens/s, the hit rate, TTFT p99 of each
+class, and each against FCFS (``x fcfs``). ``--real N`` also runs the first N requests of the
+``pressure`` trace on the real Engine (the tiny model, its cost model calibrated first) for
+``--real-systems``, beside the simulator's replay of the same N requests.
 
     python benchmarks/sim_policies.py --requests 100000          # the simulator only
+    python benchmarks/sim_policies.py --requests 100000 --rate 5.19   # open loop
     python benchmarks/sim_policies.py --requests 2000 --real 1500 --traces pressure
 """
 
@@ -54,7 +56,7 @@ from radixserve.sim.trace import from_bench_sessions
 
 SYSTEMS = (
     "fcfs",
-    "lpm+age=0",
+    "lpm+age=0+wage=0",
     "lpm",
     "dfs-weight",
     "hrrn",
@@ -65,9 +67,9 @@ SYSTEMS = (
 
 
 def system_fields(system: str) -> dict[str, Any]:
-    """``POLICY[+age=N][+il]``: the policy, LPM/DFS-weight's aging bound in passes (default
-    ``SchedulerConstants.max_skipped_passes``; 0: off) and prefill interleaving (off without
-    ``+il``, whatever the default)."""
+    """``POLICY[+age=N][+wage=F][+il]``: the policy, the cache-aware policies' aging (by N
+    passes, by admissions with factor F; 0: off; default ``SchedulerConstants``') and prefill
+    interleaving (off without ``+il``, whatever the default)."""
     policy, *marks = system.split("+")
     fields: dict[str, Any] = {"schedule_policy": policy, "enable_prefill_interleaving": False}
     for mark in marks:

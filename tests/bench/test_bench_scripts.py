@@ -62,7 +62,7 @@ SCRIPT_ARGS: dict[str, list[str]] = {
         *("--prefill-batch", "2", "--prompt-len", "8", "--reps", "1"),
     ],
     "sim_policies.py": [
-        *("--requests", "60", "--systems", "fcfs,lpm+age=0,hrrn+il", "--groups", "4"),
+        *("--requests", "60", "--systems", "fcfs,lpm+age=0+wage=0,hrrn+il", "--groups", "4"),
         *("--prefix", "64", "--cold-len", "64", "--long-len", "256", "--clients", "8"),
         *("--kv-tokens", "2048", "--rate", "20"),  # the pressure trace open loop
     ],
