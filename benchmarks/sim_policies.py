@@ -27,8 +27,9 @@ aging before issue #32), and ``+il`` (``+ilmin=N``: keeping at least N tokens of
 chunk, default half the chunk) with prefill interleaving (``policy/interleave.py``). Printed
 per trace and system: the virtual wall time, prompt tokens/s, the hit rate, TTFT p99 of each
 class, and each against FCFS (``x fcfs``). ``--real N`` also runs the first N requests of the
-``pressure`` trace on the real Engine (the tiny model, its cost model calibrated first) for
-``--real-systems``, beside the simulator's replay of the same N requests.
+``pressure`` trace (``--real-trace starvation``: of that one) on the real Engine (the tiny
+model, its cost model calibrated first) for ``--real-systems``, beside the simulator's replay
+of the same N requests.
 
     python benchmarks/sim_policies.py --requests 100000          # the simulator only
     python benchmarks/sim_policies.py --requests 100000 --rate 5.19   # open loop
@@ -212,7 +213,7 @@ def print_table(title: str, rows: list[dict[str, Any]], classes: list[str]) -> N
 REAL_OPEN_LOOP_CLIENTS = 512  # client threads of an open-loop real run: more than ever wait
 
 
-def real_rows(args: argparse.Namespace, trace: Trace) -> None:
+def real_rows(args: argparse.Namespace, trace: Trace, name: str) -> None:
     """The real Engine on the tiny model against the simulator's replay, per system."""
     from radixserve.bench.clients import EngineClient
     from radixserve.bench.models import ensure_bench_model
@@ -245,8 +246,8 @@ def real_rows(args: argparse.Namespace, trace: Trace) -> None:
             f", sim {100 * sim['hit']:.1f}%"
         )
     loop = f"open loop at {args.real_rate}/s" if open_loop else f"{args.clients} clients"
-    title = f"real vs sim, pressure trace, {len(sessions)} requests, {loop}"
-    print_table(title, rows, ["cold", "hot", "long"])
+    title = f"real vs sim, {name} trace, {len(sessions)} requests, {loop}"
+    print_table(title, rows, sorted(set(classes.values())))
 
 
 def _fields(config: EngineConfig) -> dict[str, Any]:
@@ -283,6 +284,7 @@ def main() -> None:
     add("--real", type=int, default=0, help="run this many pressure requests on the real Engine")
     add("--real-systems", default="fcfs,lpm,hrrn")
     add("--real-rate", type=float, default=0.0, help="> 0: the real run open loop at this rate")
+    add("--real-trace", default="pressure", choices=["pressure", "starvation"])
     add("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -298,7 +300,7 @@ def main() -> None:
         print_table(f"\n{name}: {n} requests, KV {kv}, cost {args.cost}", rows, classes)
     if args.real:
         real_args = argparse.Namespace(**{**vars(args), "rate": args.real_rate})
-        real_rows(args, pressure_trace(real_args, args.real))
+        real_rows(args, TRACES[args.real_trace](real_args, args.real), args.real_trace)
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 
