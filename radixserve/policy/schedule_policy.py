@@ -129,6 +129,8 @@ class SchedulePolicy:
         (fresh for this pass), so admission does not match them again.
         """
         policy = self._active_policy(waiting_queue)
+        # a long queue's FCFS fallback: aging would not change its order, only cost a sort
+        fell_back = policy != self.policy
         facts = PassFacts()
         matches: dict[Req, MatchResult] = {}
         if policy == ADAPTIVE:
@@ -147,7 +149,7 @@ class SchedulePolicy:
             facts = PassFacts(dfs_rank=dfs_weight_rank(waiting_queue, matches, root))
         elif policy == RANDOM:
             facts = PassFacts(random_rank={r.rid: self._rng.random() for r in waiting_queue})
-        aged = self._aged_by_work(waiting_queue)
+        aged = frozenset() if fell_back else self._aged_by_work(waiting_queue)
         waiting_queue.sort(key=self._composite_key(policy, facts, aged))
         return Ordering(matches, facts.deprioritized)
 

@@ -127,3 +127,18 @@ def test_aging_by_admissions_is_the_default_and_off_for_fcfs() -> None:
     fcfs = SchedulePolicy("fcfs", tree, SchedulerConstants(aging_work_factor=1.0))
     fcfs.calc_priority(queue, 10**9)
     assert not fcfs._deadlines
+
+
+def test_a_long_queue_falling_back_to_fcfs_skips_aging() -> None:
+    """Over ``lpm_fallback_queue_len`` LPM orders FCFS, which aging would not change: the pass
+    keeps no deadlines (sorting a deep queue by arrival a second time costs as much as the
+    pass). DFS-weight has no fallback, so it ages whatever the queue's length."""
+    tree, _ = pool(64)
+    constants = SchedulerConstants(lpm_fallback_queue_len=2)
+    queue = [make_req([i, i + 1], arrival=float(i), rid=f"r{i}") for i in range(3)]
+    lpm = SchedulePolicy("lpm", tree, constants)
+    lpm.calc_priority(queue)
+    assert not lpm._deadlines
+    dfs = SchedulePolicy("dfs-weight", tree, constants)
+    dfs.calc_priority(queue)
+    assert set(dfs._deadlines) == {"r0", "r1", "r2"}
