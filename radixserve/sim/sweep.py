@@ -67,10 +67,13 @@ def aging_constants(base: SchedulerConstants, value: str) -> SchedulerConstants:
     """``base`` with the anti-starvation aging of ``aging=VALUE``: ``on`` (the default, by
     admissions), ``off`` (SGLang's LPM and DFS-weight) or ``passes`` (by passes, 8: the
     default before issue #32)."""
-    default = SchedulerConstants()
     if value == "on":
-        factor = default.aging_work_factor
-        return dataclasses.replace(base, max_skipped_passes=0, aging_work_factor=factor)
+        default = SchedulerConstants()
+        return dataclasses.replace(
+            base,
+            max_skipped_passes=default.max_skipped_passes,
+            aging_work_factor=default.aging_work_factor,
+        )
     if value == "passes":
         return dataclasses.replace(base, max_skipped_passes=PASS_AGING_BOUND, aging_work_factor=0.0)
     if value == "off":

@@ -22,9 +22,10 @@ from radixserve.bench.workload import (
     make_multiturn,
     make_shared_prefix,
 )
-from radixserve.config import EngineConfig, SchedulerConstants
+from radixserve.config import EngineConfig
 from radixserve.sim.cost_model import CostModel
 from radixserve.sim.simulation import SimOptions, Simulation
+from radixserve.sim.sweep import aging_constants
 from radixserve.sim.trace import SimSession, from_bench_sessions
 
 CASES: dict[str, dict[str, object]] = {
@@ -97,8 +98,7 @@ def digest(case: dict[str, object]) -> str:
         enable_prefill_interleaving=bool(case.get("interleave", False)),
     )
     if case.get("aging", "passes") == "passes":  # the default the digests were taken with
-        aging = SchedulerConstants(max_skipped_passes=8, aging_work_factor=0.0)
-        config = dataclasses.replace(config, constants=aging)
+        config = dataclasses.replace(config, constants=aging_constants(config.constants, "passes"))
     cost = CostModel.load("tiny-cpu")
     opts = SimOptions(
         config,
