@@ -185,9 +185,14 @@ def row(name: str, records: list[Any], wall: float, classes: dict[int, str]) -> 
     return {"name": name, "wall": wall, "tok_s": prompt / wall, "hit": cached / prompt, **p99}
 
 
+def is_open_loop(sessions: list[Session]) -> bool:
+    """Arrival times given (the ``long`` trace, ``--rate``): no client bound."""
+    return any(s.arrival_s for s in sessions)
+
+
 def simulate(args, system: str, trace: Trace, cost: CostModel) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     sessions, classes = trace
-    open_loop = any(s.arrival_s for s in sessions)  # arrivals given: no client bound
+    open_loop = is_open_loop(sessions)
     parallel = None if open_loop else args.clients
     opts = SimOptions(engine_config(args, system), cost, parallel=parallel)
     result = Simulation(opts, from_bench_sessions(sessions)).run()
@@ -224,7 +229,7 @@ def real_rows(args: argparse.Namespace, trace: Trace, name: str) -> None:
     model = str(ensure_bench_model("tiny"))
     cost = calibrate(EngineConfig(model_path=model, dtype="float32", num_threads=args.threads))
     sessions, classes = trace
-    open_loop = any(s.arrival_s for s in sessions)  # as in simulate(): no client bound
+    open_loop = is_open_loop(sessions)
     clients = REAL_OPEN_LOOP_CLIENTS if open_loop else args.clients
     rows = []
     for system in args.real_systems.split(","):
