@@ -2,8 +2,8 @@
 # Issue #27 on a lent GPU machine, in one call of under 10 minutes, from the repository root
 # (see benchmarks/README.md, "The CUDA path"):
 #
-#   bash benchmarks/device_gpu.sh                  # all: install info jit tests idle bench
-#   bash benchmarks/device_gpu.sh bench            # the benchmarks only: install info jit bench
+#   bash benchmarks/device_gpu.sh                  # all: install info jit tests split idle bench
+#   bash benchmarks/device_gpu.sh bench            # the benchmarks only: install info jit split bench
 #   bash benchmarks/device_gpu.sh --device cpu     # the dry run here: the same stages and files
 #   bash benchmarks/device_gpu.sh tests idle       # any stages, in the order given
 #
@@ -16,6 +16,9 @@
 # tests: `pytest -m gpu --device D`: FlashInfer's kernels against the torch reference, bf16
 #   parity with Hugging Face on four families (three ways of feeding), the KV stress test with
 #   overlap on, seeded sampling on the device, the KV tier's load-back (junit.xml).
+# split: the prefill split (ragged new tokens + the paged prefix, merged) against one paged pass,
+#   whole forwards of both bench shapes, before and after in one run (benchmarks/gpu/
+#   prefill_split.py -> split-<shape>.json; with --device cpu a tiny model, small lengths).
 # idle: benchmarks/scheduler_idle.py, the share of time a modelled H100 waits for the scheduler.
 # profile: where a decode step's time goes (torch profiler, benchmarks/gpu/profile_decode.py).
 # aot: the kernels the jit stage built, packed into $OUT/flashinfer-aot.tar.xz.NN: carried back
@@ -29,8 +32,8 @@
 # bench05, bench8b, multiturn: bench's three parts alone. LIMIT_<stage>=SECONDS caps a stage.
 #
 # Logs and JSON go to $OUT (or ./device_out): run.log (everything), junit.xml, idle.json,
-# throughput-<shape>.json, bench/multiturn.json and .png. A stage that fails is reported and the
-# next one runs; the exit status is that of the first failure.
+# split-<shape>.json, throughput-<shape>.json, bench/multiturn.json and .png. A stage that
+# fails is reported and the next one runs; the exit status is that of the first failure.
 set -uo pipefail
 DEVICE=cuda
 STAGES=()
@@ -38,13 +41,13 @@ while (($#)); do
   case "$1" in
     --device) DEVICE=$2; shift 2 ;;
     --device=*) DEVICE=${1#--device=}; shift ;;
-    all) STAGES+=(install info jit tests idle bench); shift ;;
-    bench) STAGES+=(install info jit bench); shift ;;
+    all) STAGES+=(install info jit tests split idle bench); shift ;;
+    bench) STAGES+=(install info jit split bench); shift ;;
     stage_*) STAGES+=("$1"); shift ;;
     *) STAGES+=("stage_$1"); shift ;;
   esac
 done
-((${#STAGES[@]})) || STAGES=(install info jit tests idle bench)
+((${#STAGES[@]})) || STAGES=(install info jit tests split idle bench)
 OUT=${OUT:-device_out}
 mkdir -p "$OUT"
 PY=${PY:-python3}
@@ -121,6 +124,28 @@ stage_tests() {
     --junitxml "$OUT/junit.xml" "${files[@]}"
 }
 
+tiny_model() {  # the dry run's model: $BENCH_DIR/tiny, written once
+  local tiny="$BENCH_DIR/tiny"
+  [[ -f $tiny/config.json ]] || $PY -c "import sys, torch; from radixserve.models.tiny import \
+write_tiny_model as w; w(sys.argv[1], 'qwen2', num_layers=2, hidden_size=256, num_heads=4, \
+intermediate_size=512, dtype=torch.bfloat16)" "$tiny"
+}
+
+stage_split() {
+  local split=benchmarks/gpu/prefill_split.py
+  if ((ON_GPU)); then
+    local status=0
+    $PY $split --device "$DEVICE" --model-shape qwen25-0.5b --model-dir "$BENCH_DIR/qwen25_05b" \
+      --json "$OUT/split-qwen25-0.5b.json" || status=1
+    $PY $split --device "$DEVICE" --model-shape llama3-8b --model-dir "$BENCH_DIR/llama3_8b" \
+      --reps 3 --json "$OUT/split-llama3-8b.json" || status=1
+    return $status
+  fi
+  tiny_model || return 1
+  $PY $split --device "$DEVICE" --model-dir "$BENCH_DIR/tiny" --scratch 64 --prefix 48 \
+    --extend 16 --batch 4 --reps 2 --json "$OUT/split-tiny.json"
+}
+
 stage_idle() {
   local args=(--json "$OUT/idle.json")
   ((ON_GPU)) || args+=(--steps 20 --batches 1 64)
@@ -159,9 +184,7 @@ stage_bench() {
     stage_multiturn || status=1
   else
     local tiny="$BENCH_DIR/tiny"
-    [[ -f $tiny/config.json ]] || $PY -c "import sys, torch; from radixserve.models.tiny import \
-write_tiny_model as w; w(sys.argv[1], 'qwen2', num_layers=2, hidden_size=256, num_heads=4, \
-intermediate_size=512, dtype=torch.bfloat16)" "$tiny" || status=1
+    tiny_model || status=1
     throughput tiny qwen25-0.5b "$tiny" --batch-sizes 1 8 --prompt-len 64 --context-len 64 \
       --decode-steps 4 --reps 2 --bandwidth-mib 64 || status=1
     $PY -m radixserve bench multiturn --quick --device "$DEVICE" --baselines no-cache \

@@ -1,10 +1,11 @@
 """Compile FlashInfer's kernels before anything is timed (``device_gpu.sh``'s jit stage).
 
 FlashInfer builds a kernel the first time it meets a (kind, head size, group, window); on a
-fresh GPU machine every one is compiled in this run. This runs one prefill and one decode
-through :class:`FlashInferBackend` for each attention shape the `gpu` tests and the benchmarks
-use, printing how long each took. ``--device cpu`` runs the same calls through the torch
-reference wrappers (the dry run proves the calls, not the kernels).
+fresh GPU machine every one is compiled in this run. This runs two extends (from scratch, and
+on a cached prefix: the ragged kernel, the prefix's paged pass and ``merge_state``) and one
+decode through :class:`FlashInferBackend` for each attention shape the `gpu` tests and the
+benchmarks use, printing how long each took. ``--device cpu`` runs the same calls through the
+torch reference wrappers (the dry run proves the calls, not the kernels).
 """
 
 from __future__ import annotations
@@ -40,14 +41,18 @@ def warm(heads: int, kv_heads: int, dim: int, window: int | None, device: str) -
     spec = AttentionSpec(heads, kv_heads, dim, dim**-0.5, (window,))
     kv = KVCache(1, 4096, kv_heads, dim, torch.bfloat16, device)
     pool = ReqToTokenPool(4, 512, device)
-    pool.req_to_token[0, :LEN] = torch.arange(1, LEN + 1, dtype=torch.int32)
+    pool.req_to_token[0, : 2 * LEN] = torch.arange(1, 2 * LEN + 1, dtype=torch.int32)
     wrappers = None if device.startswith("cuda") else ReferenceWrappers()
     backend = FlashInferBackend(spec, kv, pool, wrappers=wrappers)
     extend = ForwardBatch.extend(
         list(range(LEN)), [0], [0], [LEN], torch.arange(1, LEN + 1), device
     )
+    # on a cached prefix: the prefix's paged pass (not causal) and merge_state build too
+    on_prefix = ForwardBatch.extend(
+        list(range(LEN)), [0], [LEN], [LEN], torch.arange(LEN + 1, 2 * LEN + 1), device
+    )
     decode = ForwardBatch.decode([1], [0], [LEN], torch.tensor([LEN]), device)
-    for batch in (extend, decode):
+    for batch in (extend, on_prefix, decode):
         n = batch.input_ids.shape[0]
         q = torch.randn(n, heads, dim, dtype=torch.bfloat16, device=device)
         k = torch.randn(n, kv_heads, dim, dtype=torch.bfloat16, device=device)

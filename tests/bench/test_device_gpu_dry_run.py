@@ -42,9 +42,16 @@ def dry_run(tmp_path: Path, *stages: str) -> Path:
 @pytest.mark.timeout(60)
 def test_the_script_runs_its_stages_in_order(tmp_path: Path) -> None:
     """The quick stages in the default suite (the whole dry run is slow: make test-slow)."""
-    log = (dry_run(tmp_path, "info", "jit") / "run.log").read_text()
+    out = dry_run(tmp_path, "info", "jit", "split")
+    log = (out / "run.log").read_text()
     assert log.index("=== info") < log.index("=== jit") and "info: exit 0" in log
     assert "jit: exit 0" in log and "heads 32/8, head_dim 128" in log  # every attention shape
+    # the prefill split's rows: both sides timed, the same logits within bf16's rounding
+    rows = json.loads((out / "split-tiny.json").read_text())["rows"]
+    assert [r["row"].split()[0] for r in rows] == ["scratch", "on", "4x(48"]
+    assert all(set(r["tokens_per_s"]) == {"ragged", "paged"} for r in rows)
+    assert rows[0]["max_logit_diff"] == 0.0  # from scratch: no merge, the same sums
+    assert all(r["max_logit_diff"] < 0.5 for r in rows)
 
 
 @pytest.mark.slow
@@ -52,7 +59,7 @@ def test_the_script_runs_its_stages_in_order(tmp_path: Path) -> None:
 def test_dry_run_writes_every_file(tmp_path: Path) -> None:
     out = dry_run(tmp_path)
     log = (out / "run.log").read_text()
-    for stage in ("install", "info", "jit", "tests", "idle", "bench"):
+    for stage in ("install", "info", "jit", "tests", "split", "idle", "bench"):
         assert f"{stage}: exit 0" in log, log[-3000:]
 
     suite = ET.parse(out / "junit.xml").getroot().find("testsuite")

@@ -8,8 +8,10 @@ reference wrappers on CPU, with real FlashInfer on a GPU) must reproduce it.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +23,11 @@ from radixserve.models.attention.flashinfer_backend import (
     FlashInferBackend,
     build_paged_kv_metadata,
 )
-from radixserve.models.attention.paged_reference import ReferenceWrappers, paged_attention_reference
+from radixserve.models.attention.paged_reference import (
+    ReferenceWrappers,
+    merge_state_reference,
+    paged_attention_reference,
+)
 from radixserve.models.attention.registry import create_attention_backend, default_backend_name
 from radixserve.models.attention.torch_native import TorchNativeBackend
 from radixserve.models.forward_batch import ForwardBatch
@@ -154,10 +160,140 @@ def test_torch_native_and_flashinfer_metadata_follow_the_contract(
         assert torch.equal(native.kv.k_buffer[layer][written], native.k)
         torch.testing.assert_close(out_native, native.reference(layer), rtol=1e-5, atol=1e-5)
 
-        paged = Setup(spec, prefix, extend, decode, torch.float32)
-        backend = FlashInferBackend(spec, paged.kv, paged.pool, wrappers=ReferenceWrappers())
-        out_paged = paged.run(backend, layer)
-        torch.testing.assert_close(out_paged, out_native, rtol=1e-5, atol=1e-5)
+        for ragged in (True, False):  # extends split (ragged + prefix, merged) or one paged pass
+            paged = Setup(spec, prefix, extend, decode, torch.float32)
+            backend = FlashInferBackend(
+                spec, paged.kv, paged.pool, wrappers=ReferenceWrappers(), ragged_prefill=ragged
+            )
+            out_paged = paged.run(backend, layer)
+            torch.testing.assert_close(out_paged, out_native, rtol=1e-5, atol=1e-5)
+            assert torch.equal(paged.kv.k_buffer[layer], native.kv.k_buffer[layer])
+
+
+class SpyWrappers(ReferenceWrappers):
+    """The reference wrappers, each ``plan`` and ``run`` call recorded as (kind, arguments)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, object]]] = []
+
+    def _spy(self, kind: str, wrapper: object) -> object:
+        plan, run = wrapper.plan, wrapper.run  # type: ignore[attr-defined]
+
+        def spy_plan(*args: object, **kw: object) -> None:
+            self.calls.append((f"{kind}.plan", {"args": args, **kw}))
+            plan(*args, **kw)
+
+        def spy_run(*args: object, **kw: object) -> object:
+            self.calls.append((f"{kind}.run", kw))
+            return run(*args, **kw)
+
+        wrapper.plan, wrapper.run = spy_plan, spy_run  # type: ignore[attr-defined]
+        return wrapper
+
+    def prefill(self) -> Any:
+        return self._spy("paged", super().prefill())
+
+    def ragged(self) -> Any:
+        return self._spy("ragged", super().ragged())
+
+    def merge_state(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls.append(("merge", {}))
+        return super().merge_state(*args)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "expected"),
+    [
+        ([0, 0, 0], ["ragged.plan", "ragged.run"]),  # no cached prefix: no page table at all
+        ([3, 10, 0], ["ragged.plan", "paged.plan", "ragged.run", "paged.run", "merge"]),
+    ],
+    ids=["no_prefix", "prefix"],
+)
+def test_extend_splits_into_ragged_new_tokens_and_the_paged_prefix(
+    prefix: list[int], expected: list[str]
+) -> None:
+    spec = SPECS["mqa"]  # full attention on both layers
+    s = Setup(spec, prefix, [4, 1, 9], False, torch.float32)
+    spy = SpyWrappers()
+    s.run(FlashInferBackend(spec, s.kv, s.pool, wrappers=spy), 0)
+    assert [kind for kind, _ in spy.calls] == expected
+    plans = {kind: kw for kind, kw in spy.calls if kind.endswith("plan")}
+    qo, kv = plans["ragged.plan"]["args"][:2]  # type: ignore[index]
+    assert qo.tolist() == kv.tolist() == [0, 4, 5, 14]  # type: ignore[attr-defined]
+    assert plans["ragged.plan"]["causal"] is True
+    if "paged.plan" in plans:  # the prefix alone, every key of it visible to every query
+        paged = plans["paged.plan"]
+        assert paged["causal"] is False
+        qo, kv, indices = paged["args"][:3]  # type: ignore[index]
+        assert qo.tolist() == [0, 4, 5, 14] and kv.tolist() == [0, 3, 13, 13]  # type: ignore[attr-defined]
+        cached = [s.pool.req_to_token[r, :p].tolist() for r, p in zip(s.rows, prefix, strict=True)]
+        assert indices.tolist() == sum(cached, [])  # type: ignore[attr-defined]
+
+
+def test_windowed_layers_keep_one_causal_paged_pass() -> None:
+    spec = SPECS["gqa2"]  # layer 0 full, layer 1 windowed
+    s = Setup(spec, [3, 10, 0], [4, 1, 9], False, torch.float32)
+    spy = SpyWrappers()
+    s.run(FlashInferBackend(spec, s.kv, s.pool, wrappers=spy), 1)
+    causal = [kw for kind, kw in spy.calls if kind == "paged.plan" and kw["causal"]]
+    assert len(causal) == 1 and causal[0]["window_left"] == WINDOW - 1
+    assert causal[0]["args"][1].tolist() == [0, 7, 18, 27]  # type: ignore[index]
+    assert [kind for kind, _ in spy.calls][-1] == "paged.run"  # the layer ran one paged pass
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_lse_is_base_2_and_merges_split_keys(causal: bool) -> None:
+    """The reference's log-sum-exp is FlashInfer's (base 2), and ``merge_state_reference`` of
+    attention over two disjoint key sets is attention over their union."""
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(n, h, 16, generator=gen) for n, h in ((5, 4), (12, 2), (12, 2)))
+    qo, ones = torch.tensor([0, 5]), torch.ones(1, dtype=torch.int32)
+
+    def attend(keys: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        out = paged_attention_reference(
+            q,
+            k.unsqueeze(1),
+            v.unsqueeze(1),
+            qo,
+            torch.tensor([0, len(keys)]),
+            keys,
+            ones,
+            causal=is_causal,
+            sm_scale=0.25,
+            return_lse=True,
+        )
+        assert isinstance(out, tuple)
+        return out
+
+    whole, lse = attend(torch.arange(12), causal)
+    logits = torch.einsum("qhd,khd->qhk", q, k.repeat_interleave(2, dim=1)) * 0.25
+    if causal:  # query i sits at 12 - 5 + i
+        logits = logits.masked_fill(
+            torch.arange(12) > torch.arange(7, 12)[:, None, None], -torch.inf
+        )
+    torch.testing.assert_close(lse, torch.logsumexp(logits, -1) / math.log(2))
+    # the first 7 keys precede every query: a non-causal pass; the last 5 as the whole was
+    head, s_head = attend(torch.arange(7), False)
+    tail_q = paged_attention_reference(
+        q,
+        k[7:].unsqueeze(1),
+        v[7:].unsqueeze(1),
+        qo,
+        torch.tensor([0, 5]),
+        torch.arange(5),
+        ones,
+        causal=causal,
+        sm_scale=0.25,
+        return_lse=True,
+    )
+    merged, s_merged = merge_state_reference(*tail_q, head, s_head)  # type: ignore[misc]
+    torch.testing.assert_close(merged, whole)
+    torch.testing.assert_close(s_merged, lse)
+    empty, s_empty = attend(torch.arange(0), False)  # no keys: zeros and -inf, a no-op to merge
+    assert not empty.any() and bool(torch.isneginf(s_empty).all())
+    again, s_again = merge_state_reference(whole, lse, empty, s_empty)
+    torch.testing.assert_close(again, whole)
+    torch.testing.assert_close(s_again, lse)
 
 
 def test_build_paged_kv_metadata_is_the_hand_written_csr() -> None:
@@ -224,20 +360,86 @@ def test_cpu_path_never_imports_flashinfer() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("decode", [False, True], ids=["extend", "decode"])
-def test_flashinfer_kernels_match_reference_on_gpu(decode: bool, device: str) -> None:
+def _needs_flashinfer(device: str) -> None:
     if not device.startswith("cuda"):
         pytest.skip(
             "FlashInfer's kernels run on CUDA only (--device cpu: test_model_parity tests its wiring)"
         )
     pytest.importorskip("flashinfer")
+
+
+GPU_BATCHES = {
+    "extend": ([0, 37, 300], [129, 1, 70]),
+    "extend_no_prefix": ([0, 0], [129, 70]),  # ragged only: no paged pass, no merge
+    "decode": ([128, 37, 369], [1, 1, 1]),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ragged", [True, False], ids=["ragged", "paged"])
+@pytest.mark.parametrize("batch_name", sorted(GPU_BATCHES))
+def test_flashinfer_kernels_match_reference_on_gpu(
+    batch_name: str, ragged: bool, device: str
+) -> None:
+    _needs_flashinfer(device)
     # head_dim 64: the kernels the parity tests build (FlashInfer compiles one per head size)
     spec = AttentionSpec(8, 2, 64, 64**-0.5, (None, 64))
-    prefix, extend = ([0, 37, 300], [129, 1, 70]) if not decode else ([128, 37, 369], [1, 1, 1])
+    prefix, extend = GPU_BATCHES[batch_name]
+    decode = batch_name == "decode"
     for layer in range(2):
         s = Setup(spec, prefix, extend, decode, torch.bfloat16, device=device, num_slots=4096)
-        out = s.run(FlashInferBackend(spec, s.kv, s.pool), layer)
+        out = s.run(FlashInferBackend(spec, s.kv, s.pool, ragged_prefill=ragged), layer)
         torch.testing.assert_close(
             out.float().cpu(), s.reference(layer).float(), rtol=2e-2, atol=2e-2
         )
+
+
+@pytest.mark.gpu
+def test_flashinfer_lse_and_merge_state_match_reference_on_gpu(device: str) -> None:
+    """What the split extend rests on: FlashInfer's log-sum-exp is the reference's (base 2),
+    a request with no keys gives -inf, and ``merge_state`` is ``merge_state_reference``."""
+    _needs_flashinfer(device)
+    from radixserve.models.attention.flashinfer_backend import FlashInferWrappers
+
+    spec = AttentionSpec(8, 2, 64, 64**-0.5, (None,))
+    wrappers = FlashInferWrappers(spec, torch.device(device))
+    gen = torch.Generator().manual_seed(3)
+    qo = torch.tensor([0, 40, 41, 100], dtype=torch.int32)
+    q = torch.randn(100, 8, 64, generator=gen).bfloat16()
+    k, v = (torch.randn(100, 2, 64, generator=gen).bfloat16() for _ in range(2))
+    ragged = wrappers.ragged()
+    ragged.plan(qo, qo, 8, 2, 64, causal=True, sm_scale=64**-0.5, q_data_type=torch.bfloat16)
+    o, lse = ragged.run(q.to(device), k.to(device), v.to(device), return_lse=True)
+    ref = ReferenceWrappers().ragged()
+    ref.plan(qo, qo, 8, 2, 64, causal=True, sm_scale=64**-0.5)
+    o_ref, lse_ref = ref.run(q, k, v, return_lse=True)
+    torch.testing.assert_close(o.float().cpu(), o_ref.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(lse.cpu(), lse_ref, rtol=1e-2, atol=2e-2)
+    # a paged pass in which the second request has no keys at all
+    paged = wrappers.prefill()
+    kv_indptr = torch.tensor([0, 30, 30, 80], dtype=torch.int32)
+    ones = torch.ones(3, dtype=torch.int32)
+    indices = torch.arange(80, dtype=torch.int32)
+    kc, vc = (torch.randn(80, 1, 2, 64, generator=gen).bfloat16() for _ in range(2))
+    paged.plan(
+        qo,
+        kv_indptr,
+        indices.to(device),
+        ones,
+        8,
+        2,
+        64,
+        1,
+        causal=False,
+        sm_scale=64**-0.5,
+        q_data_type=torch.bfloat16,
+    )
+    o2, lse2 = paged.run(q.to(device), (kc.to(device), vc.to(device)), return_lse=True)
+    o2_ref, lse2_ref = paged_attention_reference(
+        q, kc, vc, qo, kv_indptr, indices, ones, causal=False, sm_scale=64**-0.5, return_lse=True
+    )
+    torch.testing.assert_close(o2.float().cpu(), o2_ref.float(), rtol=2e-2, atol=2e-2)
+    merged, s_merged = wrappers.merge_state(o, lse, o2, lse2)
+    merged_ref, s_merged_ref = merge_state_reference(o_ref, lse_ref, o2_ref, lse2_ref)
+    torch.testing.assert_close(merged.float().cpu(), merged_ref.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(s_merged.cpu(), s_merged_ref, rtol=1e-2, atol=2e-2)

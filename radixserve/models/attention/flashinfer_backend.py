@@ -7,6 +7,13 @@ request's page table is simply its ``req_to_token`` row: ``kv_indices`` concaten
 ``kv_last_page_len`` is all ones and ``qo_indptr`` the running sum of ``extend_len``.
 :func:`build_paged_kv_metadata` builds these with torch ops only (tested on CPU).
 
+An extend splits as SGLang's FlashInfer backend does (``ragged_prefill``, on by default): on
+each full-attention layer, the new tokens attend to one another through the ragged kernel,
+which reads their ``k`` / ``v`` as they are, with no page table; where the batch has a cached
+prefix, its queries also attend to the prefix alone through the paged kernel (not causal: all
+of a prefix precedes every new token), and ``merge_state`` joins the two by their log-sum-exps.
+Layers with a sliding window keep the single causal paged pass over the whole sequence.
+
 ``flashinfer`` is imported lazily, in :class:`FlashInferWrappers` only. Tests inject
 :class:`~radixserve.models.attention.paged_reference.ReferenceWrappers` to run this backend
 on CPU against the same contract.
@@ -78,6 +85,12 @@ class WrapperFactory(Protocol):
 
     def decode(self) -> Any: ...
 
+    def ragged(self) -> Any: ...
+
+    def merge_state(
+        self, v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
 
 class FlashInferWrappers:
     """Real FlashInfer wrappers sharing one workspace buffer."""
@@ -101,6 +114,17 @@ class FlashInferWrappers:
         return self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores
         )
+
+    def ragged(self) -> Any:
+        return self._flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+            self.workspace, "NHD", backend="fa2"
+        )
+
+    def merge_state(
+        self, v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        merged: tuple[torch.Tensor, torch.Tensor] = self._flashinfer.merge_state(v_a, s_a, v_b, s_b)
+        return merged
 
     def graph_decode(self, buffers: GraphBuffers, bs: int) -> Any:
         """A decode wrapper a CUDA graph of batch size ``bs`` captures: its page table lives in
@@ -136,8 +160,10 @@ class FlashInferBackend:
     """Implements :class:`~radixserve.models.attention.base.AttentionBackend` with FlashInfer.
 
     One prefill and one decode wrapper per distinct sliding window (FlashInfer fixes
-    ``window_left`` when planning), planned once per batch in :meth:`init_forward_metadata`.
-    With :meth:`init_cuda_graphs`, also one decode wrapper per window and captured batch size,
+    ``window_left`` when planning), planned once per batch in :meth:`init_forward_metadata`;
+    with ``ragged_prefill``, also one ragged wrapper for the full-attention layers' extends
+    (their paged prefill wrapper then covers the cached prefix only). With
+    :meth:`init_cuda_graphs`, also one decode wrapper per window and captured batch size,
     planned by :meth:`init_graph_metadata` before each replay.
     """
 
@@ -147,6 +173,7 @@ class FlashInferBackend:
         kv_cache: KVCache,
         req_to_token_pool: ReqToTokenPool,
         wrappers: WrapperFactory | None = None,
+        ragged_prefill: bool = True,
     ) -> None:
         self.spec = spec
         self.kv_cache = kv_cache
@@ -156,9 +183,11 @@ class FlashInferBackend:
         windows = set(spec.sliding_windows)
         self._prefill = {w: factory.prefill() for w in windows}
         self._decode = {w: factory.decode() for w in windows}
+        self._ragged = factory.ragged() if ragged_prefill and None in windows else None
         self._graph_decode: dict[int, dict[int | None, Any]] = {}  # batch size -> per window
         self._active = self._decode  # the wrappers the last plan was for
-        self.metadata: PagedKVMetadata | None = None
+        self._split = False  # the last plan: full-attention extends run ragged (+ prefix)
+        self._has_prefix = False  # ... and some request of it has a cached prefix
 
     def init_cuda_graphs(self, batch_sizes: list[int], max_context_len: int) -> None:
         """Decode wrappers for CUDA graphs of each of ``batch_sizes`` (FlashInfer only)."""
@@ -170,31 +199,52 @@ class FlashInferBackend:
         }
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        self._plan(batch, self._decode if batch.is_decode else self._prefill)
+        if batch.is_decode:
+            self._plan(batch, self._decode)
+        else:
+            self._plan_extend(batch)
 
     def init_graph_metadata(self, batch: ForwardBatch) -> None:
         """Plan the graph wrappers of ``batch``'s (captured) size: a decode batch whose tensors
         are the graph's own inputs."""
         self._plan(batch, self._graph_decode[batch.batch_size])
 
-    def _plan(self, batch: ForwardBatch, wrappers: dict[int | None, Any]) -> None:
-        spec = self.spec
+    def _common(self, window: int | None) -> dict[str, Any]:
+        """The keywords every ``plan`` of a layer with ``window`` takes."""
+        dtype = self.kv_cache.dtype
+        window_left = -1 if window is None else window - 1  # keys (p - w, p] == [p - (w - 1), p]
+        return dict(
+            sm_scale=self.spec.scaling,
+            window_left=window_left,
+            q_data_type=dtype,
+            kv_data_type=dtype,
+        )
+
+    def _plan(
+        self,
+        batch: ForwardBatch,
+        wrappers: dict[int | None, Any],
+        kv_lens: tuple[torch.Tensor, list[int]] | None = None,
+        causal: bool = True,
+    ) -> None:
+        """Plan ``wrappers`` over each request's first ``kv_lens`` KV slots (default: all of
+        them, ``seq_lens``): decode wrappers for a decode batch, paged prefill ones else."""
+        lens, lens_list = kv_lens if kv_lens is not None else (batch.seq_lens, batch.seq_lens_list)
         md = build_paged_kv_metadata(
             self.req_to_token,
             batch.req_pool_indices,
-            batch.seq_lens,
-            batch.seq_lens_list,
+            lens,
+            lens_list,
             None if batch.is_decode else batch.extend_seq_lens_list,
         )
-        self.metadata = md
         self._active = wrappers
+        spec = self.spec
         heads = (spec.num_heads, spec.num_kv_heads, spec.head_dim, 1)  # page size 1
-        dtypes = dict(q_data_type=self.kv_cache.dtype, kv_data_type=self.kv_cache.dtype)
         for w, wrapper in wrappers.items():
-            window_left = -1 if w is None else w - 1  # keys (p - w, p] == [p - (w - 1), p]
-            common = dict(sm_scale=spec.scaling, window_left=window_left, **dtypes)
             if batch.is_decode:
-                wrapper.plan(md.kv_indptr, md.kv_indices, md.kv_last_page_len, *heads, **common)
+                wrapper.plan(
+                    md.kv_indptr, md.kv_indices, md.kv_last_page_len, *heads, **self._common(w)
+                )
             else:
                 wrapper.plan(
                     md.qo_indptr,
@@ -202,14 +252,48 @@ class FlashInferBackend:
                     md.kv_indices,
                     md.kv_last_page_len,
                     *heads,
-                    causal=True,
-                    **common,
+                    causal=causal,
+                    **self._common(w),
                 )
+
+    def _plan_extend(self, batch: ForwardBatch) -> None:
+        self._split = self._ragged is not None
+        self._has_prefix = any(batch.extend_prefix_lens_list)
+        if not self._split:
+            self._plan(batch, self._prefill)
+            return
+        windowed: dict[int | None, Any] = {w: p for w, p in self._prefill.items() if w is not None}
+        if windowed:
+            self._plan(batch, windowed)
+        spec = self.spec
+        qo_indptr = np.zeros(batch.batch_size + 1, dtype=np.int32)
+        np.cumsum(batch.extend_seq_lens_list, out=qo_indptr[1:])
+        qo = torch.from_numpy(qo_indptr)  # the new tokens are both the queries and the keys
+        heads = (spec.num_heads, spec.num_kv_heads, spec.head_dim)
+        assert self._ragged is not None
+        self._ragged.plan(qo, qo, *heads, causal=True, **self._common(None))
+        if self._has_prefix:  # the queries over the cached prefix alone: all of it is visible
+            prefix = (batch.extend_prefix_lens, batch.extend_prefix_lens_list)
+            self._plan(batch, {None: self._prefill[None]}, prefix, causal=False)
+        self._active = self._prefill
 
     def forward_extend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:
-        return self._run(q, k, v, layer_id, batch)
+        if not self._split or self.spec.sliding_windows[layer_id] is not None:
+            return self._run(q, k, v, layer_id, batch)
+        assert self._ragged is not None
+        self.kv_cache.set_kv(layer_id, batch.out_cache_loc, k, v)
+        q = q.contiguous()
+        if not self._has_prefix:
+            o = self._ragged.run(q, k.contiguous(), v.contiguous())
+        else:
+            o_new, lse_new = self._ragged.run(q, k.contiguous(), v.contiguous(), return_lse=True)
+            o_prefix, lse_prefix = self._prefill[None].run(
+                q, self._paged(layer_id), return_lse=True
+            )
+            o, _ = self._factory.merge_state(o_new, lse_new, o_prefix, lse_prefix)
+        return o.reshape(q.shape[0], self.spec.num_heads * self.spec.head_dim)
 
     def fused_args(self, layer_id: int, batch: ForwardBatch) -> None:
         return None  # the layer runs op by op
@@ -219,13 +303,16 @@ class FlashInferBackend:
     ) -> torch.Tensor:
         return self._run(q, k, v, layer_id, batch)
 
+    def _paged(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pool's K/V of ``layer_id`` as pages of one slot: ``[num_slots, 1, kv_heads,
+        head_dim]`` each."""
+        k_buf, v_buf = self.kv_cache.get_kv(layer_id)
+        return k_buf.unsqueeze(1), v_buf.unsqueeze(1)
+
     def _run(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:
         self.kv_cache.set_kv(layer_id, batch.out_cache_loc, k, v)
-        k_buf, v_buf = self.kv_cache.get_kv(layer_id)
-        # pages of one slot: [num_slots, 1, kv_heads, head_dim] each
-        paged = (k_buf.unsqueeze(1), v_buf.unsqueeze(1))
         wrapper = self._active[self.spec.sliding_windows[layer_id]]
-        o = wrapper.run(q.contiguous(), paged)  # [num_tokens, heads, head_dim]
+        o = wrapper.run(q.contiguous(), self._paged(layer_id))  # [num_tokens, heads, head_dim]
         return o.reshape(q.shape[0], self.spec.num_heads * self.spec.head_dim)

@@ -4,19 +4,26 @@ Same inputs as FlashInfer's batch wrappers: a paged K/V cache in NHD layout
 ``[num_pages, page_size, num_kv_heads, head_dim]``, ``kv_indptr`` / ``kv_indices`` /
 ``kv_last_page_len`` in CSR form and, for prefill, ``qo_indptr``. Causal masking is aligned to
 the end of each request's KV (query ``i`` of ``qo_len`` sits at ``kv_len - qo_len + i``), and
-``window_left = w >= 0`` restricts query position ``p`` to keys in ``[p - w, p]``.
+``window_left = w >= 0`` restricts query position ``p`` to keys in ``[p - w, p]``. With
+``return_lse``, the log-sum-exp of each query row's scaled logits comes back too, in base 2 as
+FlashInfer's kernels write it (``-inf`` for a request with no keys, whose output is zeros).
 
-:class:`ReferencePrefillWrapper` / :class:`ReferenceDecodeWrapper` mimic the ``plan``/``run``
-methods of ``flashinfer.BatchPrefillWithPagedKVCacheWrapper`` /
-``BatchDecodeWithPagedKVCacheWrapper``, so :class:`FlashInferBackend` runs on CPU with them.
-Written for clarity (a loop over requests, float32 math), not speed.
+:class:`ReferencePrefillWrapper` / :class:`ReferenceDecodeWrapper` /
+:class:`ReferenceRaggedWrapper` mimic the ``plan``/``run`` methods of
+``flashinfer.BatchPrefillWithPagedKVCacheWrapper`` / ``BatchDecodeWithPagedKVCacheWrapper`` /
+``BatchPrefillWithRaggedKVCacheWrapper``, and :func:`merge_state_reference` is
+``flashinfer.merge_state``, so :class:`FlashInferBackend` runs on CPU with them. Written for
+clarity (a loop over requests, float32 math), not speed.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
+
+LOG2E = math.log2(math.e)
 
 
 def paged_attention_reference(
@@ -30,14 +37,20 @@ def paged_attention_reference(
     causal: bool = True,
     sm_scale: float | None = None,
     window_left: int = -1,
-) -> torch.Tensor:  # [total_q, num_qo_heads, head_dim]
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``[total_q, num_qo_heads, head_dim]``, and with ``return_lse`` the base-2 log-sum-exp
+    ``[total_q, num_qo_heads]`` (float32)."""
     page_size, num_kv_heads, head_dim = k_cache.shape[1:]
     group = q.shape[1] // num_kv_heads
     scale = head_dim**-0.5 if sm_scale is None else sm_scale
-    out = torch.empty_like(q)
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:2], float("-inf"), device=q.device)
     qo, kvp, last = qo_indptr.tolist(), kv_indptr.tolist(), kv_last_page_len.tolist()
     for b in range(len(qo) - 1):
         pages = kv_indices[kvp[b] : kvp[b + 1]].long()
+        if len(pages) == 0:
+            continue  # no keys: zeros, and a log-sum-exp of -inf
         kv_len = (len(pages) - 1) * page_size + last[b]
         k = (
             k_cache[pages]
@@ -59,9 +72,29 @@ def paged_attention_reference(
         visible = kpos <= qpos if causal else torch.ones(qo_len, kv_len, dtype=torch.bool)
         if window_left >= 0:
             visible = visible & (kpos >= qpos - window_left)
-        probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
         out[qo[b] : qo[b + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
-    return out
+        lse[qo[b] : qo[b + 1]] = torch.logsumexp(scores, dim=-1).T * LOG2E
+    return (out, lse) if return_lse else out
+
+
+def merge_state_reference(
+    v_a: torch.Tensor,  # [n, heads, head_dim]: attention over the keys of segment A
+    s_a: torch.Tensor,  # [n, heads] float32: its base-2 log-sum-exp
+    v_b: torch.Tensor,
+    s_b: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flashinfer.merge_state``: the attention over A's and B's keys together, and its
+    log-sum-exp. A side with no keys (``-inf``) contributes nothing."""
+    s_max = torch.maximum(s_a, s_b)
+    s_max = torch.where(torch.isinf(s_max), torch.zeros_like(s_max), s_max)  # both empty
+    w_a, w_b = torch.exp2(s_a - s_max), torch.exp2(s_b - s_max)
+    total = w_a + w_b
+    merged = (v_a.float() * w_a[..., None] + v_b.float() * w_b[..., None]) / total.clamp_min(
+        torch.finfo(torch.float32).tiny
+    )[..., None]
+    return merged.to(v_a.dtype), s_max + torch.log2(total)
 
 
 class ReferencePrefillWrapper:
@@ -97,9 +130,12 @@ class ReferencePrefillWrapper:
         )
 
     def run(
-        self, q: torch.Tensor, paged_kv_cache: tuple[torch.Tensor, torch.Tensor]
-    ) -> torch.Tensor:
-        return paged_attention_reference(q, *paged_kv_cache, **self._plan)
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: tuple[torch.Tensor, torch.Tensor],
+        return_lse: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return paged_attention_reference(q, *paged_kv_cache, **self._plan, return_lse=return_lse)
 
 
 class ReferenceDecodeWrapper:
@@ -134,9 +170,56 @@ class ReferenceDecodeWrapper:
         )
 
     def run(
-        self, q: torch.Tensor, paged_kv_cache: tuple[torch.Tensor, torch.Tensor]
-    ) -> torch.Tensor:
-        return paged_attention_reference(q, *paged_kv_cache, **self._plan)
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: tuple[torch.Tensor, torch.Tensor],
+        return_lse: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return paged_attention_reference(q, *paged_kv_cache, **self._plan, return_lse=return_lse)
+
+
+class ReferenceRaggedWrapper:
+    """``plan(qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim, causal=...,
+    sm_scale=..., window_left=...)`` then ``run(q, k, v, return_lse=...)``: request ``b``'s keys
+    are rows ``kv_indptr[b]:[b+1]`` of ``k`` / ``v`` themselves, not a page table."""
+
+    def __init__(self) -> None:
+        self._plan: dict[str, Any] = {}
+
+    def plan(
+        self,
+        qo_indptr: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        causal: bool = False,
+        sm_scale: float | None = None,
+        window_left: int = -1,
+        **_: Any,
+    ) -> None:
+        self._plan = dict(
+            qo_indptr=qo_indptr,
+            kv_indptr=kv_indptr,
+            kv_last_page_len=torch.ones(len(kv_indptr) - 1, dtype=torch.int32),
+            causal=causal,
+            sm_scale=sm_scale,
+            window_left=window_left,
+        )
+
+    def run(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_lse: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        # the rows as pages of one slot, each request's pages its own rows in order
+        indices = torch.arange(k.shape[0], device=k.device)
+        return paged_attention_reference(
+            q,
+            k.unsqueeze(1),
+            v.unsqueeze(1),
+            kv_indices=indices,
+            **self._plan,
+            return_lse=return_lse,
+        )
 
 
 class ReferenceWrappers:
@@ -147,3 +230,11 @@ class ReferenceWrappers:
 
     def decode(self) -> ReferenceDecodeWrapper:
         return ReferenceDecodeWrapper()
+
+    def ragged(self) -> ReferenceRaggedWrapper:
+        return ReferenceRaggedWrapper()
+
+    def merge_state(
+        self, v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return merge_state_reference(v_a, s_a, v_b, s_b)
