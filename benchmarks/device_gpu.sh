@@ -19,8 +19,12 @@
 # split: the prefill split (ragged new tokens + the paged prefix, merged) against one paged pass,
 #   whole forwards of both bench shapes, before and after in one run (benchmarks/gpu/
 #   prefill_split.py -> split-<shape>.json; with --device cpu a tiny model, small lengths).
-# idle: benchmarks/scheduler_idle.py, the share of time a modelled H100 waits for the scheduler.
-# profile: where a decode step's time goes (torch profiler, benchmarks/gpu/profile_decode.py).
+# idle: benchmarks/scheduler_idle.py, the share of time a modelled H100 waits for the scheduler;
+#   then benchmarks/gpu/overlap_launch.py, the same loop over the real model: ms per decode step
+#   with overlap off, launched from the worker thread, or on the stream (overlap-<shape>.json).
+# profile: where a decode step's time goes (torch profiler, benchmarks/gpu/profile_decode.py):
+#   the default step, then with FlashInfer's full plan at each replay, also with the indptrs
+#   built on the device (the step before session 13), and with no CUDA graphs.
 # aot: the kernels the jit stage built, packed into $OUT/flashinfer-aot.tar.xz.NN: carried back
 #   in .jit/, install puts them where FlashInfer loads them without compiling (saves the jit
 #   stage's minutes on the next machine).
@@ -32,8 +36,9 @@
 # bench05, bench8b, multiturn: bench's three parts alone. LIMIT_<stage>=SECONDS caps a stage.
 #
 # Logs and JSON go to $OUT (or ./device_out): run.log (everything), junit.xml, idle.json,
-# split-<shape>.json, throughput-<shape>.json, bench/multiturn.json and .png. A stage that
-# fails is reported and the next one runs; the exit status is that of the first failure.
+# split-<shape>.json, overlap-<shape>.json, throughput-<shape>.json, bench/multiturn.json and
+# .png. A stage that fails is reported and the next one runs; the exit status is that of the
+# first failure.
 set -uo pipefail
 DEVICE=cuda
 STAGES=()
@@ -90,7 +95,8 @@ stage_aot() {  # the kernels this machine built, as FlashInfer's AOT layout, in 
 
 stage_profile() {  # where a decode step's time goes on the device (torch profiler)
   local configs=(bfloat16)
-  ((ON_GPU)) && configs+=(bfloat16+eager)
+  # the baselines of the fast graph plan and of the host-built indptrs, and no graphs at all
+  ((ON_GPU)) && configs+=(bfloat16+fullplan bfloat16+fullplan+devindptr bfloat16+eager)
   $PY benchmarks/gpu/profile_decode.py --device "$DEVICE" --model-dir "$BENCH_DIR/qwen25_05b" \
     --configs "${configs[@]}" --out "$OUT/profile.txt"
 }
@@ -146,23 +152,36 @@ stage_split() {
     --extend 16 --batch 4 --reps 2 --json "$OUT/split-tiny.json"
 }
 
-stage_idle() {
-  local args=(--json "$OUT/idle.json")
+stage_idle() {  # the modelled GPU, then the real model: overlap off, from a thread, on the stream
+  local args=(--json "$OUT/idle.json") status=0
   ((ON_GPU)) || args+=(--steps 20 --batches 1 64)
-  $PY benchmarks/scheduler_idle.py "${args[@]}"
+  $PY benchmarks/scheduler_idle.py "${args[@]}" || status=1
+  local overlap=benchmarks/gpu/overlap_launch.py
+  if ((ON_GPU)); then
+    $PY $overlap --device "$DEVICE" --model-shape qwen25-0.5b --model-dir "$BENCH_DIR/qwen25_05b" \
+      --json "$OUT/overlap-qwen25-0.5b.json" || status=1
+    $PY $overlap --device "$DEVICE" --model-shape llama3-8b --model-dir "$BENCH_DIR/llama3_8b" \
+      --steps 50 --json "$OUT/overlap-llama3-8b.json" || status=1
+  else
+    tiny_model || return 1
+    $PY $overlap --device "$DEVICE" --model-dir "$BENCH_DIR/tiny" --batches 1 8 --context 32 \
+      --warmup 3 --steps 20 --json "$OUT/overlap-tiny.json" || status=1
+  fi
+  return $status
 }
 
 throughput() {  # name shape model_dir extra args...: writes throughput-<name>.json
   local name=$1 shape=$2 dir=$3
   shift 3
   local configs=(bfloat16)
-  ((ON_GPU)) && configs+=(bfloat16+eager)  # CUDA graphs on, then off
+  # CUDA graphs, then none; GPU_BASELINES: more configs (each side holds its own weights)
+  ((ON_GPU)) && configs+=(${GPU_BASELINES:-} bfloat16+eager)
   $PY benchmarks/model_throughput.py --device "$DEVICE" --model-shape "$shape" --model-dir "$dir" \
     --configs "${configs[@]}" --hf-dtypes bfloat16 --json "$OUT/throughput-$name.json" "$@"
 }
 
-stage_bench05() {
-  throughput qwen25-0.5b qwen25-0.5b "$BENCH_DIR/qwen25_05b" --batch-sizes 1 8 64 256 \
+stage_bench05() {  # also the graphs' full plan at each replay: the fast plan's baseline
+  GPU_BASELINES=bfloat16+fullplan throughput qwen25-0.5b qwen25-0.5b "$BENCH_DIR/qwen25_05b" --batch-sizes 1 8 64 256 \
     --prompt-len 1024 --context-len 512 --decode-steps 32 --reps 5
 }
 

@@ -57,6 +57,7 @@ from llama_side import (
 )
 
 from radixserve.config import EngineConfig
+from radixserve.models.attention.flashinfer_backend import FlashInferBackend
 from radixserve.models.decoder import DecoderForCausalLM
 from radixserve.models.forward_batch import ForwardBatch
 from radixserve.models.huge_pages import huge_page_buffer
@@ -111,6 +112,7 @@ def stream_bandwidth(
 
 
 CELL = 22  # characters per table cell: " 1402.3 (1390-1411)"
+OPTIONS = ("int8", "eager", "fullplan", "paged")
 
 
 class OurSide:
@@ -126,9 +128,11 @@ class OurSide:
         torch_linear: bool,
         device: str = "cpu",
     ) -> None:
-        dtype, *options = config.split("+")  # +int8: weight-only int8; +eager: no CUDA graphs
-        if not set(options) <= {"int8", "eager"}:
-            raise ValueError(f"unknown options in {config!r}: +int8 and +eager exist")
+        # +int8: weight-only int8; +eager: no CUDA graphs; on FlashInfer, the baselines of
+        # session 16's changes: +fullplan (a graph replay's full plan), +paged (no prefill split)
+        dtype, *options = config.split("+")
+        if not set(options) <= set(OPTIONS):
+            raise ValueError(f"unknown options in {config!r}: {', '.join(OPTIONS)} exist")
         quantization = "int8" if "int8" in options else None
         cfg = EngineConfig(
             model_path=str(model_dir),
@@ -145,6 +149,12 @@ class OurSide:
         kv = KVManager.build(cfg)  # the pools are the KVManager's; the runner is handed them
         assert kv.kv_cache is not None
         self.runner = ModelRunner(cfg, kv.kv_cache, kv.req_to_token_pool)
+        backend = self.runner.attn_backend
+        if {"fullplan", "paged"} & set(options):
+            if not isinstance(backend, FlashInferBackend):
+                raise ValueError(f"{config!r}: +fullplan and +paged are FlashInfer's options")
+            backend.fast_graph_plan = "fullplan" not in options
+            backend.ragged_prefill = "paged" not in options
         self.ctx = ctx
         self.pool = self.runner.req_to_token_pool
 
@@ -410,7 +420,8 @@ def main() -> None:
         nargs="+",
         default=["bfloat16", "bfloat16+int8", "float32"],
         help="radixserve sides: a dtype, optionally +int8 (weight-only int8) and, on CUDA, +eager "
-        "(no CUDA graphs)",
+        "(no CUDA graphs), +fullplan (FlashInfer's full plan at each graph replay), +paged (no "
+        "prefill split)",
     )
     parser.add_argument(
         "--hf-dtypes",

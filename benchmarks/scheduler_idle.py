@@ -9,8 +9,11 @@ an H100 needs to stream the step's bytes, ``(weight bytes + KV bytes read) / 3 T
 back logits over a small vocabulary (the sampler's work is a GPU's too).
 
 Each row fills a decode batch of ``B`` requests with ``--context`` tokens of prompt each
-(prefill not measured), then times ``--steps`` decode steps at that batch, with the overlap loop
-on and off. ``idle`` is the share of the window's wall time when no forward was running: with
+(prefill not measured), then times ``--steps`` decode steps at that batch, for each variant:
+overlap off; on, with a worker thread that waits for each step (``thread sync``) or only
+launches it (``thread``, the default); on, launched from the scheduler thread itself as on a
+CUDA stream (``stream``, ``--overlap-launch stream``). ``--launch-ms`` is the host's time to
+launch a step (a CUDA graph's replay and its plan), spent holding the GIL. ``idle`` is the share of the window's wall time when no forward was running: with
 overlap off it is the whole CPU time of a step; with overlap on the scheduler prepares step N+1
 while N runs, and only what it cannot hide shows. Target (issue #27): under 5% at B = 64 and
 256 with overlap on, on the Llama-3-8B shape. On the 0.5B shape a step is ~0.33 ms: no Python
@@ -28,6 +31,7 @@ import os
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
@@ -95,10 +99,11 @@ class ModelledRunner:
     does, and :class:`ModelledWorker` sleeps until then where the real one waits for the copy
     of the sampled ids (``_HostCopy.wait``, on the scheduler thread)."""
 
-    def __init__(self, config: EngineConfig, shape: Shape, sync: bool) -> None:
+    def __init__(self, config: EngineConfig, shape: Shape, sync: bool, launch_s: float) -> None:
         self.config = config
         self.shape = shape
         self.sync = sync
+        self.launch_s = launch_s  # the host's work to launch a step, holding the GIL
         self.device = torch.device("cpu")
         self.vocab_size = VOCAB
         self.model_config = argparse.Namespace(eos_token_ids=())
@@ -108,6 +113,9 @@ class ModelledRunner:
         self._logits = torch.randn(4096, VOCAB)
 
     def forward(self, fb: ForwardBatch) -> LogitsOutput:
+        launched = time.perf_counter() + self.launch_s
+        while time.perf_counter() < launched:  # Python launching kernels: the GIL held
+            pass
         start = max(time.perf_counter(), self.free_at)
         self.free_at = start + self.shape.step_seconds(fb)
         self.busy.append((start, self.free_at, fb.is_decode, len(fb.seq_lens_list)))
@@ -129,9 +137,9 @@ class ModelledRunner:
 class ModelledWorker(ModelWorker):
     """The real worker; finishing a batch first waits for its modelled step to end."""
 
-    def __init__(self, runner: ModelledRunner, max_rows: int, overlap: bool) -> None:
+    def __init__(self, runner: ModelledRunner, max_rows: int, overlap: bool, launch: str) -> None:
         # ModelWorker is typed for a ModelRunner; ModelledRunner has the part of one it uses
-        super().__init__(cast(ModelRunner, runner), max_rows, overlap)
+        super().__init__(cast(ModelRunner, runner), max_rows, overlap, launch)
         self.modelled = runner
 
     def _finish(self, batch: ScheduleBatch, launched: Any) -> BatchResult:  # type: ignore[override]
@@ -157,21 +165,93 @@ class Drain:
             self.sock.close(linger=0)
 
 
+def add_decoders(
+    scheduler: Scheduler, batch: int, context: int, new_tokens: int, ids: tuple[int, int]
+) -> None:
+    """``batch`` greedy requests of ``context`` random prompt tokens (ids in ``[ids[0],
+    ids[1])``) that each decode ``new_tokens`` tokens."""
+    gen = torch.Generator().manual_seed(batch)
+    for i in range(batch):
+        prompt = torch.randint(ids[0], ids[1], (context,), generator=gen).tolist()
+        params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+        scheduler.add_request(GenerateRequest(f"r{i}", prompt, params))
+
+
+def drive(scheduler: Scheduler, mark: Callable[[], tuple[float, ...]]) -> list[tuple[float, ...]]:
+    """Run the scheduler process's loop (``SchedulerLoop.run_once``: the zmq poll, a step, the
+    outputs pushed to a socket that a :class:`Drain` empties) until the scheduler has no work;
+    ``mark()`` after each iteration. Shuts the scheduler's worker down."""
+    zctx = zmq.Context()
+    endpoint = f"ipc:///tmp/radixserve-idle-{os.getpid()}"
+    drain = Drain(zctx, endpoint)
+    send, recv = zctx.socket(zmq.PUSH), zctx.socket(zmq.PULL)
+    send.connect(endpoint)
+    recv.bind(f"{endpoint}-in")
+    loop = SchedulerLoop(scheduler, recv, send, ParentWatch(os.getppid()))
+    marks: list[tuple[float, ...]] = []
+    try:
+        while scheduler.has_work:
+            loop.run_once(0)
+            marks.append(mark())
+    finally:
+        scheduler.worker.shutdown()
+        send.close(linger=0)
+        recv.close(linger=0)
+        zctx.term()  # the drain's recv raises ETERM; it closes its own socket
+        drain.thread.join()
+        for path in (endpoint, f"{endpoint}-in"):
+            if os.path.exists(path.removeprefix("ipc://")):
+                os.unlink(path.removeprefix("ipc://"))
+    return marks
+
+
 @dataclass
 class Row:
     shape: str
     batch: int
     overlap: bool
+    launch: str  # where an overlapped step is launched from: the worker thread, or this one
     sync: bool  # the worker thread waits for each step (else only the scheduler's finish does)
+    launch_ms: float  # the modelled host time to launch a step
     modelled_ms: float  # median modelled step of the window
     step_ms: float  # wall time per step over the window
     idle: float  # share of the window's wall time with no step on the modelled GPU
     cpu_ms_per_step: float  # the scheduler thread's CPU time per loop iteration in the window
 
 
+@dataclass(frozen=True)
+class Variant:
+    overlap: bool
+    launch: str = "thread"  # ModelWorker's: "thread" or "stream"
+    sync: bool = False
+
+    @property
+    def label(self) -> str:
+        if not self.overlap:
+            return "off"
+        return f"{self.launch}{' sync' if self.sync else ''}"
+
+
+# overlap off; the worker thread waiting for each step (before session 10); the thread
+# launching only (the CPU's overlap); the scheduler thread launching on the stream (CUDA's)
+VARIANTS = (
+    Variant(False),
+    Variant(True, "thread", sync=True),
+    Variant(True, "thread"),
+    Variant(True, "stream"),
+)
+
+
 def measure(
-    shape: Shape, batch: int, overlap: bool, sync: bool, context: int, steps: int, warmup: int
+    shape: Shape,
+    batch: int,
+    variant: Variant,
+    launch_ms: float,
+    context: int,
+    steps: int,
+    warmup: int,
 ) -> Row:
+    overlap, sync = variant.overlap, variant.sync
     ctx = context + warmup + steps + 8
     config = EngineConfig(
         max_running_requests=batch,
@@ -185,35 +265,11 @@ def measure(
         RadixCache(1),
         None,
     )
-    runner = ModelledRunner(config, shape, sync)
-    worker = ModelledWorker(runner, batch, overlap)
+    runner = ModelledRunner(config, shape, sync, launch_ms / 1e3)
+    worker = ModelledWorker(runner, batch, overlap, variant.launch)
     scheduler = Scheduler(config, kv=kv, worker=worker)
-    gen = torch.Generator().manual_seed(batch)
-    for i in range(batch):
-        prompt = torch.randint(VOCAB, 50_000, (context,), generator=gen).tolist()
-        params = SamplingParams(max_new_tokens=warmup + steps + 4, temperature=0.0, ignore_eos=True)
-        scheduler.add_request(GenerateRequest(f"r{i}", prompt, params))
-    zctx = zmq.Context()
-    endpoint = f"ipc:///tmp/radixserve-idle-{os.getpid()}"
-    drain = Drain(zctx, endpoint)
-    send, recv = zctx.socket(zmq.PUSH), zctx.socket(zmq.PULL)
-    send.connect(endpoint)
-    recv.bind(f"{endpoint}-in")
-    loop = SchedulerLoop(scheduler, recv, send, ParentWatch(os.getppid()))
-    marks: list[tuple[float, float]] = []  # after each loop iteration: wall, this thread's CPU
-    try:
-        while scheduler.has_work:
-            loop.run_once(0)
-            marks.append((time.perf_counter(), time.thread_time()))
-    finally:
-        worker.shutdown()
-        send.close(linger=0)
-        recv.close(linger=0)
-        zctx.term()  # the drain's recv raises ETERM; it closes its own socket
-        drain.thread.join()
-        for path in (endpoint, f"{endpoint}-in"):
-            if os.path.exists(path.removeprefix("ipc://")):
-                os.unlink(path.removeprefix("ipc://"))
+    add_decoders(scheduler, batch, context, warmup + steps + 4, (VOCAB, 50_000))
+    marks = drive(scheduler, lambda: (time.perf_counter(), time.thread_time()))
     full = [b for b in runner.busy if b[2] and b[3] == batch]
     window = full[warmup : warmup + steps]
     if len(window) < steps:
@@ -227,7 +283,9 @@ def measure(
         shape.name,
         batch,
         overlap,
+        variant.launch,
         sync,
+        launch_ms,
         1e3 * modelled,
         1e3 * wall / steps,
         1 - busy / wall,
@@ -242,29 +300,48 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512, help="prompt tokens per request")
     parser.add_argument("--steps", type=int, default=100, help="decode steps timed per row")
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument(
+        "--launch-ms",
+        type=float,
+        nargs="+",
+        default=[0.5],
+        help="the modelled host time to launch a step (a CUDA graph's replay and its plan)",
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=[v.label for v in VARIANTS],
+        choices=[v.label for v in VARIANTS],
+    )
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args()
     rows: list[Row] = []
     print(
-        f"{'shape':12s} {'B':>4s} {'overlap':>7s} {'worker':>7s} {'step (GPU)':>10s}"
+        f"{'shape':12s} {'B':>4s} {'launch':>6s} {'overlap':>12s} {'step (GPU)':>10s}"
         f" {'step (wall)':>11s} {'idle':>6s} {'sched CPU':>9s}   (ms)",
         flush=True,
     )
-    variants = [(False, True), (True, True), (True, False)]  # (overlap, sync)
+    variants = [v for v in VARIANTS if v.label in args.variants]
     for name in args.shapes:
         for batch in args.batches:
-            for overlap, sync in variants:
-                row = measure(
-                    SHAPES[name], batch, overlap, sync, args.context, args.steps, args.warmup
-                )
-                rows.append(row)
-                worker = "-" if not overlap else "sync" if sync else "async"
-                print(
-                    f"{row.shape:12s} {row.batch:4d} {'on' if overlap else 'off':>7s}"
-                    f" {worker:>7s} {row.modelled_ms:10.2f} {row.step_ms:11.2f}"
-                    f" {row.idle:6.1%} {row.cpu_ms_per_step:9.2f}",
-                    flush=True,
-                )
+            for launch_ms in args.launch_ms:
+                for variant in variants:
+                    row = measure(
+                        SHAPES[name],
+                        batch,
+                        variant,
+                        launch_ms,
+                        args.context,
+                        args.steps,
+                        args.warmup,
+                    )
+                    rows.append(row)
+                    print(
+                        f"{row.shape:12s} {row.batch:4d} {launch_ms:6.2f} {variant.label:>12s}"
+                        f" {row.modelled_ms:10.2f} {row.step_ms:11.2f}"
+                        f" {row.idle:6.1%} {row.cpu_ms_per_step:9.2f}",
+                        flush=True,
+                    )
     if args.json:
         report: dict[str, Any] = {
             "hbm_bytes_per_s": HBM_BYTES_PER_S,

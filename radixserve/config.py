@@ -14,6 +14,9 @@ QUANTIZATIONS = ("int8",)
 CPU_ISAS = ("avx2", "avx512", "avx512_bf16", "neon")  # the kernel variants (x86 lowest first)
 KV_TIER_WRITE_POLICIES = ("write_back", "write_through")  # SGLang's --hicache-write-policy
 PREEMPTION_MODES = ("recompute", "swap")  # vLLM V0's --preemption-mode
+# where the overlap loop launches a batch: the worker thread, or the scheduler thread on the
+# device's stream (asynchronous on CUDA only; runtime/model_worker.py)
+OVERLAP_LAUNCHES = ("thread", "stream")
 REASONING_PARSERS = ("qwen3", "deepseek-r1")  # SGLang's and vLLM's --reasoning-parser names
 TOOL_CALL_PARSERS = ("qwen25", "qwen", "llama3", "mistral")  # SGLang's --tool-call-parser names
 
@@ -87,6 +90,7 @@ class EngineConfig:
     # evicted (recompute), or move it to the tier, pinned until it resumes (swap; needs a tier)
     preemption_mode: str = "recompute"
     disable_overlap_schedule: bool = False
+    overlap_launch: str = "thread"  # one of OVERLAP_LAUNCHES
     # CUDA only: decode steps of up to cuda_graph_max_bs rows (None: max_running_requests, at
     # most 256) replayed from CUDA graphs captured at start (runtime/cuda_graph.py)
     disable_cuda_graph: bool = False
@@ -197,6 +201,10 @@ class EngineConfig:
             raise ValueError(
                 f"kv_tier_write_policy must be one of {KV_TIER_WRITE_POLICIES}, "
                 f"got {self.kv_tier_write_policy!r}"
+            )
+        if self.overlap_launch not in OVERLAP_LAUNCHES:
+            raise ValueError(
+                f"overlap_launch must be one of {OVERLAP_LAUNCHES}, got {self.overlap_launch!r}"
             )
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(

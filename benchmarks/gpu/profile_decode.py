@@ -3,13 +3,17 @@
 For each batch size: the wall time of a greedy decode step through ModelRunner (the 0.5B-shaped
 random model, bf16), the host time of the attention metadata (FlashInfer's ``plan``) inside it,
 the device's kernel time per step (torch profiler), and so the share of the step the device
-sits idle waiting for the host; then the profiler's top host and device ops. Written to
+sits idle waiting for the host; then the profiler's top host and device ops. ``--configs``
+compares ways of stepping in one run: ``+eager`` (no CUDA graphs), ``+fullplan`` (FlashInfer's
+full ``plan`` at each replay instead of the fast one), ``+fullplan+devindptr`` (also the
+indptrs built on the device: the step as it was before session 13). Written to
 ``--out`` and printed. On ``--device cpu`` the same measurements (no device column).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +22,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from radixserve.models.attention import flashinfer_backend
+from radixserve.models.attention.flashinfer_backend import PagedKVMetadata
 from radixserve.models.forward_batch import ForwardBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -51,7 +57,42 @@ def kernel_seconds(prof: profile) -> float:
     return sum(getattr(e, "self_device_time_total", 0.0) for e in events) / 1e6
 
 
+def device_indptrs(inner: Callable[..., PagedKVMetadata]) -> Callable[..., PagedKVMetadata]:
+    """``build_paged_kv_metadata`` as it was before session 13: the indptrs and last page lengths
+    on the device, so each FlashInfer ``plan`` copies them back to the host (a sync per plan).
+    Only with ``+fullplan``: the fast plan takes the host indptr as it is."""
+
+    def build(*args: object, **kwargs: object) -> PagedKVMetadata:
+        md = inner(*args, **kwargs)
+        device = md.kv_indices.device
+        return dataclasses.replace(
+            md,
+            qo_indptr=md.qo_indptr.to(device),
+            kv_indptr=md.kv_indptr.to(device),
+            kv_last_page_len=md.kv_last_page_len.to(device),
+        )
+
+    return build
+
+
 def run(args: argparse.Namespace, config: str, bs: int, lines: list[str]) -> None:
+    """One row; ``config`` is model_throughput.py's, and ``+devindptr`` (with ``+fullplan``)
+    the indptrs built on the device, as before session 13."""
+    options = config.split("+")
+    if "devindptr" in options:
+        if "fullplan" not in options:
+            raise ValueError(f"{config!r}: +devindptr needs +fullplan")
+        inner = flashinfer_backend.build_paged_kv_metadata
+        flashinfer_backend.build_paged_kv_metadata = device_indptrs(inner)  # type: ignore[assignment]
+        try:
+            _run(args, "+".join(o for o in options if o != "devindptr"), bs, lines, config)
+        finally:
+            flashinfer_backend.build_paged_kv_metadata = inner  # type: ignore[assignment]
+        return
+    _run(args, config, bs, lines, config)
+
+
+def _run(args: argparse.Namespace, config: str, bs: int, lines: list[str], name: str) -> None:
     side = OurSide(args.model_dir, config, bs, args.ctx + args.steps * 3 + 8, False, args.device)
     spent = timed_metadata(side)
     gen = torch.Generator().manual_seed(bs)
@@ -81,7 +122,7 @@ def run(args: argparse.Namespace, config: str, bs: int, lines: list[str]) -> Non
     busy = kernel_seconds(prof) / args.steps
     idle = f", device busy {busy * 1e3:.3f} ms ({1 - busy / wall:.0%} idle)" if busy else ""
     lines.append(
-        f"{config} b={bs}: {wall * 1e3:.3f} ms a step, attention metadata {meta * 1e3:.3f} ms on the host"
+        f"{name} b={bs}: {wall * 1e3:.3f} ms a step, attention metadata {meta * 1e3:.3f} ms on the host"
         f"{idle}"
     )
     print(lines[-1], flush=True)

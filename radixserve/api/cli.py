@@ -16,6 +16,7 @@ from radixserve.api.cli_access import access_fields, add_access_flags
 from radixserve.api.cli_cache import add_cache_flags, cache_fields
 from radixserve.api.cli_lora import add_lora_flags, lora_fields
 from radixserve.config import (
+    OVERLAP_LAUNCHES,
     PREEMPTION_MODES,
     QUANTIZATIONS,
     REASONING_PARSERS,
@@ -128,6 +129,13 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "--disable-overlap-schedule",
         action="store_true",
         help="do not prepare the next batch while the current one runs",
+    )
+    add(
+        "--overlap-launch",
+        choices=OVERLAP_LAUNCHES,
+        default=_DEFAULTS.overlap_launch,
+        help="with overlap: launch each batch from a worker thread, or from the scheduler thread "
+        "on the device's stream (asynchronous on CUDA only)",
     )
     add(
         "--disable-cuda-graph",
@@ -285,6 +293,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         schedule_policy=args.schedule_policy,
         disable_radix_cache=args.disable_radix_cache,
         disable_overlap_schedule=args.disable_overlap_schedule,
+        overlap_launch=args.overlap_launch,
         disable_cuda_graph=args.disable_cuda_graph,
         cuda_graph_max_bs=args.cuda_graph_max_bs,
         disable_jump_forward=args.disable_jump_forward,

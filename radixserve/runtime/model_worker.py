@@ -1,4 +1,4 @@
-"""ModelWorker: runs a ScheduleBatch (forward + sample), inline or in a worker thread.
+"""ModelWorker: runs a ScheduleBatch (forward + sample), inline or overlapped with scheduling.
 
 The sampled token of each request row is written into ``last_token[row]``; a DECODE batch reads
 its input ids from there when it runs, so batch N+1 can be prepared (and queued behind N in the
@@ -10,6 +10,13 @@ done: the thread takes the next batch while the device still works. :meth:`Model
 (the scheduler thread, when it asks for the result) waits for that copy and turns the tensors
 into a :class:`BatchResult`. So the per-row host work of batch N never stands between the end
 of forward N and the start of forward N+1 (``benchmarks/scheduler_idle.py`` measures the gap).
+
+Where the device runs asynchronously (CUDA), the launch itself returns before the step is done,
+so overlap needs no thread: with ``launch="stream"`` (``--overlap-launch stream``) the
+scheduler thread launches batch N on the device's stream and goes on, as SGLang's overlap loop
+does, with no hand-off between threads and no contention for the GIL. On the CPU a forward is
+computed where it is called, so there only the worker thread (``"thread"``, the default)
+overlaps anything.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Protocol
 
 import torch
 
+from radixserve.config import OVERLAP_LAUNCHES
 from radixserve.runtime.model_runner import ModelRunner
 from radixserve.runtime.sampler import Sampler, SamplerOutput
 from radixserve.runtime.sampling_batch_info import SamplingBatchInfo
@@ -80,14 +88,18 @@ class Worker(Protocol):
 
 
 class ModelWorker:
-    def __init__(self, runner: ModelRunner, max_rows: int, overlap: bool) -> None:
+    def __init__(
+        self, runner: ModelRunner, max_rows: int, overlap: bool, launch: str = "thread"
+    ) -> None:
         self.runner = runner
         self.sampler = Sampler(seed=runner.config.random_seed, device=runner.device)
         self.overlap = overlap
         self.last_token = torch.zeros(max_rows, dtype=torch.int64, device=runner.device)
+        assert launch in OVERLAP_LAUNCHES, launch
+        threaded = overlap and launch == "thread"
         self._executor = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixserve-forward")
-            if overlap
+            if threaded
             else None
         )
 
@@ -104,10 +116,18 @@ class ModelWorker:
         return frozenset(self.runner.model_config.eos_token_ids)
 
     def submit(self, batch: ScheduleBatch) -> Future[BatchResult]:
-        """Queue ``batch`` behind the one running; the scheduler goes on meanwhile."""
-        assert self._executor is not None
+        """Queue ``batch`` behind the one running (in the worker thread, or on the device's
+        stream from this thread); the scheduler goes on meanwhile."""
+        assert self.overlap
         info = self._sampling_info(batch)  # built now: it reads request state on this thread
-        launched = self._executor.submit(self._launch, batch, info)
+        if self._executor is not None:
+            launched = self._executor.submit(self._launch, batch, info)
+        else:  # launched here: the device computes it while this thread goes on
+            launched = Future()
+            try:
+                launched.set_result(self._launch(batch, info))
+            except Exception as exc:  # raised from result(), as the thread's would be
+                launched.set_exception(exc)
         return _Finishing(launched, lambda raw: self._finish(batch, raw))
 
     def run(self, batch: ScheduleBatch) -> BatchResult:

@@ -29,4 +29,6 @@ def build_model_worker(
             ranks.shutdown()
         raise
     overlap = not config.disable_overlap_schedule
-    return kv, ModelWorker(runner, config.max_running_requests, overlap=overlap)
+    return kv, ModelWorker(
+        runner, config.max_running_requests, overlap=overlap, launch=config.overlap_launch
+    )

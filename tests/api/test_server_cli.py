@@ -18,6 +18,7 @@ import pytest
 from serving_harness import Server, free_port, stop_server
 
 from radixserve.api.cli import build_parser, make_server_config
+from radixserve.config import EngineConfig
 from radixserve.runtime.default_model import is_default_model_dir
 
 
@@ -34,6 +35,7 @@ def test_serve_help_lists_design_options() -> None:
         "--page-size",
         "--disable-radix-cache",
         "--disable-overlap-schedule",
+        "--overlap-launch",
         "--disable-cuda-graph",
         "--cuda-graph-max-bs",
         "--enable-priority-scheduling",
@@ -42,6 +44,22 @@ def test_serve_help_lists_design_options() -> None:
         "--device",
     ):
         assert option in help_text, option
+
+
+def test_overlap_launch_reaches_the_engine_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RADIXSERVE_DEFAULT_MODEL_DIR", str(tmp_path / "model"))
+    for argv, launch in (
+        (["serve"], "thread"),
+        (["serve", "--overlap-launch", "stream"], "stream"),
+    ):
+        config = make_server_config(build_parser().parse_args(argv))
+        assert config.engine.overlap_launch == launch
+    with pytest.raises(ValueError, match="overlap_launch must be one of"):
+        EngineConfig(overlap_launch="process")
+    with pytest.raises(SystemExit):  # argparse's choices
+        build_parser().parse_args(["serve", "--overlap-launch", "graph"])
 
 
 def test_bad_model_dir_exits_with_a_message(tmp_path: Path) -> None:

@@ -69,11 +69,18 @@ def test_dry_run_writes_every_file(tmp_path: Path) -> None:
     assert counts["tests"] - counts["skipped"] >= 15, counts  # parity x12, stress, sampling, tier
 
     idle = json.loads((out / "idle.json").read_text())["rows"]
-    assert {(r["batch"], r["overlap"], r["sync"]) for r in idle} >= {
-        (64, False, True),
-        (64, True, False),
+    assert {(r["batch"], r["overlap"], r["launch"], r["sync"]) for r in idle} >= {
+        (64, False, "thread", False),
+        (64, True, "thread", True),
+        (64, True, "thread", False),
+        (64, True, "stream", False),
     }
     assert all(0.0 <= r["idle"] < 1.0 and r["cpu_ms_per_step"] > 0 for r in idle)
+    overlap = json.loads((out / "overlap-tiny.json").read_text())["rows"]
+    assert {(r["batch"], r["overlap"]) for r in overlap} == {
+        (b, o) for b in (1, 8) for o in ("off", "thread", "stream")
+    }
+    assert all(r["step_ms"] > 0 for r in overlap)
 
     rows = json.loads((out / "throughput-tiny.json").read_text())["rows"]
     decode = [r for r in rows if r["row"].startswith("decode")]

@@ -200,6 +200,13 @@ class SpyWrappers(ReferenceWrappers):
         self.calls.append(("merge", {}))
         return super().merge_state(*args)
 
+    def graph_decode(self, buffers: Any, bs: int) -> Any:
+        return self._spy("graph", super().graph_decode(buffers, bs))
+
+    def fast_decode_plan(self, wrapper: Any, *args: Any, **kwargs: Any) -> None:
+        self.calls.append(("fast_plan", kwargs))
+        super().fast_decode_plan(wrapper, *args, **kwargs)
+
 
 @pytest.mark.parametrize(
     ("prefix", "expected"),
@@ -239,6 +246,35 @@ def test_windowed_layers_keep_one_causal_paged_pass() -> None:
     assert len(causal) == 1 and causal[0]["window_left"] == WINDOW - 1
     assert causal[0]["args"][1].tolist() == [0, 7, 18, 27]  # type: ignore[index]
     assert [kind for kind, _ in spy.calls][-1] == "paged.run"  # the layer ran one paged pass
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast_plan", "full_plan"])
+def test_graph_decode_plan_fills_the_graph_buffers(fast: bool) -> None:
+    """A CUDA graph's decode wrappers read their page table from fixed buffers. The first plan
+    of a size is the full one; later ones (``fast_graph_plan``) write the buffers here and call
+    the fast plan, which copies nothing. Either way each step attends as the eager backend does,
+    a shorter batch after a longer one included (stale entries past its end)."""
+    spec = SPECS["gqa2"]  # layer 1 has a window: two wrappers per size share the buffers
+    prefix, extend = _lengths(BATCHES["prefix"], True)
+    s = Setup(spec, prefix, extend, True, torch.float32)
+    spy = SpyWrappers()
+    backend = FlashInferBackend(spec, s.kv, s.pool, wrappers=spy, fast_graph_plan=fast)
+    backend.init_cuda_graphs([1, 3], max_context_len=s.pool.req_to_token.shape[1])
+    native = TorchNativeBackend(spec, s.kv, s.pool)
+    for step, shrink in enumerate((0, 0, 6, 2)):
+        seq = [max(1, n - shrink) for n in s.seq_lens]
+        rows = zip(s.rows, seq, strict=True)
+        slots = torch.stack([s.pool.req_to_token[r, n - 1] for r, n in rows]).long()
+        batch = ForwardBatch.decode([0] * 3, s.rows, seq, slots, "cpu")
+        spy.calls.clear()
+        backend.init_graph_metadata(batch)
+        planned = "fast_plan" if fast and step > 0 else "graph.plan"
+        assert [kind for kind, _ in spy.calls] == [planned] * 2  # one per window
+        native.init_forward_metadata(batch)
+        for layer in range(2):
+            out = backend.forward_decode(s.q, s.k, s.v, layer, batch)
+            ref = native.forward_decode(s.q, s.k, s.v, layer, batch)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -111,10 +111,12 @@ def test_bf16_greedy_matches_hf(
         assert check_forced(torch.stack(seq.logits), hf_logits, f32_logits) >= MIN_MATCH
 
 
-def test_kv_stress_with_overlap(device: str, device_llama_dir: Path) -> None:
+@pytest.mark.parametrize("launch", ["thread", "stream"])
+def test_kv_stress_with_overlap(device: str, device_llama_dir: Path, launch: str) -> None:
     """500 requests through a pool small enough to evict, retract and preempt, some aborted,
-    overlap on: every request ends with its full length (or is aborted), ``check_integrity``
-    holds after every step, and every slot is free or cached at the end."""
+    overlap on (each batch launched from the worker thread, or from the scheduler thread on the
+    device's stream): every request ends with its full length (or is aborted),
+    ``check_integrity`` holds after every step, and every slot is free or cached at the end."""
     requests = make_requests(500)
     config = EngineConfig(
         model_path=str(device_llama_dir),
@@ -127,6 +129,7 @@ def test_kv_stress_with_overlap(device: str, device_llama_dir: Path) -> None:
         schedule_policy="lpm",
         enable_priority_scheduling=True,
         constants=SchedulerConstants(new_token_ratio_decay_steps=40),
+        overlap_launch=launch,
     )
     scheduler = Scheduler(config)
     assert scheduler.worker.overlap
@@ -210,17 +213,20 @@ def test_kv_tier_load_back_on_device(device: str, device_llama_dir: Path) -> Non
             assert lp1 - lp2 < TIE, f"diverged at step {step} with a margin of {lp1 - lp2:.3f}"
 
 
+@pytest.mark.parametrize("fast_plan", [True, False], ids=["fast_plan", "full_plan"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
 def test_cuda_graph_decode_matches_eager(
-    arch: str, device: str, device_model_dirs: dict[str, Path]
+    arch: str, fast_plan: bool, device: str, device_model_dirs: dict[str, Path]
 ) -> None:
     """A decode step replayed from a CUDA graph gives the eager step's logits, at captured and
     padded sizes, a smaller batch after a larger one (stale graph inputs must not leak), on
     FlashInfer's CUDA-core decode (llama: groups of 4), its tensor-core decode (qwen3: groups
-    of 3) and a sliding window (mistral)."""
+    of 3) and a sliding window (mistral); each replay planned through FlashInfer's
+    ``fast_decode_plan`` (the default) or its full ``plan``."""
     if not device.startswith("cuda"):
         pytest.skip("CUDA graphs need a CUDA GPU (--device cpu: there are none to replay)")
     runner = make_runner(device_model_dirs[arch], dtype="bfloat16", device=device)
+    runner.attn_backend.fast_graph_plan = fast_plan  # type: ignore[attr-defined]
     graphs = runner.graphs
     assert graphs is not None and graphs.sizes == [1, 2, 4, 8, 16]
     driver = Driver(runner)

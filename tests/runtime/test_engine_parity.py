@@ -80,9 +80,9 @@ def test_multi_turn_conversation_reuses_the_previous_turn(engine_model_dir, hf_g
         engine.check_integrity()
 
 
-@pytest.mark.parametrize("disable_overlap", [True, False])
+@pytest.mark.parametrize("overlap", ["off", "thread", "stream"])
 def test_lpm_defers_requests_whose_prefix_an_admitted_one_computes(
-    engine_model_dir, hf_greedy, disable_overlap
+    engine_model_dir, hf_greedy, overlap
 ) -> None:
     """A group sharing a system prompt arrives at once: LPM runs one request first and the rest
     reuse its prompt (FCFS, which has no in-batch check, computes the prompt for each)."""
@@ -96,7 +96,8 @@ def test_lpm_defers_requests_whose_prefix_an_admitted_one_computes(
             str(engine_model_dir),
             dtype="float32",
             schedule_policy=policy,
-            disable_overlap_schedule=disable_overlap,
+            disable_overlap_schedule=overlap == "off",
+            overlap_launch="thread" if overlap == "off" else overlap,
             max_total_tokens=4096,
         ) as engine:
             outs = engine.generate(input_ids=prompts, sampling_params=params)

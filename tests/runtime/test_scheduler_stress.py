@@ -56,8 +56,10 @@ def run(scheduler: Scheduler, requests, arrivals_per_step: int, check: bool) -> 
     return results
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_stress_small_pool(engine_model_dir, overlap: bool) -> None:
+@pytest.mark.parametrize("overlap", ["off", "thread", "stream"])
+def test_stress_small_pool(engine_model_dir, overlap: str) -> None:
+    """Every KV path under pressure; with overlap launched from the worker thread or from the
+    scheduler thread (``--overlap-launch stream``: on the CPU the same results, serialized)."""
     requests = make_requests(500)
     base = dict(model_path=str(engine_model_dir), dtype="float32", random_seed=0)
     reference = Scheduler(
@@ -75,7 +77,8 @@ def test_stress_small_pool(engine_model_dir, overlap: bool) -> None:
         chunked_prefill_size=32,
         schedule_policy="lpm",
         enable_priority_scheduling=True,
-        disable_overlap_schedule=not overlap,
+        disable_overlap_schedule=overlap == "off",
+        overlap_launch="thread" if overlap == "off" else overlap,
         # a fast-decaying new_token_ratio over-admits sooner, so decode runs out and retracts
         constants=SchedulerConstants(new_token_ratio_decay_steps=40),
     )

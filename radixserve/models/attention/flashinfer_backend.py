@@ -91,6 +91,10 @@ class WrapperFactory(Protocol):
         self, v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
+    def graph_decode(self, buffers: GraphBuffers, bs: int) -> Any: ...
+
+    def fast_decode_plan(self, wrapper: Any, *args: Any, **kwargs: Any) -> None: ...
+
 
 class FlashInferWrappers:
     """Real FlashInfer wrappers sharing one workspace buffer."""
@@ -99,6 +103,7 @@ class FlashInferWrappers:
         import flashinfer  # optional extra [gpu]
 
         self._flashinfer = flashinfer
+        self._fast_decode_plan = getattr(flashinfer.decode, "fast_decode_plan", None)
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         # the CUDA-core decode kernels cover group sizes 1/2/4/8; tensor cores handle any
         self.use_tensor_cores = spec.group_size not in (1, 2, 4, 8)
@@ -125,6 +130,18 @@ class FlashInferWrappers:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         merged: tuple[torch.Tensor, torch.Tensor] = self._flashinfer.merge_state(v_a, s_a, v_b, s_b)
         return merged
+
+    def fast_decode_plan(
+        self, wrapper: Any, indptr: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> None:
+        """FlashInfer's ``fast_decode_plan`` (SGLang's, upstreamed): a graph wrapper's ``plan``
+        that copies nothing into its buffers (the caller wrote them) and takes the host indptr
+        as it is. The full ``plan`` of a tensor-core wrapper also takes Python's ``max`` over
+        the KV lengths, a host tensor: one comparison op per request, every step."""
+        if self._fast_decode_plan is None:  # an older FlashInfer: the full plan
+            wrapper.plan(indptr, *args, **kwargs)
+            return
+        self._fast_decode_plan(wrapper, indptr, *args, global_override_indptr_cpu=indptr, **kwargs)
 
     def graph_decode(self, buffers: GraphBuffers, bs: int) -> Any:
         """A decode wrapper a CUDA graph of batch size ``bs`` captures: its page table lives in
@@ -164,7 +181,8 @@ class FlashInferBackend:
     with ``ragged_prefill``, also one ragged wrapper for the full-attention layers' extends
     (their paged prefill wrapper then covers the cached prefix only). With
     :meth:`init_cuda_graphs`, also one decode wrapper per window and captured batch size,
-    planned by :meth:`init_graph_metadata` before each replay.
+    planned by :meth:`init_graph_metadata` before each replay (with ``fast_graph_plan``, after
+    the first, through FlashInfer's ``fast_decode_plan``).
     """
 
     def __init__(
@@ -174,6 +192,7 @@ class FlashInferBackend:
         req_to_token_pool: ReqToTokenPool,
         wrappers: WrapperFactory | None = None,
         ragged_prefill: bool = True,
+        fast_graph_plan: bool = True,
     ) -> None:
         self.spec = spec
         self.kv_cache = kv_cache
@@ -183,16 +202,22 @@ class FlashInferBackend:
         windows = set(spec.sliding_windows)
         self._prefill = {w: factory.prefill() for w in windows}
         self._decode = {w: factory.decode() for w in windows}
-        self._ragged = factory.ragged() if ragged_prefill and None in windows else None
+        self._ragged = factory.ragged() if None in windows else None
+        self.ragged_prefill = ragged_prefill
         self._graph_decode: dict[int, dict[int | None, Any]] = {}  # batch size -> per window
+        self._graph_buffers: GraphBuffers | None = None
+        self._graph_planned: set[int] = set()  # sizes planned in full once (at capture)
+        # after that, a replay's plan writes the graph buffers itself and calls the fast plan
+        self.fast_graph_plan = fast_graph_plan
         self._active = self._decode  # the wrappers the last plan was for
         self._split = False  # the last plan: full-attention extends run ragged (+ prefix)
         self._has_prefix = False  # ... and some request of it has a cached prefix
 
     def init_cuda_graphs(self, batch_sizes: list[int], max_context_len: int) -> None:
-        """Decode wrappers for CUDA graphs of each of ``batch_sizes`` (FlashInfer only)."""
-        assert isinstance(self._factory, FlashInferWrappers), "CUDA graphs need FlashInfer"
+        """Decode wrappers for CUDA graphs of each of ``batch_sizes``, their page tables in one
+        set of :class:`GraphBuffers` (every window reads the same table)."""
         buffers = GraphBuffers.allocate(max(batch_sizes), max_context_len, self.kv_cache.device)
+        self._graph_buffers = buffers
         self._graph_decode = {
             bs: {w: self._factory.graph_decode(buffers, bs) for w in self._decode}
             for bs in batch_sizes
@@ -206,8 +231,33 @@ class FlashInferBackend:
 
     def init_graph_metadata(self, batch: ForwardBatch) -> None:
         """Plan the graph wrappers of ``batch``'s (captured) size: a decode batch whose tensors
-        are the graph's own inputs."""
-        self._plan(batch, self._graph_decode[batch.batch_size])
+        are the graph's own inputs. The first plan of a size is FlashInfer's full ``plan``
+        (it resolves the kernel module); later ones, with ``fast_graph_plan``, write the page
+        table into the graph buffers here and call the fast plan."""
+        bs = batch.batch_size
+        wrappers = self._graph_decode[bs]
+        if not self.fast_graph_plan or bs not in self._graph_planned:
+            self._plan(batch, wrappers)
+            self._graph_planned.add(bs)
+            return
+        buffers = self._graph_buffers
+        assert buffers is not None
+        md = build_paged_kv_metadata(
+            self.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.seq_lens_list, None
+        )
+        indices = buffers.kv_indices[: md.kv_indices.shape[0]]
+        indices.copy_(md.kv_indices, non_blocking=True)
+        indptr = buffers.kv_indptr[: bs + 1]
+        indptr.copy_(
+            md.kv_indptr.pin_memory() if indptr.is_cuda else md.kv_indptr, non_blocking=True
+        )
+        spec = self.spec
+        heads = (spec.num_heads, spec.num_kv_heads, spec.head_dim, 1)  # page size 1
+        for w, wrapper in wrappers.items():
+            self._factory.fast_decode_plan(
+                wrapper, md.kv_indptr, indices, md.kv_last_page_len, *heads, **self._common(w)
+            )
+        self._active = wrappers
 
     def _common(self, window: int | None) -> dict[str, Any]:
         """The keywords every ``plan`` of a layer with ``window`` takes."""
@@ -257,7 +307,7 @@ class FlashInferBackend:
                 )
 
     def _plan_extend(self, batch: ForwardBatch) -> None:
-        self._split = self._ragged is not None
+        self._split = self.ragged_prefill and self._ragged is not None
         self._has_prefix = any(batch.extend_prefix_lens_list)
         if not self._split:
             self._plan(batch, self._prefill)

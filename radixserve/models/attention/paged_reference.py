@@ -178,6 +178,47 @@ class ReferenceDecodeWrapper:
         return paged_attention_reference(q, *paged_kv_cache, **self._plan, return_lse=return_lse)
 
 
+class ReferenceGraphDecodeWrapper:
+    """FlashInfer's decode wrapper in CUDA-graph mode: its page table lives in fixed buffers the
+    caller hands it, and ``run`` reads them there. ``plan`` copies the table into them (as
+    FlashInfer's does); :meth:`ReferenceWrappers.fast_decode_plan` copies nothing (the caller
+    wrote them)."""
+
+    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, last: torch.Tensor) -> None:
+        self.buffers = (indptr, indices, last)
+        self._plan: dict[str, Any] = {}
+
+    def plan(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        last_page_len: torch.Tensor,
+        *heads: int,
+        **kwargs: Any,
+    ) -> None:
+        for buf, src in zip(self.buffers, (indptr, indices, last_page_len), strict=True):
+            buf[: len(src)].copy_(src)
+        self.plan_only(**kwargs)
+
+    def plan_only(self, sm_scale: float | None = None, window_left: int = -1, **_: Any) -> None:
+        self._plan = dict(sm_scale=sm_scale, window_left=window_left)
+
+    def run(
+        self, q: torch.Tensor, paged_kv_cache: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        indptr, indices, last = self.buffers
+        return paged_attention_reference(  # type: ignore[return-value]
+            q,
+            *paged_kv_cache,
+            qo_indptr=torch.arange(len(indptr)),
+            kv_indptr=indptr.cpu(),
+            kv_indices=indices,
+            kv_last_page_len=last.cpu(),
+            causal=False,
+            **self._plan,
+        )
+
+
 class ReferenceRaggedWrapper:
     """``plan(qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim, causal=...,
     sm_scale=..., window_left=...)`` then ``run(q, k, v, return_lse=...)``: request ``b``'s keys
@@ -233,6 +274,17 @@ class ReferenceWrappers:
 
     def ragged(self) -> ReferenceRaggedWrapper:
         return ReferenceRaggedWrapper()
+
+    def graph_decode(self, buffers: Any, bs: int) -> ReferenceGraphDecodeWrapper:
+        """A graph-mode decode wrapper over ``buffers`` (``GraphBuffers``) for ``bs`` rows."""
+        return ReferenceGraphDecodeWrapper(
+            buffers.kv_indptr[: bs + 1], buffers.kv_indices, buffers.kv_last_page_len[:bs]
+        )
+
+    def fast_decode_plan(
+        self, wrapper: ReferenceGraphDecodeWrapper, *args: Any, **kwargs: Any
+    ) -> None:
+        wrapper.plan_only(**kwargs)
 
     def merge_state(
         self, v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor
