@@ -270,6 +270,8 @@ def test_graph_decode_plan_fills_the_graph_buffers(fast: bool) -> None:
         backend.init_graph_metadata(batch)
         planned = "fast_plan" if fast and step > 0 else "graph.plan"
         assert [kind for kind, _ in spy.calls] == [planned] * 2  # one per window
+        if planned == "fast_plan":  # what FlashInfer's full plan would have set
+            assert all(kw["max_kv_len"] == max(seq) for _, kw in spy.calls)
         native.init_forward_metadata(batch)
         for layer in range(2):
             out = backend.forward_decode(s.q, s.k, s.v, layer, batch)

@@ -93,7 +93,9 @@ class WrapperFactory(Protocol):
 
     def graph_decode(self, buffers: GraphBuffers, bs: int) -> Any: ...
 
-    def fast_decode_plan(self, wrapper: Any, *args: Any, **kwargs: Any) -> None: ...
+    def fast_decode_plan(
+        self, wrapper: Any, indptr: torch.Tensor, *args: Any, max_kv_len: int, **kwargs: Any
+    ) -> None: ...
 
 
 class FlashInferWrappers:
@@ -132,16 +134,20 @@ class FlashInferWrappers:
         return merged
 
     def fast_decode_plan(
-        self, wrapper: Any, indptr: torch.Tensor, *args: Any, **kwargs: Any
+        self, wrapper: Any, indptr: torch.Tensor, *args: Any, max_kv_len: int, **kwargs: Any
     ) -> None:
         """FlashInfer's ``fast_decode_plan`` (SGLang's, upstreamed): a graph wrapper's ``plan``
         that copies nothing into its buffers (the caller wrote them) and takes the host indptr
         as it is. The full ``plan`` of a tensor-core wrapper also takes Python's ``max`` over
-        the KV lengths, a host tensor: one comparison op per request, every step."""
+        the KV lengths, a host tensor: one comparison op per request, every step; the fast one
+        leaves the wrapper's ``_max_kv_len`` as it was, so it is set here from the caller's
+        lists (``run`` hands it to some kernels)."""
         if self._fast_decode_plan is None:  # an older FlashInfer: the full plan
             wrapper.plan(indptr, *args, **kwargs)
             return
         self._fast_decode_plan(wrapper, indptr, *args, global_override_indptr_cpu=indptr, **kwargs)
+        if getattr(wrapper, "_max_kv_len", None) is not None:
+            wrapper._max_kv_len = max_kv_len
 
     def graph_decode(self, buffers: GraphBuffers, bs: int) -> Any:
         """A decode wrapper a CUDA graph of batch size ``bs`` captures: its page table lives in
@@ -255,7 +261,13 @@ class FlashInferBackend:
         heads = (spec.num_heads, spec.num_kv_heads, spec.head_dim, 1)  # page size 1
         for w, wrapper in wrappers.items():
             self._factory.fast_decode_plan(
-                wrapper, md.kv_indptr, indices, md.kv_last_page_len, *heads, **self._common(w)
+                wrapper,
+                md.kv_indptr,
+                indices,
+                md.kv_last_page_len,
+                *heads,
+                max_kv_len=max(batch.seq_lens_list),
+                **self._common(w),
             )
         self._active = wrappers
 

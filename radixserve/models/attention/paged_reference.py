@@ -282,7 +282,12 @@ class ReferenceWrappers:
         )
 
     def fast_decode_plan(
-        self, wrapper: ReferenceGraphDecodeWrapper, *args: Any, **kwargs: Any
+        self,
+        wrapper: ReferenceGraphDecodeWrapper,
+        indptr: torch.Tensor,
+        *args: Any,
+        max_kv_len: int,
+        **kwargs: Any,
     ) -> None:
         wrapper.plan_only(**kwargs)
 
