@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 
 import pytest
 
@@ -100,3 +101,26 @@ def test_stress_small_pool(engine_model_dir, overlap: str) -> None:
     assert (
         stats["num_free_tokens"] + stats["num_cached_tokens_in_tree"] == stats["max_total_tokens"]
     )
+
+
+@pytest.mark.parametrize("launch", [None, "thread", "stream"])
+def test_where_an_overlapped_batch_is_launched(engine_model_dir, launch: str | None) -> None:
+    """``--overlap-launch``: the worker thread (the default, DESIGN.md section 7 on the CPU), or
+    the scheduler thread itself (``stream``)."""
+    options = {} if launch is None else {"overlap_launch": launch}
+    config = EngineConfig(model_path=str(engine_model_dir), dtype="float32", **options)
+    scheduler = Scheduler(config)
+    runner = scheduler.worker.runner  # type: ignore[attr-defined]
+    forward, on_main = runner.forward, set()
+
+    def recorded(batch):
+        on_main.add(threading.current_thread() is threading.main_thread())
+        return forward(batch)
+
+    runner.forward = recorded
+    params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    scheduler.add_request(GenerateRequest("r", list(range(10, 30)), params))
+    while scheduler.has_work:
+        scheduler.step()
+    scheduler.shutdown()
+    assert scheduler.worker.overlap and on_main == {launch == "stream"}
