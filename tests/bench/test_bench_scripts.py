@@ -157,7 +157,11 @@ EXPECTED: dict[str, list[str]] = {
         r"^after\s+int32\s+[\d,]+",
         r"^KV events on / off, int32 keys: [\d.]+x",
     ],
-    "scheduler_idle.py": [r"sched CPU", r"^qwen25-0\.5b\s+1\s+on\s+async\s+\d"],
+    "scheduler_idle.py": [
+        r"sched CPU",
+        r"^qwen25-0\.5b\s+1\s+0\.50\s+thread\s+\d",
+        r"\s+stream\s+\d",
+    ],
     "scheduler_overhead.py": [r"^\s*current: step\s+[\d.]+ ms .* overlap step\s+[\d.]+ ms"],
     "shared_prefix.py": [r"^radixserve\s+\d", r"^hit rate radixserve: "],
     "sim_speed.py": [r"^20 requests, ", r"^sim fcfs\s+\d"],
