@@ -97,12 +97,24 @@ def merge_state_reference(
     return merged.to(v_a.dtype), s_max + torch.log2(total)
 
 
-class ReferencePrefillWrapper:
-    """``plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads,
-    head_dim, page_size, causal=..., sm_scale=..., window_left=...)`` then ``run(q, (k, v))``."""
+class _PagedRun:
+    """``run(q, (k, v), return_lse=...)`` over the page table and options ``plan`` kept."""
 
     def __init__(self) -> None:
         self._plan: dict[str, Any] = {}
+
+    def run(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: tuple[torch.Tensor, torch.Tensor],
+        return_lse: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return paged_attention_reference(q, *paged_kv_cache, **self._plan, return_lse=return_lse)
+
+
+class ReferencePrefillWrapper(_PagedRun):
+    """``plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads,
+    head_dim, page_size, causal=..., sm_scale=..., window_left=...)`` then ``run(q, (k, v))``."""
 
     def plan(
         self,
@@ -129,21 +141,10 @@ class ReferencePrefillWrapper:
             window_left=window_left,
         )
 
-    def run(
-        self,
-        q: torch.Tensor,
-        paged_kv_cache: tuple[torch.Tensor, torch.Tensor],
-        return_lse: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return paged_attention_reference(q, *paged_kv_cache, **self._plan, return_lse=return_lse)
 
-
-class ReferenceDecodeWrapper:
+class ReferenceDecodeWrapper(_PagedRun):
     """``plan(kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads, head_dim,
     page_size, sm_scale=..., window_left=...)`` then ``run(q, (k, v))`` with one query per request."""
-
-    def __init__(self) -> None:
-        self._plan: dict[str, Any] = {}
 
     def plan(
         self,
@@ -168,14 +169,6 @@ class ReferenceDecodeWrapper:
             sm_scale=sm_scale,
             window_left=window_left,
         )
-
-    def run(
-        self,
-        q: torch.Tensor,
-        paged_kv_cache: tuple[torch.Tensor, torch.Tensor],
-        return_lse: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return paged_attention_reference(q, *paged_kv_cache, **self._plan, return_lse=return_lse)
 
 
 class ReferenceGraphDecodeWrapper:
@@ -222,10 +215,11 @@ class ReferenceGraphDecodeWrapper:
 class ReferenceRaggedWrapper:
     """``plan(qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim, causal=...,
     sm_scale=..., window_left=...)`` then ``run(q, k, v, return_lse=...)``: request ``b``'s keys
-    are rows ``kv_indptr[b]:[b+1]`` of ``k`` / ``v`` themselves, not a page table."""
+    are rows ``kv_indptr[b]:[b+1]`` of ``k`` / ``v`` themselves, not a page table, which is the
+    paged contract with a page per row, each request's pages its own rows in order."""
 
     def __init__(self) -> None:
-        self._plan: dict[str, Any] = {}
+        self._paged = ReferencePrefillWrapper()
 
     def plan(
         self,
@@ -234,33 +228,17 @@ class ReferenceRaggedWrapper:
         num_qo_heads: int,
         num_kv_heads: int,
         head_dim_qk: int,
-        causal: bool = False,
-        sm_scale: float | None = None,
-        window_left: int = -1,
-        **_: Any,
+        **kwargs: Any,
     ) -> None:
-        self._plan = dict(
-            qo_indptr=qo_indptr,
-            kv_indptr=kv_indptr,
-            kv_last_page_len=torch.ones(len(kv_indptr) - 1, dtype=torch.int32),
-            causal=causal,
-            sm_scale=sm_scale,
-            window_left=window_left,
-        )
+        rows = torch.arange(int(kv_indptr[-1]))
+        ones = torch.ones(len(kv_indptr) - 1, dtype=torch.int32)
+        heads = (num_qo_heads, num_kv_heads, head_dim_qk, 1)
+        self._paged.plan(qo_indptr, kv_indptr, rows, ones, *heads, **kwargs)
 
     def run(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_lse: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        # the rows as pages of one slot, each request's pages its own rows in order
-        indices = torch.arange(k.shape[0], device=k.device)
-        return paged_attention_reference(
-            q,
-            k.unsqueeze(1),
-            v.unsqueeze(1),
-            kv_indices=indices,
-            **self._plan,
-            return_lse=return_lse,
-        )
+        return self._paged.run(q, (k.unsqueeze(1), v.unsqueeze(1)), return_lse=return_lse)
 
 
 class ReferenceWrappers:
