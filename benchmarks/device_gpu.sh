@@ -3,7 +3,7 @@
 # (see benchmarks/README.md, "The CUDA path"):
 #
 #   bash benchmarks/device_gpu.sh                  # all: install info jit tests split idle bench
-#   bash benchmarks/device_gpu.sh bench            # the benchmarks only: install info jit split bench
+#   bash benchmarks/device_gpu.sh bench            # benchmarks only: install info jit split bench
 #   bash benchmarks/device_gpu.sh --device cpu     # the dry run here: the same stages and files
 #   bash benchmarks/device_gpu.sh tests idle       # any stages, in the order given
 #
@@ -181,8 +181,8 @@ throughput() {  # name shape model_dir extra args...: writes throughput-<name>.j
 }
 
 stage_bench05() {  # also the graphs' full plan at each replay: the fast plan's baseline
-  GPU_BASELINES=bfloat16+fullplan throughput qwen25-0.5b qwen25-0.5b "$BENCH_DIR/qwen25_05b" --batch-sizes 1 8 64 256 \
-    --prompt-len 1024 --context-len 512 --decode-steps 32 --reps 5
+  GPU_BASELINES=bfloat16+fullplan throughput qwen25-0.5b qwen25-0.5b "$BENCH_DIR/qwen25_05b" \
+    --batch-sizes 1 8 64 256 --prompt-len 1024 --context-len 512 --decode-steps 32 --reps 5
 }
 
 stage_bench8b() {
