@@ -77,6 +77,15 @@ def synchronize() -> None:
 SHAPE_WRITERS = {"qwen25-0.5b": write_qwen25_05b_shaped, "llama3-8b": write_llama3_8b_shaped}
 
 
+def ensure_shaped_model(model_dir: Path, shape: str, device: str) -> None:
+    """Write the ``shape``-shaped random model to ``model_dir`` unless one is there (built on
+    ``device`` when it is CUDA, which is faster)."""
+    if (model_dir / "config.json").is_file():
+        return
+    print(f"writing the {shape}-shaped random model to {model_dir} ...", flush=True)
+    SHAPE_WRITERS[shape](model_dir, init_device=device if device.startswith("cuda") else "cpu")
+
+
 def median_time(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
     for _ in range(warmup):
         fn()
@@ -480,10 +489,7 @@ def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # stream each row
     if args.threads:
         torch.set_num_threads(args.threads)
-    if not (args.model_dir / "config.json").is_file():
-        print(f"writing the {args.model_shape}-shaped random model to {args.model_dir} ...")
-        init = args.device if args.device.startswith("cuda") else "cpu"
-        SHAPE_WRITERS[args.model_shape](args.model_dir, init_device=init)
+    ensure_shaped_model(args.model_dir, args.model_shape, args.device)
     if args.device.startswith("cuda"):
         bw = stream_bandwidth(args.bandwidth_mib << 20, device=args.device)
         assert bw is not None  # only huge pages can be refused

@@ -27,7 +27,7 @@ from radixserve.runtime.model_worker import ModelWorker
 from radixserve.runtime.scheduler import Scheduler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from model_throughput import SHAPE_WRITERS  # noqa: E402
+from model_throughput import SHAPE_WRITERS, ensure_shaped_model  # noqa: E402
 from scheduler_idle import add_decoders, drive  # noqa: E402
 
 VARIANTS = {"off": (False, "thread"), "thread": (True, "thread"), "stream": (True, "stream")}
@@ -60,9 +60,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    if not (args.model_dir / "config.json").is_file():
-        init = "cuda" if args.device.startswith("cuda") else "cpu"
-        SHAPE_WRITERS[args.model_shape](args.model_dir, init_device=init)
+    ensure_shaped_model(args.model_dir, args.model_shape, args.device)
     max_bs = max(args.batches)
     ctx = args.context + args.warmup + args.steps + 8
     config = EngineConfig(

@@ -31,7 +31,7 @@ from radixserve.models.attention.paged_reference import ReferenceWrappers
 from radixserve.models.forward_batch import ForwardBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from model_throughput import SHAPE_WRITERS, OurSide, synchronize  # noqa: E402
+from model_throughput import SHAPE_WRITERS, OurSide, ensure_shaped_model, synchronize  # noqa: E402
 
 Case = tuple[str, list[int], list[int]]  # name, prefix lengths, extend lengths
 
@@ -111,10 +111,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", help="of the weights and the KV cache")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    if not (args.model_dir / "config.json").is_file():
-        print(f"writing the {args.model_shape}-shaped random model to {args.model_dir} ...")
-        init = "cuda" if args.device.startswith("cuda") else "cpu"
-        SHAPE_WRITERS[args.model_shape](args.model_dir, init_device=init)
+    ensure_shaped_model(args.model_dir, args.model_shape, args.device)
     rows = run(args)
     if args.json:
         args.json.write_text(json.dumps({"device": args.device, "rows": rows}, indent=1))

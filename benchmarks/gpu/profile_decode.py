@@ -27,7 +27,7 @@ from radixserve.models.attention.flashinfer_backend import PagedKVMetadata
 from radixserve.models.forward_batch import ForwardBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from model_throughput import SHAPE_WRITERS, OurSide, synchronize  # noqa: E402
+from model_throughput import SHAPE_WRITERS, OurSide, ensure_shaped_model, synchronize  # noqa: E402
 
 
 def timed_metadata(side: OurSide) -> list[float]:
@@ -150,9 +150,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    if not (args.model_dir / "config.json").is_file():
-        init = args.device if args.device.startswith("cuda") else "cpu"
-        SHAPE_WRITERS[args.model_shape](args.model_dir, init_device=init)
+    ensure_shaped_model(args.model_dir, args.model_shape, args.device)
     lines: list[str] = []
     for config in args.configs:
         for bs in args.batches:

@@ -105,7 +105,6 @@ class FlashInferWrappers:
         import flashinfer  # optional extra [gpu]
 
         self._flashinfer = flashinfer
-        self._fast_decode_plan = getattr(flashinfer.decode, "fast_decode_plan", None)
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         # the CUDA-core decode kernels cover group sizes 1/2/4/8; tensor cores handle any
         self.use_tensor_cores = spec.group_size not in (1, 2, 4, 8)
@@ -142,10 +141,8 @@ class FlashInferWrappers:
         the KV lengths, a host tensor: one comparison op per request, every step; the fast one
         leaves the wrapper's ``_max_kv_len`` as it was, so it is set here from the caller's
         lists (``run`` hands it to some kernels)."""
-        if self._fast_decode_plan is None:  # an older FlashInfer: the full plan
-            wrapper.plan(indptr, *args, **kwargs)
-            return
-        self._fast_decode_plan(wrapper, indptr, *args, global_override_indptr_cpu=indptr, **kwargs)
+        fast_plan = self._flashinfer.decode.fast_decode_plan  # in the pinned 0.6.18
+        fast_plan(wrapper, indptr, *args, global_override_indptr_cpu=indptr, **kwargs)
         if getattr(wrapper, "_max_kv_len", None) is not None:
             wrapper._max_kv_len = max_kv_len
 
@@ -259,6 +256,7 @@ class FlashInferBackend:
         )
         spec = self.spec
         heads = (spec.num_heads, spec.num_kv_heads, spec.head_dim, 1)  # page size 1
+        max_kv_len = max(batch.seq_lens_list)
         for w, wrapper in wrappers.items():
             self._factory.fast_decode_plan(
                 wrapper,
@@ -266,7 +264,7 @@ class FlashInferBackend:
                 indices,
                 md.kv_last_page_len,
                 *heads,
-                max_kv_len=max(batch.seq_lens_list),
+                max_kv_len=max_kv_len,
                 **self._common(w),
             )
         self._active = wrappers

@@ -171,15 +171,15 @@ class ReferenceDecodeWrapper(_PagedRun):
         )
 
 
-class ReferenceGraphDecodeWrapper:
+class ReferenceGraphDecodeWrapper(_PagedRun):
     """FlashInfer's decode wrapper in CUDA-graph mode: its page table lives in fixed buffers the
     caller hands it, and ``run`` reads them there. ``plan`` copies the table into them (as
     FlashInfer's does); :meth:`ReferenceWrappers.fast_decode_plan` copies nothing (the caller
     wrote them)."""
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, last: torch.Tensor) -> None:
+        super().__init__()
         self.buffers = (indptr, indices, last)
-        self._plan: dict[str, Any] = {}
 
     def plan(
         self,
@@ -194,21 +194,16 @@ class ReferenceGraphDecodeWrapper:
         self.plan_only(**kwargs)
 
     def plan_only(self, sm_scale: float | None = None, window_left: int = -1, **_: Any) -> None:
-        self._plan = dict(sm_scale=sm_scale, window_left=window_left)
-
-    def run(
-        self, q: torch.Tensor, paged_kv_cache: tuple[torch.Tensor, torch.Tensor]
-    ) -> torch.Tensor:
+        """The options alone; the page table is whatever the buffers hold when ``run`` reads."""
         indptr, indices, last = self.buffers
-        return paged_attention_reference(  # type: ignore[return-value]
-            q,
-            *paged_kv_cache,
+        self._plan = dict(
             qo_indptr=torch.arange(len(indptr)),
-            kv_indptr=indptr.cpu(),
+            kv_indptr=indptr,
             kv_indices=indices,
-            kv_last_page_len=last.cpu(),
+            kv_last_page_len=last,
             causal=False,
-            **self._plan,
+            sm_scale=sm_scale,
+            window_left=window_left,
         )
 
 
