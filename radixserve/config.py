@@ -271,10 +271,13 @@ class ServerConfig:
     default_max_new_tokens: int = 128  # /generate without max_new_tokens (SGLang's default)
     # limits on one HTTP request (bad or hostile input is refused before it costs anything)
     max_request_bytes: int = 4 << 20  # body size; 413 past it
-    # open HTTP connections (None: the descriptor limit less a reserve) and how long a new one
-    # may take to send a request head (api/connections.py)
+    # open HTTP connections (None: the descriptor limit less a reserve), how long a new one
+    # may take to send a request head, how long a body may take after its head and the rate it
+    # must keep up once the header timeout has passed (bytes/s, 0: none) (api/connections.py)
     max_connections: int | None = None
     request_header_timeout_s: float = 10.0
+    request_body_timeout_s: float = 30.0
+    min_request_body_rate: float = 500.0
     max_batch_sub_requests: int = 1024  # prompts x n of one request; 400 past it
     max_stop_strings: int = 256  # OpenAI allows 4; SGLang users send more; 400 past it
     disable_docs: bool = False  # no /docs, /redoc, /openapi.json
@@ -299,6 +302,10 @@ class ServerConfig:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.request_header_timeout_s <= 0:
             raise ValueError("request_header_timeout_s must be > 0")
+        if self.request_body_timeout_s <= 0:
+            raise ValueError("request_body_timeout_s must be > 0")
+        if self.min_request_body_rate < 0:
+            raise ValueError("min_request_body_rate must be >= 0")
         for name in ("max_request_bytes", "max_batch_sub_requests", "max_stop_strings"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

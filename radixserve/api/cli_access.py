@@ -59,6 +59,20 @@ def add_access_flags(serve: argparse.ArgumentParser) -> None:
         default=_DEFAULTS.request_header_timeout_s,
         help="seconds a new connection may take to send a whole request head before it is closed",
     )
+    add(
+        "--request-body-timeout",
+        type=float,
+        default=_DEFAULTS.request_body_timeout_s,
+        help="seconds a request body may take to arrive after its head; past it the connection "
+        "is answered 408 and closed",
+    )
+    add(
+        "--min-request-body-rate",
+        type=float,
+        default=_DEFAULTS.min_request_body_rate,
+        help="bytes/s a request body must average once --request-header-timeout has passed "
+        "since its head, or the connection is answered 408 and closed (0: no minimum)",
+    )
 
 
 def access_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -70,6 +84,8 @@ def access_fields(args: argparse.Namespace) -> dict[str, Any]:
         "tenant_header": args.tenant_header,
         "max_connections": args.max_connections,
         "request_header_timeout_s": args.request_header_timeout,
+        "request_body_timeout_s": args.request_body_timeout,
+        "min_request_body_rate": args.min_request_body_rate,
     }
 
 

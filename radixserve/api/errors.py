@@ -6,6 +6,8 @@ Status codes:
   prompts longer than the context (FastAPI's 422 validation errors are answered as 400 here);
 - 401 ``invalid_api_key``: a missing or wrong ``Authorization: Bearer`` key;
 - 413 ``request_too_large``: a body over ``--max-request-bytes`` (``radixserve.api.guard``);
+- 408 ``request_timeout``: a request body slower than ``--request-body-timeout`` or
+  ``--min-request-body-rate`` (``radixserve.api.connections``; the connection closes);
 - 404 ``model_not_found``: a ``model`` the server does not serve. DESIGN.md section 8 lists
   unknown model names under 400; we answer 404 as OpenAI and vLLM do, so the official clients
   raise ``NotFoundError`` as they would against those;

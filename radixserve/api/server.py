@@ -68,7 +68,12 @@ def launch_server(config: ServerConfig) -> int:
         metrics = ServingMetrics(config.model_name)
         tm = TokenizerManager(config, endpoints, info, children=children, observer=metrics)
         app = create_app(tm, config, metrics)
-        limits = ConnectionLimits.default(config.max_connections, config.request_header_timeout_s)
+        limits = ConnectionLimits.default(
+            config.max_connections,
+            config.request_header_timeout_s,
+            config.request_body_timeout_s,
+            config.min_request_body_rate,
+        )
         server = uvicorn.Server(
             uvicorn.Config(
                 app,

@@ -1,5 +1,5 @@
-"""Issue #28, item 3: connections that send nothing cannot lock the server out. The server runs
-under a descriptor limit of 512 (so its connection cap is 256, its backlog 128); the test holds 2,000 idle
+"""Connections that send nothing cannot lock the server out. The server runs under a
+descriptor limit of 512 (so its connection cap is 256, its backlog 128); the test holds 2,000 idle
 connections (more than the limit) and /health and a completion still answer at once, the log
 stays small, and a slow request head is cut at the header timeout."""
 
@@ -58,16 +58,23 @@ def _open_idle(port: int, n: int) -> list[socket.socket]:
     return socks
 
 
+def _health_s(url: str, n: int = 5) -> list[float]:
+    latencies = []
+    for _ in range(n):
+        start = time.perf_counter()
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+        latencies.append(time.perf_counter() - start)
+    return latencies
+
+
 def test_idle_connections_do_not_lock_the_server_out(limited_server) -> None:
     url, port, log = limited_server
+    baseline = statistics.median(_health_s(url))  # this machine's pace right now
     socks = _open_idle(port, IDLE)
     try:
-        latencies = []
-        for _ in range(5):
-            start = time.perf_counter()
-            assert httpx.get(f"{url}/health", timeout=5).status_code == 200
-            latencies.append(time.perf_counter() - start)
-        assert statistics.median(latencies) < 0.1, latencies
+        # out of descriptors, asyncio stops accepting for a second at a time: /health takes seconds
+        latencies = _health_s(url)
+        assert statistics.median(latencies) < max(0.5, 5 * baseline), (baseline, latencies)
         body = {"prompt": "hello", "max_tokens": 4, "temperature": 0}
         assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200
     finally:
