@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from radixserve.config import KV_TIER_WRITE_POLICIES, EngineConfig
+from radixserve.memory_pool.tier_dir import TierUnavailable, check_tier_dir
 from radixserve.units import parse_size
 
 _DEFAULTS = EngineConfig()
@@ -49,10 +50,21 @@ def add_cache_flags(serve: argparse.ArgumentParser) -> None:
 
 
 def cache_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The fields; ``ValueError`` (a config error: one line) for a ``--kv-tier-path`` that
+    cannot hold a tier or that another server holds, before any model is loaded."""
     return dict(
         enable_hierarchical_cache=args.enable_hierarchical_cache,
-        kv_tier_path=args.kv_tier_path,
+        kv_tier_path=_usable_tier_path(args.kv_tier_path),
         kv_tier_bytes=args.kv_tier_size,
         kv_tier_write_policy=args.kv_tier_write_policy,
         kv_events_config=args.kv_events_config,
     )
+
+
+def _usable_tier_path(path: str | None) -> str | None:
+    if path is not None:
+        try:
+            check_tier_dir(path)
+        except TierUnavailable as exc:
+            raise ValueError(f"--kv-tier-path {exc.path}: {exc.reason}") from None
+    return path

@@ -7,10 +7,12 @@ with tier copies, parents first, as its parent's position, its tokens, its tier 
 extra key. ``restore_index`` hangs them in a fresh tree as tier-only nodes (their slots held
 again) and deletes the file: from then on the tier is written again, so an index on disk would
 go stale (``FileKVTier.write`` deletes it too). A crash therefore loses the index, never serves
-wrong KV. The tier's header (``tier.json``: model, dtype, page size, shape) decides whether the
-bytes are the same model's at all; the index is read only for a tier reopened under a matching
-header, and an entry is restored only if every page of it still has the checksum it was written
-with (``FileKVTier.corrupt_pages``), and its parent is restored.
+wrong KV. The tier's header (``tier.json``: format, model, dtype, page size, shape, tier id)
+decides whether the bytes are the same model's at all; the index is read only for a tier
+reopened under a matching header, and only if it names the same tier id. An entry is restored
+only if its parent is, and every page of it passes the checksum it was written with for the
+tokens the index gives it and those above it (``FileKVTier.corrupt_pages``): bytes changed,
+tokens or parents changed in the index, or pages another tier wrote are all caught there.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import zipfile
 import numpy as np
 import torch
 
-from radixserve.memory_pool.kv_tier import INDEX, FileKVTier
+from radixserve.memory_pool.kv_tier import INDEX, FileKVTier, SequenceHash
 from radixserve.radix.tiered_cache import TieredRadixCache
 from radixserve.radix.tree_node import TreeNode
 
@@ -31,9 +33,10 @@ logger = logging.getLogger(__name__)
 
 
 def save_index(tree: TieredRadixCache) -> int:
-    """Write the index of ``tree``'s file tier; returns the nodes written (0: not a file tier)."""
+    """Write the index of ``tree``'s file tier; returns the nodes written (0: not a file tier,
+    or one closed: its directory may be another owner's now)."""
     tier = tree.tier
-    if not isinstance(tier, FileKVTier):
+    if not isinstance(tier, FileKVTier) or tier.closed:
         return 0
     tree.write_back_all()
     parents: list[int] = []
@@ -62,6 +65,7 @@ def save_index(tree: TieredRadixCache) -> int:
             keys=np.frombuffer(b"".join(keys), dtype=np.int32),
             slots=torch.cat(slots).numpy() if slots else np.zeros(0, np.int64),
             extra=np.asarray(json.dumps(extra)),
+            tier_id=np.asarray(tier.tier_id.hex()),
         )
         f.flush()
         os.fsync(f.fileno())
@@ -83,6 +87,8 @@ def restore_index(tree: TieredRadixCache) -> int:
             parents, key_lens = data["parents"], data["key_lens"]
             keys, slots = data["keys"], torch.from_numpy(data["slots"].copy())
             extra = json.loads(str(data["extra"]))
+            if str(data["tier_id"]) != tier.tier_id.hex():
+                raise ValueError("the index of another tier")
         restored = _restore(tree, parents, key_lens, keys, slots, extra)
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
         logger.warning("KV tier %s: index unreadable (%s); starting empty", tier.path, e)
@@ -133,7 +139,7 @@ def _restore(
             raise ValueError("index entries overlap")  # two would be one node of the tree
         children.add(child)
         off += n
-    keep = _intact_entries(tree, parents, key_lens, slots)
+    keep = _intact_entries(tree, parents, key_lens, keys, slots, extra)
     kept_tokens = np.repeat(keep, key_lens)
     tree.tier.claim(slots[torch.from_numpy(kept_tokens)])
     nodes: dict[int, TreeNode] = {}
@@ -148,15 +154,29 @@ def _restore(
 
 
 def _intact_entries(
-    tree: TieredRadixCache, parents: np.ndarray, key_lens: np.ndarray, slots: torch.Tensor
+    tree: TieredRadixCache,
+    parents: np.ndarray,
+    key_lens: np.ndarray,
+    keys: np.ndarray,
+    slots: torch.Tensor,
+    extra: list[str | None],
 ) -> np.ndarray:
-    """Which index entries to restore: those whose every page still has the checksum it was
-    written with, under a parent that is restored (a prefix without its parent is no prefix).
-    The others' slots stay free: a request that needs them computes them again."""
+    """Which index entries to restore: those whose every page passes the checksum it was
+    written with for the tokens the index puts on its path, under a parent that is restored
+    (a prefix without its parent is no prefix). The others' slots stay free: a request that
+    needs them computes them again."""
     tier = tree.tier
     assert isinstance(tier, FileKVTier)
     ps = tree.page_size
-    bad_pages = tier.corrupt_pages(slots).numpy()
+    after: list[SequenceHash] = []  # per entry: the hash of its path's tokens, through its own
+    page_keys: list[np.ndarray] = []
+    ends = np.cumsum(key_lens)
+    for i, parent in enumerate(parents.tolist()):
+        seq = tier.sequence_hash(extra[i]) if parent < 0 else after[parent].copy()
+        page_keys.append(seq.page_keys(keys[ends[i] - key_lens[i] : ends[i]].tobytes(), ps))
+        after.append(seq)
+    all_keys = np.concatenate(page_keys) if page_keys else np.zeros(0, np.uint64)
+    bad_pages = tier.corrupt_pages(slots, all_keys).numpy()
     entry_of_page = np.repeat(np.arange(len(parents)), key_lens // ps)
     bad = np.zeros(len(parents), dtype=bool)
     bad[entry_of_page[bad_pages]] = True

@@ -31,6 +31,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from radixserve.memory_pool.kv_cache import KVCache
@@ -137,13 +138,16 @@ class TieredRadixCache(RadixCache):
 
     def first_corrupt(self, node: TreeNode) -> TreeNode | None:
         """The first node (top down) of the tier part of the path ending at ``node`` whose
-        copy no longer has the checksums it was written with (a file tier's pages; a tier
-        without checksums has none), or None: checked right before a load-back."""
-        corrupt_pages = getattr(self.tier, "corrupt_pages", None)
-        if corrupt_pages is None:
+        copy fails the checksums it was written with for the tokens on its path (a file tier's
+        pages; a tier without checksums has none), or None: checked right before a load-back."""
+        path = self._tier_path(node)
+        seq = self.tier.sequence_hash(node.extra_key) if path else None
+        if seq is None:
             return None
-        for n in self._tier_path(node):
-            if bool(corrupt_pages(n.tier_value).any()):
+        seq.update(self._tokens_above(path[0]))
+        for n in path:
+            keys = seq.page_keys(n.key_bytes, self.page_size)
+            if bool(self.tier.corrupt_pages(n.tier_value, keys).any()):  # type: ignore[arg-type]
                 return n
         return None
 
@@ -288,7 +292,7 @@ class TieredRadixCache(RadixCache):
             return False
         if self.tier.available_size() < need:
             self._evict_tier(need - self.tier.available_size())
-        tier_slots = self.tier.write(self.kv, node.value)
+        tier_slots = self.tier.write(self.kv, node.value, self._page_keys(node))
         if tier_slots is None:
             return False
         node.tier_value = tier_slots
@@ -297,6 +301,24 @@ class TieredRadixCache(RadixCache):
         if self.events is not None:
             self.events.stored(node, self._tier_medium)
         return True
+
+    def _page_keys(self, node: TreeNode) -> np.ndarray | None:
+        """What each page of ``node`` holds, for a tier with checksums: the keys of its pages
+        after every token above it (``KVTier.sequence_hash``)."""
+        seq = self.tier.sequence_hash(node.extra_key)
+        if seq is None:
+            return None
+        seq.update(self._tokens_above(node))
+        return seq.page_keys(node.key_bytes, self.page_size)
+
+    def _tokens_above(self, node: TreeNode) -> bytes:
+        """The tokens of the path from the root down to ``node``'s parent, as int32 bytes."""
+        parts = []
+        n = node.parent
+        while n is not None and n is not self._root:
+            parts.append(n.key_bytes)
+            n = n.parent
+        return b"".join(parts[::-1])
 
     def _evict_tier(self, num_tokens: int) -> None:
         """Forget tier copies with no copy below them, least recently used first, until

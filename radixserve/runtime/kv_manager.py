@@ -211,9 +211,19 @@ class KVManager:
         return int(freed.shape[0])
 
     def save_tier(self) -> int:
-        """Write the file tier's index (at shutdown and when idle); nodes written."""
+        """Write the file tier's index (when idle); nodes written."""
         tree = self.tiered
         return save_index(tree) if tree is not None else 0
+
+    def close_tier(self) -> int:
+        """At shutdown: write the file tier's index, then let its directory go (the next
+        server may open it); nodes written."""
+        tree = self.tiered
+        try:
+            return self.save_tier()
+        finally:
+            if tree is not None:
+                tree.tier.close()
 
     def flush(self) -> bool:
         """Empty the tree (only when no request holds a row)."""

@@ -2,8 +2,9 @@
 
 ``--disable-radix-cache``: the null cache. Otherwise a :class:`RadixCache`, or with a KV tier
 (``--enable-hierarchical-cache``: host memory; ``--kv-tier-path DIR``: a memory-mapped file) a
-:class:`TieredRadixCache`. A file tier reopened under the same model, dtype, page size and size
-gets its index back (``radix.tier_index``): the first request after a restart hits it. With
+:class:`TieredRadixCache`. A file tier holds its directory's lock from here until the scheduler
+shuts down (``KVManager.close_tier``); one reopened under the same model, dtype, page size and
+size gets its index back (``radix.tier_index``): the first request after a restart hits it. With
 ``--kv-events-config`` the tree records its KV events (``radix.kv_events``).
 """
 

@@ -392,7 +392,7 @@ class Scheduler:
     def shutdown(self) -> None:
         try:  # a file tier's index, with nothing in flight: a restarted server hits it
             self.sync()
-            self.kv.save_tier()
+            self.kv.close_tier()
         except Exception:
             logger.exception("the KV tier's index was not saved")
         self.worker.shutdown()

@@ -14,9 +14,11 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from serving_harness import start_server, stop_server
+from serving_harness import free_port, start_server, stop_server
 
 from radixserve.api.cli import build_parser, make_server_config
+
+pytestmark = pytest.mark.timeout(240)
 
 PROMPT = [(7 * i + 3) % 900 + 5 for i in range(80)]
 OTHER = [(11 * i + 5) % 900 + 5 for i in range(80)]  # another first token: a node of its own
@@ -129,3 +131,20 @@ def test_swap_without_a_tier_exits_with_a_message(api_model_dir: Path) -> None:
 def test_a_bad_tier_size_is_refused_by_the_parser(api_model_dir: Path) -> None:
     proc = serve_and_exit(api_model_dir, "--kv-tier-size", "lots")
     assert proc.returncode == 2 and "not a size" in proc.stderr
+
+
+def test_an_unusable_tier_path_exits_with_one_line(api_model_dir: Path, tmp_path: Path) -> None:
+    """A path that cannot hold a tier (a file here; a path under /proc below) is a config
+    error: one line naming the path and why, no traceback."""
+    path = tmp_path / "a-file"
+    path.write_text("not a directory")
+    proc = serve_and_exit(api_model_dir, "--kv-tier-path", str(path), "--port", str(free_port()))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith(f"radixserve serve: --kv-tier-path {path}: "), lines[0]
+    proc_path = "/proc/radixserve-kv-tier"
+    args = build_parser().parse_args(
+        ["serve", "--model", str(api_model_dir), "--kv-tier-path", proc_path]
+    )
+    with pytest.raises(ValueError, match=f"--kv-tier-path {proc_path}: "):
+        make_server_config(args)

@@ -9,18 +9,25 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serving_harness import Server, model_name, start_server, stop_server
+from serving_harness import Server, free_port, model_name, start_server, stop_server
+from test_kv_tier_server import serve_and_exit
 from test_server_native import metric
+
+pytestmark = pytest.mark.timeout(180)
 
 POOL = 160
 GREEDY = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def tier_server(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("kv-tier-server")
+def tier_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("kv-tier-server") / "tier"
+
+
+@pytest.fixture(scope="module")
+def tier_server(api_model_dir: Path, tier_dir: Path) -> Iterator[Server]:
     args = ["--model", str(api_model_dir), "--max-total-tokens", str(POOL)]
-    srv = start_server([*args, "--kv-tier-path", str(tmp / "tier")], tmp / "server.log")
+    srv = start_server([*args, "--kv-tier-path", str(tier_dir)], tier_dir.parent / "server.log")
     try:
         yield srv
     finally:
@@ -68,6 +75,20 @@ def test_split_usage_and_metrics(tier_server: Server) -> None:
         assert metric(text, f"radixserve:{name}") == info[key], name
     assert info["kv_tier_loaded_tokens"] >= 2 * (len(a) - 1)
     assert info["kv_tier_capacity_tokens"] >= 2 * POOL
+
+
+def test_a_second_server_on_the_directory_is_refused(
+    tier_server: Server, api_model_dir: Path, tier_dir: Path
+) -> None:
+    """Two servers on one tier directory would serve each other's KV: the second exits with
+    one line naming the directory and the process that holds it."""
+    flags = ("--kv-tier-path", str(tier_dir), "--port", str(free_port()))
+    proc = serve_and_exit(api_model_dir, *flags)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert f"--kv-tier-path {tier_dir}: another process (pid " in lines[0], lines[0]
+    with tier_server.client() as c:  # the first one serves on
+        assert c.get("/health").status_code == 200
 
 
 def test_no_tier_metrics_without_a_tier(client: httpx.Client) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,9 +13,20 @@ import torch
 
 from radixserve.memory_pool.allocator import TokenToKVPoolAllocator
 from radixserve.memory_pool.kv_cache import KVCache
-from radixserve.memory_pool.kv_tier import INDEX, STORAGE, TierLayout, file_tier, host_tier
+from radixserve.memory_pool.kv_tier import (
+    CHECKSUMS,
+    HEADER,
+    INDEX,
+    STORAGE,
+    KVTier,
+    TierLayout,
+    file_tier,
+    host_tier,
+)
 from radixserve.radix.tier_index import restore_index, save_index
 from radixserve.radix.tiered_cache import TieredRadixCache
+
+pytestmark = pytest.mark.timeout(60)
 
 
 def _pool(dtype: torch.dtype = torch.float32, num_slots: int = 64) -> KVCache:
@@ -28,6 +41,14 @@ def _pool(dtype: torch.dtype = torch.float32, num_slots: int = 64) -> KVCache:
 
 def _kv_at(kv: KVCache, slots: torch.Tensor) -> list[torch.Tensor]:
     return [t[slots].clone() for layer in range(kv.num_layers) for t in kv.get_kv(layer)]
+
+
+def _page_keys(tier: KVTier, tokens: range) -> np.ndarray | None:
+    """The keys of the pages that hold ``tokens`` at the start of a sequence (a file tier)."""
+    seq = tier.sequence_hash(None)
+    if seq is None:
+        return None
+    return seq.page_keys(np.asarray(tokens, np.int32).tobytes(), tier.layout.page_size)
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -62,7 +83,7 @@ def test_a_file_tier_survives_a_restart_and_refuses_another_layout(tmp_path: Pat
     tier, reopened = file_tier(tmp_path, layout, num_tokens=32, model_key="tiny@abc")
     assert not reopened
     src = torch.arange(4, 12)
-    held = tier.write(kv, src)
+    held = tier.write(kv, src, _page_keys(tier, range(8)))
     assert held is not None
     expected = _kv_at(kv, src)
     tier.flush()
@@ -78,13 +99,14 @@ def test_a_file_tier_survives_a_restart_and_refuses_another_layout(tmp_path: Pat
         torch.equal(a, b)
         for a, b in zip(_kv_at(fresh, torch.arange(20, 28)), expected, strict=True)
     )
-    other = again.write(kv, torch.arange(0, 4))
+    other = again.write(kv, torch.arange(0, 4), _page_keys(again, range(4)))
     assert other is not None and not set(other.tolist()) & set(held.tolist())
     del again
 
     for key, size in (("other-model", 32), ("tiny@abc", 64)):
         tier, reopened = file_tier(tmp_path, layout, num_tokens=size, model_key=key)
         assert not reopened and tier.used_size() == 0
+        tier.close()
     bf16 = TierLayout.of(_pool(torch.bfloat16), page_size=4)
     assert not file_tier(tmp_path, bf16, num_tokens=64, model_key="tiny@abc")[1]
 
@@ -165,7 +187,7 @@ def test_the_index_brings_the_tier_tree_back_after_a_restart(tmp_path: Path, ps:
     new.check()
     # a write after the restore takes none of the restored slots
     held = set(new.tree.all_tier_values().tolist())
-    slots = new.tier.write(new.kv, torch.arange(ps, 3 * ps))
+    slots = new.tier.write(new.kv, torch.arange(ps, 3 * ps), _page_keys(new.tier, range(2 * ps)))
     assert slots is not None and not set(slots.tolist()) & held
 
 
@@ -184,7 +206,6 @@ def test_a_changed_page_drops_its_node_and_what_hangs_under_it(tmp_path: Path, p
     first_page = int(a_node.tier_value[0])  # type: ignore[index]
     del old
     new = Server(tmp_path, ps, fresh=True)
-    assert new.tier.corrupt_pages(torch.arange(ps, 4 * ps)).sum() == 0  # clean so far
     new.tier.storage[1, 1, first_page, 0, 0] += 1.0  # one value of one page of node a
     assert restore_index(new.tree) == len(c)  # a is dropped, and b under it
     assert new.tier.num_corrupt_pages == 1 and new.tier.used_size() == len(c)
@@ -296,3 +317,80 @@ def test_a_missing_or_short_storage_file_is_not_reopened(
     assert not (tmp_path / INDEX).exists()
     assert restore_index(new.tree) == 0 and new.tree.match_prefix([1, 2, 3, 4]).cached_len == 0
     new.check()
+
+
+# ---- one owner per directory, and checksums bound to what the index says a page holds -------
+
+
+def test_a_second_tier_on_one_directory_is_refused(tmp_path: Path) -> None:
+    """Two servers on one directory would serve each other's KV: the second is refused with
+    the directory named; once the first lets it go, the lock file left behind blocks nobody."""
+    layout = TierLayout.of(_pool(), page_size=4)
+    first, _ = file_tier(tmp_path, layout, num_tokens=32, model_key="tiny@abc")
+    with pytest.raises(ValueError, match=f"{tmp_path}: another .* holds it"):
+        file_tier(tmp_path, layout, num_tokens=32, model_key="tiny@abc")
+    first.close()
+    again, _ = file_tier(tmp_path, layout, num_tokens=32, model_key="tiny@abc")
+    again.close()
+
+
+def test_kv_copied_from_another_run_restores_nothing(tmp_path: Path) -> None:
+    """``kv.bin`` and ``checksums.bin`` of another run (same model and shapes, other prompts)
+    copied over a directory with an index: every page it names fails its checksum."""
+    ps = 4
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    a, _, c = _keys(ps)
+    for path, keys in ((mine, (a, c)), (theirs, ([k + 500 for k in a], [k + 600 for k in c]))):
+        old = Server(path, ps)
+        for key in keys:
+            old.cache(key)
+        assert save_index(old.tree) == 2
+        del old
+    for name in (STORAGE, CHECKSUMS):
+        shutil.copy(theirs / name, mine / name)
+    new = Server(mine, ps, fresh=True)
+    assert new.reopened and restore_index(new.tree) == 0
+    assert new.tier.num_corrupt_pages == (len(a) + len(c)) // ps
+    assert new.tier.used_size() == 0 and new.tree.match_prefix(a).cached_len == 0
+    new.check()
+
+
+def test_a_page_whose_tokens_were_changed_in_the_index_is_refused(tmp_path: Path) -> None:
+    """The index says a page holds other tokens than it was written for: that node is not
+    restored (nor what hangs under it), the others are, with their exact K/V."""
+    ps = 4
+    old = Server(tmp_path, ps)
+    a, ab, c = _keys(ps)
+    old.cache(ab)
+    want_c = old.cache(c)
+    old.tree.match_prefix(a)  # splits ab: a -> b
+    assert save_index(old.tree) == 3
+    del old
+    with np.load(tmp_path / INDEX) as data:
+        keys = data["keys"].copy()
+    keys[keys == a[-1]] = 999  # one token of a's last page
+    _rewrite_index(tmp_path / INDEX, keys=keys)
+    new = Server(tmp_path, ps, fresh=True)
+    assert restore_index(new.tree) == len(c)
+    assert new.tier.num_corrupt_pages == 3  # a's last page, and b's two: their prefix changed
+    assert new.tree.match_prefix(a[:-1] + [999]).cached_len == 0
+    assert _same(new.load(c), want_c)
+    new.check()
+
+
+def test_an_old_format_tier_is_discarded_with_a_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = Server(tmp_path, 4)
+    old.cache([1, 2, 3, 4])
+    assert save_index(old.tree) == 1
+    del old
+    header = json.loads((tmp_path / HEADER).read_text())
+    for newer in ("version", "tier_id"):
+        header.pop(newer, None)
+    (tmp_path / HEADER).write_text(json.dumps(header))
+    with caplog.at_level(logging.INFO, logger="radixserve.memory_pool.kv_tier"):
+        new = Server(tmp_path, 4, fresh=True)
+    assert not new.reopened and not (tmp_path / INDEX).exists()
+    assert [r.getMessage() for r in caplog.records if "older format" in r.getMessage()]
+    assert restore_index(new.tree) == 0 and new.tier.used_size() == 0

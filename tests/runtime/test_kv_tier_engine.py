@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 from pathlib import Path
 
 import pytest
 
 from radixserve import Engine
+
+pytestmark = pytest.mark.timeout(180)
 
 MAX_NEW = 8
 GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0.0, "ignore_eos": True}
@@ -92,6 +95,26 @@ def test_a_restarted_engine_hits_its_file_tier(engine_model_dir, hf_greedy, tmp_
     assert first["output_ids"] == hf_greedy(batch[0], MAX_NEW)
     assert first["meta_info"]["cached_tokens"] >= 56  # all but the last page-ish of the prompt
     assert stats["num_cached_prompt_tokens_tier"] == first["meta_info"]["cached_tokens"]
+
+
+def test_kv_copied_from_another_run_is_never_served(engine_model_dir, hf_greedy, tmp_path) -> None:
+    """``kv.bin`` and ``checksums.bin`` of another run (the same model and shapes, other
+    prompts) copied over a tier with an index: none of it is served, the outputs are the
+    no-tier outputs. While that engine runs, a second one on its directory is refused."""
+    mine, theirs = prompts(5, n=2), prompts(6, n=2)
+    config = dict(dtype="float32", max_total_tokens=256, kv_tier_write_policy="write_through")
+    for name, batch in (("mine", mine), ("theirs", theirs)):
+        with Engine(str(engine_model_dir), kv_tier_path=str(tmp_path / name), **config) as engine:
+            engine.generate(input_ids=batch, sampling_params=GREEDY)
+    for name in ("kv.bin", "checksums.bin"):
+        shutil.copy(tmp_path / "theirs" / name, tmp_path / "mine" / name)
+    with Engine(str(engine_model_dir), kv_tier_path=str(tmp_path / "mine"), **config) as engine:
+        outs = engine.generate(input_ids=mine, sampling_params=GREEDY)
+        assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 0]
+        assert [o["output_ids"] for o in outs] == [hf_greedy(p, MAX_NEW) for p in mine]
+        assert engine.get_stats()["kv_tier_corrupt_pages"] > 0
+        with pytest.raises(ValueError, match=f"{tmp_path / 'mine'}: another KV tier"):
+            Engine(str(engine_model_dir), kv_tier_path=str(tmp_path / "mine"), **config)
 
 
 def test_a_copy_corrupted_while_running_is_recomputed(
