@@ -20,6 +20,7 @@ from typing import Any
 import zmq
 
 from radixserve.config import EngineConfig
+from radixserve.memory_pool.tier_dir import TierUnavailable
 from radixserve.radix.tree_summary import HEAD_TOKENS, summarize_tree
 from radixserve.runtime.io_struct import GenerateRequest, QueueFull
 from radixserve.runtime.scheduler import Scheduler
@@ -241,6 +242,9 @@ def run_scheduler_process(
         assert config.model_path is not None
         tokenizer = AutoTokenizer.from_pretrained(config.model_path)
         scheduler = Scheduler(config, tokenizer=tokenizer)
+    except TierUnavailable as exc:  # a directory taken or unusable: a line, not a traceback
+        ready.send(str(exc))
+        exit_process(1)
     except Exception:
         ready.send(f"the scheduler could not load the model:\n{traceback.format_exc()}")
         raise
