@@ -265,6 +265,10 @@ class ServerConfig:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     chat_template: str | None = None  # the template's text (the CLI reads --chat-template FILE)
+    # chat prompts: special-token text in a request's messages and tools becomes the special
+    # token, as transformers renders it (False: it is tokenized as plain text; see
+    # server/content_guard.py)
+    allow_special_tokens_in_content: bool = False
     is_default_model: bool = False
     log_level: str = "info"
     startup_timeout_s: float = 600.0  # loading the model in the scheduler process

