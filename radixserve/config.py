@@ -258,6 +258,9 @@ class ServerConfig:
     # shared_prefix_cache; admin_api_keys may use /cache_tree, /dashboard, /flush_cache
     tenant_keys: tuple[tuple[str, str], ...] = ()
     admin_api_keys: tuple[str, ...] = ()
+    # the key a --dp-size launcher gives its gateway to reach the workers (api/tenants.py): no
+    # operator, so what the gateway serves without a key (smg's /engine_metrics) shows nothing
+    gateway_api_keys: tuple[str, ...] = ()
     shared_prefix_cache: bool = False
     # a request header a trusted gateway sets to the tenant (e.g. x-tenant-id); None: keys only
     tenant_header: str | None = None
@@ -295,8 +298,12 @@ class ServerConfig:
             raise ValueError(f"port must be in [0, 65536), got {self.port}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must be non-empty when given")
-        if any(not key for _, key in self.tenant_keys) or any(not k for k in self.admin_api_keys):
+        keys = (*(k for _, k in self.tenant_keys), *self.admin_api_keys, *self.gateway_api_keys)
+        if not all(keys):
             raise ValueError("API keys must be non-empty")
+        reserved = {"admin", "gateway"} & {tenant for tenant, _ in self.tenant_keys}
+        if reserved:
+            raise ValueError(f"the tenant name {reserved.pop()!r} is reserved; name it otherwise")
         if self.api_key is not None and not self.tenant_keys:
             object.__setattr__(self, "tenant_keys", (("default", self.api_key),))
         elif self.api_key is None and (self.tenant_keys or self.admin_api_keys):

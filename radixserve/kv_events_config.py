@@ -1,7 +1,8 @@
 """``--kv-events-config``: SGLang's JSON for the KV event publisher (``KVEventsConfig``).
 
 ``{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}`` turns
-publishing on (``radix.kv_events`` for the events, ``server.kv_event_publisher`` for the
+publishing on (``{"publisher": "zmq"}`` alone binds loopback's port 5557: the events carry the
+token ids of every cached prompt, so they are an operator's feed) (``radix.kv_events`` for the events, ``server.kv_event_publisher`` for the
 socket); ``"publisher": "null"`` (the default) keeps it off. The fields and defaults are
 SGLang 0.5.23's; its ``format`` is accepted as ``"default"`` or ``"dynamo"``, and both publish
 namespaced hashes here (see ``radix.kv_events``).
@@ -13,12 +14,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5557"
+
 
 class KVEventsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     publisher: Literal["null", "zmq"] = "null"
-    endpoint: str = "tcp://*:5557"
+    # the events carry every cached prompt's token ids: by default only this machine may
+    # subscribe (an endpoint given is used as given, e.g. tcp://*:5557 for every interface)
+    endpoint: str = DEFAULT_ENDPOINT
     bind: bool | None = None  # None: bind a wildcard, ipc:// or inproc:// endpoint, else connect
     replay_endpoint: str | None = None
     buffer_steps: int = 10_000  # batches kept for replay
@@ -38,6 +43,8 @@ class KVEventsConfig(BaseModel):
             endpoint = getattr(config, name)
             if endpoint is not None and not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
                 raise ValueError(f"--kv-events-config: {name} {endpoint!r} is not a zmq endpoint")
+        if "endpoint" not in config.model_fields_set and config.bind is None:
+            config = config.model_copy(update={"bind": True})  # the loopback default is bound
         if config.buffer_steps < 1 or config.hwm < 0 or config.max_queue_size < 1:
             raise ValueError("--kv-events-config: buffer_steps and max_queue_size must be >= 1")
         return config

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -27,7 +27,6 @@ from radixserve.api.dashboard import dashboard_router
 from radixserve.api.errors import APIError, UnhandledErrors, install_error_handlers
 from radixserve.api.guard import RequestGuard
 from radixserve.api.lora import lora_router
-from radixserve.api.metrics import ServingMetrics
 from radixserve.api.openapi import ROUTE_RESPONSES, install_openapi
 from radixserve.api.protocol import AbortReqInput, GenerateReqInput
 from radixserve.api.protocol_openai import ChatCompletionRequest, CompletionRequest
@@ -36,10 +35,12 @@ from radixserve.api.serving_chat import ChatServing
 from radixserve.api.serving_completions import CompletionServing
 from radixserve.api.serving_native import NativeServing
 from radixserve.api.streaming import collect_all, open_requests
+from radixserve.api.tenant_metrics import MetricsByTenant
 from radixserve.api.tenants import Tenants
 from radixserve.config import ServerConfig
 from radixserve.runtime.default_model import DESCRIPTION as DEFAULT_MODEL_DESCRIPTION
 from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.server.rid_scope import client_rid, scope_of, scoped_rid
 from radixserve.server.tokenizer_manager import TokenizerManager
 from radixserve.types import SamplingParams
 
@@ -63,11 +64,24 @@ class JSONBodyMiddleware:
         await self.app(scope, receive, send)
 
 
+def abort_matcher(body: AbortReqInput, scope: str | None) -> Callable[[str], bool]:
+    """Which scheduler rids an abort reaches: ``scope`` None (an operator, or an open server)
+    any request of that client rid (every one with ``abort_all``); else that scope's only."""
+    if scope is None:
+        return lambda rid: body.abort_all or client_rid(rid) == body.rid
+    if body.abort_all:
+        return lambda rid: scope_of(rid) == scope
+    target = scoped_rid(scope, body.rid)
+    return lambda rid: rid == target
+
+
 def create_app(
-    tm: TokenizerManager, config: ServerConfig, metrics: ServingMetrics | None = None
+    tm: TokenizerManager, config: ServerConfig, metrics: MetricsByTenant | None = None
 ) -> FastAPI:
-    """The app; its lifespan starts and stops ``tm``'s background tasks."""
-    metrics = metrics or ServingMetrics(config.model_name)
+    """The app; its lifespan starts and stops ``tm``'s background tasks. ``metrics`` should
+    be ``tm``'s output observer (the server's launcher makes it so)."""
+    by_tenant = metrics or MetricsByTenant(config.model_name)
+    server_metrics = by_tenant.server
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -139,9 +153,13 @@ def create_app(
 
     @router.get("/get_server_info")
     @router.get("/server_info")
-    async def get_server_info() -> dict[str, Any]:
+    async def get_server_info(raw: Request) -> dict[str, Any]:
+        """The whole server's figures to an operator, a tenant's own to a tenant."""
+        if not tenants.is_operator(raw.state):
+            tenant = str(raw.state.tenant)
+            return server_info.tenant_server_info(tm, config, tenant, by_tenant.usage(tenant))
         info = await server_info.get_server_info(tm, config, meter)
-        metrics.update_scheduler_stats(info["scheduler"])
+        server_metrics.update_scheduler_stats(info["scheduler"])
         return info
 
     @router.get("/health_generate", responses=ROUTE_RESPONSES["empty"])
@@ -162,9 +180,13 @@ def create_app(
         return Response(status_code=200)
 
     @router.get("/get_load")
-    async def get_load() -> dict[str, Any]:
+    async def get_load(raw: Request) -> dict[str, Any]:
         """What sglang-router's load-aware policies read: ``load`` (requests running or
-        waiting here), with the parts SGLang's own ``/get_load`` reports."""
+        waiting here), with the parts SGLang's own ``/get_load`` reports; a tenant's own
+        pending requests to a tenant."""
+        if not (tenants.is_operator(raw.state) or tenants.is_gateway(raw.state)):
+            mine = sum(scope_of(rid) == raw.state.tenant for rid in tm.states)
+            return {"load": mine, "dp_rank": 0, "num_reqs": mine, "num_waiting_reqs": 0}
         stats = (await tm.get_server_info(check_integrity=False))["stats"]
         running, waiting = stats["num_running_reqs"], stats["num_waiting_reqs"]
         used = stats["max_total_tokens"] - stats["num_free_tokens"] - stats["num_evictable_tokens"]
@@ -183,23 +205,33 @@ def create_app(
         raise APIError("cannot flush the cache while requests are running", 400)
 
     @router.post("/abort_request")
-    async def abort_request(body: AbortReqInput) -> dict[str, Any]:
+    async def abort_request(body: AbortReqInput, raw: Request) -> dict[str, Any]:
+        """A tenant's abort reaches its own requests only (rids are scoped to it); an operator's
+        reaches every tenant's; ``abort_all`` is an operator's call where there is one."""
         if not body.abort_all and not body.rid:
             raise APIError("give rid or abort_all", param="rid")
-        aborted = tm.abort(None if body.abort_all else body.rid)
-        return {"aborted": aborted}
+        operator = tenants.is_operator(raw.state)
+        if body.abort_all and not operator and tenants.admin_keys:
+            raise APIError("abort_all needs an admin API key", 403, code="admin_key_required")
+        scope = tenants.scope(raw.state)
+        aborted = tm.abort_where(abort_matcher(body, None if operator else scope))
+        return {"aborted": [client_rid(r) for r in aborted]}
 
     @router.get("/metrics", responses=ROUTE_RESPONSES["text"])
-    async def prometheus_metrics() -> Response:
+    async def prometheus_metrics(raw: Request) -> Response:
+        """The server's metrics to an operator; a tenant's own requests' to a tenant."""
+        media_type = "text/plain; version=0.0.4; charset=utf-8"
+        if not tenants.is_operator(raw.state):
+            return Response(by_tenant.of(str(raw.state.tenant)).render(), media_type=media_type)
         if tm.is_alive:
             with contextlib.suppress(Exception):
                 info = await tm.get_server_info(check_integrity=False)
-                metrics.update_scheduler_stats(info["stats"])
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+                server_metrics.update_scheduler_stats(info["stats"])
+        return Response(server_metrics.render(), media_type=media_type)
 
     app.include_router(router)
     app.include_router(dashboard_router(tm, tenants))
     app.include_router(lora_router(tm))
     install_openapi(app)
-    app.state.metrics = metrics
+    app.state.metrics = server_metrics
     return app

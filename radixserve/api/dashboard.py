@@ -109,14 +109,13 @@ def dashboard_router(tm: TokenizerManager, tenants: Tenants) -> APIRouter:
         ``token_ids``, each node's whole run of token ids too (what KV events describe)."""
         reply = await tm.get_cache_tree(max_nodes, full_keys=token_ids)
         tree, stats = reply["tree"], reply["stats"]
-        show = tenants.may_see_text(getattr(request.state, "admin", False))
+        show = tenants.may_see_text(request.state)
         for node in tree["nodes"]:
             head_ids = node.pop("head_ids")
             node["text"] = tm.prompts.decode(head_ids[:HEAD_TOKENS]) if show else None
             if token_ids:
                 node["token_ids"] = head_ids if show else None
-            if not show:
-                node["extra_key"] = None
+            node["extra_key"] = tenants.label(node["extra_key"]) if show else None
         history.add(stats)
         return {
             "tree": tree,

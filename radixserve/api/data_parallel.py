@@ -16,25 +16,23 @@ everything stops and the command exits non-zero.
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import importlib.util
 import json
 import logging
 import multiprocessing
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 
+from radixserve.api.dp_waits import RouterLog, free_ports, wait_healthy, wait_router_ready
+from radixserve.api.gateway_keys import gateway_access
 from radixserve.config import ServerConfig
 
 logger = logging.getLogger("radixserve.dp")
@@ -185,7 +183,12 @@ def serve_data_parallel(config: ServerConfig, dp: DataParallelConfig) -> int:
     threads = dp.threads_per_worker or max(1, (multiprocessing.cpu_count() or 1) // dp.dp_size)
     ports = free_ports(dp.dp_size)
     grpc_ports = free_ports(dp.dp_size) if dp.transport == "grpc" else None
-    worker_configs = worker_server_configs(config, threads, ports, grpc_ports)
+    try:
+        access = gateway_access(config, dp.router, dp.transport)
+    except ValueError as exc:
+        logger.error("%s", exc)
+        return 2
+    worker_configs = worker_server_configs(access.workers, threads, ports, grpc_ports)
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     router_urls = urls if grpc_ports is None else [f"grpc://127.0.0.1:{p}" for p in grpc_ports]
     ctx = multiprocessing.get_context("spawn")
@@ -202,13 +205,13 @@ def serve_data_parallel(config: ServerConfig, dp: DataParallelConfig) -> int:
                 logger.error("worker %d (%s) did not start", i, url)
                 return 1
         router = subprocess.Popen(
-            router_command(config, dp, router_urls),
+            router_command(config, dp, router_urls, access.flags),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
         router_log = RouterLog(router)
         router_url = f"http://{_connect_host(config.host)}:{config.port}"
-        if not wait_router_ready(router_url, len(urls), deadline, router):
+        if not wait_router_ready(router_url, len(urls), deadline, router, access.control_key):
             code = router.poll()
             why = "timed out" if code is None else f"exited with code {code}"
             logger.error(
@@ -228,33 +231,14 @@ def serve_data_parallel(config: ServerConfig, dp: DataParallelConfig) -> int:
         _stop(workers, router)
 
 
-class RouterLog:
-    """The router's output, passed on to ours line by line (a thread), its last lines kept
-    for the message when it fails to start."""
-
-    def __init__(self, router: subprocess.Popen[bytes], keep: int = 20) -> None:
-        self._lines: collections.deque[str] = collections.deque(maxlen=keep)
-        self._thread = threading.Thread(target=self._pump, args=(router,), daemon=True)
-        self._thread.start()
-
-    def _pump(self, router: subprocess.Popen[bytes]) -> None:
-        assert router.stdout is not None
-        for raw in router.stdout:
-            line = raw.decode(errors="replace").rstrip("\n")
-            self._lines.append(line)
-            print(line, file=sys.stderr, flush=True)
-
-    def tail(self) -> str:
-        self._thread.join(timeout=2.0)  # an exited router's last words
-        return "\n".join(self._lines) or "(nothing)"
-
-
-def router_command(config: ServerConfig, dp: DataParallelConfig, urls: list[str]) -> list[str]:
+def router_command(
+    config: ServerConfig, dp: DataParallelConfig, urls: list[str], key_flags: Sequence[str] = ()
+) -> list[str]:
+    """The router's command line; ``key_flags``: its keys (``gateway_keys.gateway_access``)."""
     cmd = [sys.executable, "-m", ROUTER_MODULES[resolve_router(dp.router)]]
     cmd += ["--host", config.host, "--port", str(config.port), "--policy", dp.router_policy]
     cmd += ["--worker-urls", *urls, "--log-level", _router_log_level(config.log_level)]
-    if config.api_key:  # the router's own calls to the workers (server info, load)
-        cmd += ["--api-key", config.api_key]
+    cmd += key_flags
     if dp.transport == "grpc":  # the gateway tokenizes: the checkpoint's tokenizer
         cmd += ["--model-path", str(config.engine.model_path)]
     given = {a.split("=")[0] for a in dp.router_args}
@@ -265,50 +249,6 @@ def router_command(config: ServerConfig, dp: DataParallelConfig, urls: list[str]
         if flag not in given:
             cmd += [flag, value]
     return cmd + list(dp.router_args)
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports that were free a moment ago."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def wait_healthy(url: str, deadline: float, proc: BaseProcess | None = None) -> bool:
-    """Poll ``url/health`` until it answers 200, the deadline passes or ``proc`` exits."""
-    while time.monotonic() < deadline:
-        if proc is not None and proc.exitcode is not None:
-            return False
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return True
-        except (OSError, urllib.error.URLError):
-            pass
-        time.sleep(0.25)
-    return False
-
-
-def wait_router_ready(
-    url: str, num_workers: int, deadline: float, router: subprocess.Popen[bytes] | None = None
-) -> bool:
-    """Poll the router's ``/workers`` until it lists ``num_workers`` healthy workers (its
-    ``/health`` answers before it has registered them)."""
-    while time.monotonic() < deadline and (router is None or router.poll() is None):
-        try:
-            with urllib.request.urlopen(f"{url}/workers", timeout=2) as resp:
-                workers = json.load(resp).get("workers", [])
-            if sum(bool(w.get("is_healthy")) for w in workers) >= num_workers:
-                return True
-        except (OSError, ValueError, urllib.error.URLError):
-            pass
-        time.sleep(0.25)
-    return False
 
 
 def _run_worker(config: ServerConfig) -> None:

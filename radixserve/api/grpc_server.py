@@ -18,17 +18,17 @@ to each worker over ``sglang.grpc.scheduler.SglangScheduler`` (the proto of the
 
 Not served (``UNIMPLEMENTED``): ``Embed``, profiling, LoRA loading over gRPC (the HTTP routes
 load adapters).
+
+On a server with keys every call needs one (``api/grpc_auth.py``): the HTTP routes' keys,
+tenants and operator rule; a tenant's rids and prompt cache are its own, as over HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
-import json
 import logging
 import time
-import zipfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -39,46 +39,63 @@ from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
+from radixserve.api.errors import APIError
+from radixserve.api.grpc_auth import Caller, KeyInterceptor, caller
+from radixserve.api.grpc_convert import (
+    complete_of,
+    max_new_tokens_of,
+    plain,
+    read_json,
+    sampling_params,
+    stream_chunk,
+    tokenizer_zip,
+)
 from radixserve.api.grpc_kv_events import relay_kv_events
+from radixserve.api.limits import check_stop_strings, check_sub_requests
+from radixserve.api.server_info import server_args, version
+from radixserve.api.tenants import Tenants
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
+from radixserve.server.rid_scope import check_client_rid, client_rid, scope_of, scoped_rid
 from radixserve.server.tokenizer_manager import (
     RequestFailed,
     SchedulerUnavailable,
     TokenizerManager,
 )
-from radixserve.types import FinishKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "added_tokens.json",
-    "generation_config.json",
-    "config.json",
-    "chat_template.jinja",
-)
 CHUNK_BYTES = 1 << 20
+UNSERVED = (
+    "Embed",
+    "StartProfile",
+    "StopProfile",
+    "LoadLoRAAdapter",
+    "UnloadLoRAAdapter",
+    "ListLoadedLoRAAdapters",
+)
 
 
 class SchedulerService(pb_grpc.SglangSchedulerServicer):
     def __init__(self, tm: TokenizerManager, config: ServerConfig) -> None:
         self.tm = tm
         self.config = config
+        self.tenants = Tenants.of(config)
         self.started = time.time()
+
+    def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
+        """The caller the interceptor let in (its key resolved again: the same answer)."""
+        who = caller(self.tenants, context.invocation_metadata())
+        assert who is not None, "KeyInterceptor lets no call without a key through"
+        return who
 
     # ---- generation ---------------------------------------------------------------------
     async def Generate(  # noqa: N802 (the proto's names)
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         try:
-            requests = self._requests(request)
-        except ValueError as exc:
+            requests = self._requests(request, self._caller(context))
+        except (ValueError, APIError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         rid = request.request_id
         seen: list[list[ReqOutput]] = [[] for _ in requests]  # each sample's outputs so far
@@ -88,9 +105,9 @@ class SchedulerService(pb_grpc.SglangSchedulerServicer):
                     out = text.output
                     seen[i].append(out)
                     if request.stream:
-                        yield pb.GenerateResponse(request_id=rid, chunk=_chunk(out, i))
+                        yield pb.GenerateResponse(request_id=rid, chunk=stream_chunk(out, i))
                     if out.finish_reason is not None:  # all of it, as smg's engines send it
-                        yield pb.GenerateResponse(request_id=rid, complete=_complete(seen[i], i))
+                        yield pb.GenerateResponse(request_id=rid, complete=complete_of(seen[i], i))
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except SchedulerUnavailable as exc:
@@ -103,16 +120,24 @@ class SchedulerService(pb_grpc.SglangSchedulerServicer):
             )
             await context.abort(code, str(exc))
 
-    def _requests(self, request: pb.GenerateRequest) -> list[GenerateRequest]:
+    def _requests(self, request: pb.GenerateRequest, who: Caller) -> list[GenerateRequest]:
+        """The call's ``n`` requests, under the HTTP routes' bounds, in the caller's rid scope
+        and prompt-cache namespace."""
         if not request.HasField("tokenized") or not request.tokenized.input_ids:
             raise ValueError("Generate needs tokenized input_ids")
         ids = list(request.tokenized.input_ids)
         n = max(1, request.sampling_params.n)
+        check_sub_requests(1, n, self.config.max_batch_sub_requests, "n")
+        check_stop_strings(list(request.sampling_params.stop), self.config.max_stop_strings)
         lora = request.lora_id or None
         if lora is not None and lora not in self.tm.lora_adapters:
             raise ValueError(f"the LoRA adapter {lora!r} is not loaded")
-        rid = request.request_id or self.tm.new_rid()
-        max_new = self.tm.validator.max_new_tokens_for(len(ids), _max_new(request.sampling_params))
+        given = request.request_id
+        rid = check_client_rid(given) if given else self.tm.new_rid()
+        rid = scoped_rid(self.tenants.scope(who), rid)
+        max_new = self.tm.validator.max_new_tokens_for(
+            len(ids), max_new_tokens_of(request.sampling_params)
+        )
         params = sampling_params(request.sampling_params, max_new)
         out = []
         for i in range(n):
@@ -120,6 +145,7 @@ class SchedulerService(pb_grpc.SglangSchedulerServicer):
                 rid=rid if n == 1 else f"{rid}-{i}",
                 input_ids=ids,
                 sampling_params=params,
+                extra_key=self.tenants.namespace(who, None),
                 return_logprob=request.return_logprob,
                 top_logprobs_num=request.top_logprobs_num if request.return_logprob else 0,
                 logprob_start_len=-1,
@@ -129,10 +155,16 @@ class SchedulerService(pb_grpc.SglangSchedulerServicer):
         return out
 
     async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortResponse:  # noqa: N802
-        prefix = f"{request.request_id}-"
-        rids = [r for r in list(self.tm.states) if r == request.request_id or r.startswith(prefix)]
-        for r in rids:
-            self.tm.abort(r)
+        """The caller's own request (and its ``n`` samples); an operator's reaches any."""
+        who = self._caller(context)
+        target = request.request_id
+
+        def match(rid: str) -> bool:
+            own = self.tenants.is_operator(who) or scope_of(rid) == self.tenants.scope(who)
+            name = client_rid(rid)
+            return own and (name == target or name.startswith(f"{target}-"))
+
+        rids = self.tm.abort_where(match)
         return pb.AbortResponse(success=bool(rids), message=f"aborted {len(rids)}")
 
     # ---- state ---------------------------------------------------------------------------
@@ -142,7 +174,7 @@ class SchedulerService(pb_grpc.SglangSchedulerServicer):
 
     async def GetModelInfo(self, request: Any, context: Any) -> pb.GetModelInfoResponse:  # noqa: N802
         info, path = self.tm.info, self.config.engine.model_path or ""
-        config = _read_json(Path(path) / "config.json")
+        config = read_json(Path(path) / "config.json")
         return pb.GetModelInfoResponse(
             model_path=path,
             tokenizer_path=path,
@@ -159,23 +191,40 @@ class SchedulerService(pb_grpc.SglangSchedulerServicer):
         )
 
     async def GetServerInfo(self, request: Any, context: Any) -> pb.GetServerInfoResponse:  # noqa: N802
-        from radixserve.api.server_info import server_args, version
-
+        """The settings (no key shown) and, to an operator, the scheduler's figures; a
+        tenant (or the gateway) sees its own requests' count only."""
+        who = self._caller(context)
         args, scheduler = Struct(), Struct()
-        args.update(_plain(server_args(self.config)))
-        stats = (await self.tm.get_server_info(check_integrity=False))["stats"]
-        scheduler.update(_plain({**stats, "max_total_num_tokens": self.tm.info.max_total_tokens}))
+        args.update(plain(server_args(self.config)))
+        if self.tenants.is_operator(who):
+            stats = (await self.tm.get_server_info(check_integrity=False))["stats"]
+            stats = {**stats, "max_total_num_tokens": self.tm.info.max_total_tokens}
+            active = len(self.tm.states)
+        else:
+            active = self._pending(who)
+            stats = {"view": "tenant", "max_total_num_tokens": self.tm.info.max_total_tokens}
+        scheduler.update(plain(stats))
         return pb.GetServerInfoResponse(
             server_args=args,
             scheduler_info=scheduler,
-            active_requests=len(self.tm.states),
+            active_requests=active,
             uptime_seconds=time.time() - self.started,
             sglang_version=version(),
             server_type="grpc",
             max_total_num_tokens=self.tm.info.max_total_tokens,
         )
 
+    def _pending(self, who: Caller) -> int:
+        return sum(scope_of(rid) == self.tenants.scope(who) for rid in self.tm.states)
+
     async def GetLoads(self, request: Any, context: Any) -> pb.GetLoadsResponse:  # noqa: N802
+        """The scheduler's load to an operator and the gateway (its routing reads it); a
+        tenant's own pending requests to a tenant."""
+        who = self._caller(context)
+        if not (self.tenants.is_operator(who) or self.tenants.is_gateway(who)):
+            mine = self._pending(who)
+            own = pb.SchedulerLoad(dp_rank=self.config.engine.dp_rank, num_total_reqs=mine)
+            return pb.GetLoadsResponse(dp_rank_count=1, loads=[own])
         stats = (await self.tm.get_server_info(check_integrity=False))["stats"]
         load = pb.SchedulerLoad(
             dp_rank=self.config.engine.dp_rank,
@@ -224,113 +273,21 @@ class SchedulerService(pb_grpc.SglangSchedulerServicer):
             yield batch
 
 
-def sampling_params(p: pb.SamplingParams, max_new_tokens: int) -> SamplingParams:
-    """The proto's parameters as radixserve's (proto3 zeros read as unset where zero is no
-    valid value: ``top_p``, ``repetition_penalty``; ``top_k`` 0 or -1 is no limit)."""
-    constraint = p.WhichOneof("constraint")
-    if constraint == "structural_tag":
-        raise ValueError("structural_tag constraints are not supported; use json_schema")
-    return SamplingParams(
-        max_new_tokens=max_new_tokens,
-        temperature=p.temperature,
-        top_p=p.top_p or 1.0,
-        top_k=p.top_k if p.top_k > 0 else -1,
-        min_p=p.min_p,
-        frequency_penalty=p.frequency_penalty,
-        presence_penalty=p.presence_penalty,
-        repetition_penalty=p.repetition_penalty or 1.0,
-        stop=list(p.stop),
-        stop_token_ids=list(p.stop_token_ids),
-        ignore_eos=p.ignore_eos,
-        skip_special_tokens=p.skip_special_tokens,
-        regex=p.regex if constraint == "regex" else None,
-        json_schema=p.json_schema if constraint == "json_schema" else None,
-        ebnf=p.ebnf_grammar if constraint == "ebnf_grammar" else None,
-        logit_bias={int(k): v for k, v in p.logit_bias.items()} or None,
-    ).validate()
+async def _unimplemented(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not served by radixserve")
 
 
-def _max_new(p: pb.SamplingParams) -> int | None:
-    return p.max_new_tokens if p.HasField("max_new_tokens") else None
-
-
-def _chunk(out: ReqOutput, index: int) -> pb.GenerateStreamChunk:
-    return pb.GenerateStreamChunk(
-        token_ids=out.new_token_ids,
-        prompt_tokens=out.prompt_tokens,
-        completion_tokens=out.completion_tokens,
-        cached_tokens=out.cached_tokens,
-        output_logprobs=_logprobs([out]),
-        index=index,
-    )
-
-
-def _complete(outputs: list[ReqOutput], index: int) -> pb.GenerateComplete:
-    """A sample's end: all of its ids and logprobs, from all of its outputs."""
-    out = outputs[-1]
-    reason = out.finish_reason
-    assert reason is not None
-    matched: dict[str, Any] = {}
-    if reason.kind == FinishKind.STOP_TOKEN and isinstance(reason.matched, int):
-        matched["matched_token_id"] = reason.matched
-    elif reason.kind == FinishKind.STOP_STR and isinstance(reason.matched, str):
-        matched["matched_stop_str"] = reason.matched
-    return pb.GenerateComplete(
-        output_ids=[t for o in outputs for t in o.new_token_ids],
-        finish_reason=reason.openai_reason,
-        prompt_tokens=out.prompt_tokens,
-        completion_tokens=out.completion_tokens,
-        cached_tokens=out.cached_tokens,
-        output_logprobs=_logprobs(outputs),
-        index=index,
-        **matched,
-    )
-
-
-def _logprobs(outputs: list[ReqOutput]) -> pb.OutputLogProbs | None:
-    values = [v for o in outputs for v in o.new_logprobs]
-    if not values:
-        return None
-    tops = [
-        pb.TopLogProbs(values=[lp for _, lp in top], token_ids=[t for t, _ in top])
-        for o in outputs
-        for top in o.new_top_logprobs
-    ]
-    ids = [t for o in outputs for t in o.new_token_ids]
-    return pb.OutputLogProbs(token_logprobs=values, token_ids=ids, top_logprobs=tops)
-
-
-def tokenizer_zip(directory: Path) -> bytes:
-    """The checkpoint's tokenizer files (those that exist) as a zip, names at its root."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
-        for name in TOKENIZER_FILES:
-            if (directory / name).is_file():
-                z.write(directory / name, name)
-    return buffer.getvalue()
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return dict(json.loads(path.read_text()))
-    except (OSError, ValueError):
-        return {}
-
-
-def _plain(value: Any) -> Any:
-    """A value a protobuf Struct takes: dicts, lists, strings, numbers, booleans, None."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
+# answered UNIMPLEMENTED, cleanly (the generated base class raises in the server instead)
+for _name in UNSERVED:
+    setattr(SchedulerService, _name, _unimplemented)
 
 
 async def start_grpc_server(tm: TokenizerManager, config: ServerConfig) -> grpc.aio.Server:
     """Serve :class:`SchedulerService` on ``config.host:config.grpc_port``."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+    server = grpc.aio.server(
+        interceptors=[KeyInterceptor(Tenants.of(config))],
+        options=[("grpc.max_receive_message_length", 64 << 20)],
+    )
     pb_grpc.add_SglangSchedulerServicer_to_server(SchedulerService(tm, config), server)
     address = f"{config.host}:{config.grpc_port}"
     if server.add_insecure_port(address) == 0:

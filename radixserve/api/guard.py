@@ -6,7 +6,7 @@ In order, each answered in OpenAI's error shape:
    before a byte of the body is read, so an unauthenticated client costs nothing. The cache
    page's GET routes (``QUERY_KEY_PATHS``) also take it as ``?api_key=``, for a browser. The
    key names the request's tenant (``api/tenants.py``), left in ``request.state``; the operator
-   routes want an admin key when any is configured (403 otherwise);
+   routes want an operator (``Tenants.is_operator``; 403 otherwise);
 2. the body's size (413): ``Content-Length`` over the limit is refused unread, a chunked body
    as soon as it passes the limit;
 3. lone UTF-16 surrogates (``"\\ud800"`` is valid JSON but not valid Unicode: no tokenizer
@@ -25,7 +25,7 @@ from urllib.parse import parse_qs
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve.api.errors import error_body
-from radixserve.api.tenants import ADMIN_PATHS, Tenants
+from radixserve.api.tenants import ADMIN_PATHS, GATEWAY_PATHS, Tenants
 
 OPEN_PATHS = frozenset({"/health"})
 # GET routes a browser opens (the cache page): the key may come as ``?api_key=`` there too
@@ -58,10 +58,11 @@ class RequestGuard:
                 return
             tenant, admin = who
             tenant = self.tenants.from_header(headers) or tenant
-            if self.tenants.admin_keys and not admin and _is_admin_path(scope["path"]):
+            state = scope.setdefault("state", {})
+            state.update(tenant=tenant, admin=admin)
+            if _is_admin_path(scope["path"]) and not self._may_operate(state, scope["path"]):
                 await _reply(send, 403, "this route needs an admin API key", "admin_key_required")
                 return
-            scope.setdefault("state", {}).update(tenant=tenant, admin=admin)
         if scope.get("method") not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
@@ -83,6 +84,12 @@ class RequestGuard:
             )
             return
         await self.app(scope, _replay(body, receive), send)
+
+    def _may_operate(self, state: dict[str, object], path: str) -> bool:
+        view = _State(state)
+        if self.tenants.is_gateway(view):
+            return path in GATEWAY_PATHS
+        return self.tenants.is_operator(view)
 
     def _bearer(self, header: bytes) -> tuple[str, bool] | None:
         scheme, _, token = header.partition(b" ")
@@ -122,6 +129,13 @@ class RequestGuard:
             "bytes (--max-request-bytes)",
             "request_too_large",
         )
+
+
+class _State:
+    """The guard's scope state read as ``request.state`` is (attributes)."""
+
+    def __init__(self, values: dict[str, object]) -> None:
+        self.__dict__.update(values)
 
 
 def _is_admin_path(path: str) -> bool:

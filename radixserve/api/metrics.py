@@ -28,6 +28,12 @@ from radixserve.server.tokenizer_manager import ReqState
 
 PREFIX = "radixserve:"
 THROUGHPUT_WINDOW_S = 10.0
+USAGE_FIELDS = (
+    "num_finished_reqs",
+    "num_prompt_tokens",
+    "num_cached_tokens",
+    "num_generated_tokens",
+)
 LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
@@ -147,6 +153,7 @@ class ServingMetrics:
         self.cached_tokens_host = counter(
             "cached_tokens_host", "Prompt tokens served from the cache by loading back the KV tier"
         )
+        self.totals: collections.Counter[str] = collections.Counter(dict.fromkeys(USAGE_FIELDS, 0))
         self._requests = Counter(
             PREFIX + "num_requests",
             "Finished requests by finish reason",
@@ -156,6 +163,7 @@ class ServingMetrics:
 
     def on_output(self, state: ReqState, out: TextOutput, now: float) -> None:
         n = len(out.output.new_token_ids)
+        self.totals["num_generated_tokens"] += n
         if n:
             if state.first_output_time is None:
                 self.ttft.observe(now - state.created)
@@ -172,6 +180,17 @@ class ServingMetrics:
             self.cached_tokens.inc(out.output.cached_tokens)
             self.cached_tokens_host.inc(out.output.cached_tokens_tier)
             self._requests.labels(**self.labels, finish_reason=reason.openai_reason).inc()
+            self.totals["num_finished_reqs"] += 1
+            self.totals["num_prompt_tokens"] += out.output.prompt_tokens
+            self.totals["num_cached_tokens"] += out.output.cached_tokens
+
+    def usage(self) -> dict[str, Any]:
+        """The requests counted here: finished requests, their prompt, cached and generated
+        tokens, the share of prompt tokens the cache served, generated tokens per second."""
+        totals = dict(self.totals)
+        prompt = totals["num_prompt_tokens"]
+        hit_rate = totals["num_cached_tokens"] / prompt if prompt else 0.0
+        return {**totals, "cache_hit_rate": hit_rate, "gen_throughput": self.throughput.rate()}
 
     def update_scheduler_stats(self, stats: dict[str, Any]) -> None:
         self.scheduler_stats.stats = dict(stats)

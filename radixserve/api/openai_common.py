@@ -28,6 +28,7 @@ from radixserve.api.tenants import Tenants
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.result import RequestResult
+from radixserve.server.rid_scope import scoped_rid
 from radixserve.server.tokenizer_manager import TokenizerManager
 from radixserve.types import FinishReason
 
@@ -84,11 +85,13 @@ class OpenAIServing:
         grammar_after_token: int | None = None,
         extra_key: str | None = None,
         lora_name: str | None = None,
+        scope: str | None = None,
     ) -> list[GenerateRequest]:
         """``n`` requests per prompt, choice index ``i * n + j``; ``top_logprobs`` None: no
         logprobs; ``grammar``: the output's constraint (None: the body's own, e.g.
         ``response_format``), which starts after ``grammar_after_token`` when given (the end of
-        the thinking). Raises APIError (400) for a bad value."""
+        the thinking); ``scope``: the caller's rid scope (``Tenants.scope``). Raises APIError
+        (400) for a bad value."""
         if max_tokens is not None and max_tokens < 0:
             raise APIError(f"{max_tokens_param} must be >= 0", param=max_tokens_param)
         if grammar is None:
@@ -101,7 +104,7 @@ class OpenAIServing:
             max_new = max_tokens if max_tokens is not None else default_max_tokens(len(ids))
             for j in range(body.n):
                 request = GenerateRequest(
-                    rid=f"{base_id}-{i * body.n + j}",
+                    rid=scoped_rid(scope, f"{base_id}-{i * body.n + j}"),
                     input_ids=ids,
                     sampling_params=body.to_sampling_params(max_new, grammar),
                     priority=body.priority,

@@ -28,7 +28,7 @@ import uvicorn
 
 from radixserve.api.app import create_app
 from radixserve.api.connections import ConnectionLimits, guarded_protocol, throttle_accept_errors
-from radixserve.api.metrics import ServingMetrics
+from radixserve.api.tenant_metrics import MetricsByTenant
 from radixserve.config import ServerConfig
 from radixserve.runtime.default_model import DESCRIPTION as DEFAULT_MODEL_DESCRIPTION
 from radixserve.server.detokenizer_process import run_detokenizer_process
@@ -65,7 +65,7 @@ def launch_server(config: ServerConfig) -> int:
     code = 0
     try:
         info = _start_children(config, endpoints, children)
-        metrics = ServingMetrics(config.model_name)
+        metrics = MetricsByTenant(config.model_name)
         tm = TokenizerManager(config, endpoints, info, children=children, observer=metrics)
         app = create_app(tm, config, metrics)
         limits = ConnectionLimits.default(

@@ -4,7 +4,9 @@ answer, in SGLang's shape where SGLang's clients read it.
 SGLang's ``bench_serving`` reads ``internal_states[0]`` after a run (one dict per scheduler
 rank: ``last_gen_throughput``, ``load`` and the server args) and ``version``; the flat server
 args and radixserve's own fields (``scheduler``, ``integrity_ok``, ``pids``, ...) stay at the
-top level.
+top level. No key is ever shown (:data:`SECRET_FIELD`, :func:`scrub`). An operator
+(``Tenants.is_operator``) sees the whole server's figures; a tenant sees the same shape with the
+figures of its own requests (:func:`tenant_server_info`).
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import os
+import re
 import time
 from typing import Any
 
+from radixserve.api.tenants import KEY_TENANT_PREFIX
 from radixserve.config import ServerConfig
+from radixserve.server.rid_scope import scope_of
 from radixserve.server.tokenizer_manager import TokenizerManager
 
 
@@ -44,17 +49,47 @@ class ThroughputMeter:
         return self._value
 
 
+# a configuration field holding secrets: its value is never shown (a field added later is
+# covered by its name; :func:`scrub` covers any value that holds a key whatever its field)
+SECRET_FIELD = re.compile(r"(^|_)(keys?|secrets?|passwords?|credentials?)$")
+REDACTED = "***"
+
+
+def secrets_of(config: ServerConfig) -> list[str]:
+    """Every key the server takes, and each lone key's tenant name (a digest of the key)."""
+    keys = [key for _, key in config.tenant_keys] + [*config.admin_api_keys]
+    keys += [*config.gateway_api_keys, *([config.api_key] if config.api_key else [])]
+    digests = [tenant for tenant, _ in config.tenant_keys if tenant.startswith(KEY_TENANT_PREFIX)]
+    return [s for s in {*keys, *digests} if s]
+
+
+def scrub(value: Any, secrets: list[str]) -> Any:
+    """``value`` with every string that holds one of ``secrets`` replaced by ``***``."""
+    if isinstance(value, dict):
+        return {k: scrub(v, secrets) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [scrub(v, secrets) for v in value]
+    if isinstance(value, str) and any(secret in value for secret in secrets):
+        return REDACTED
+    return value
+
+
 def server_args(config: ServerConfig) -> dict[str, Any]:
-    """The engine's and the server's settings, flat (the API key masked)."""
+    """The engine's and the server's settings, flat, each secret field shown as ``***`` (set)
+    or None (unset)."""
     engine = dataclasses.asdict(config.engine)
     server = {k: v for k, v in dataclasses.asdict(config).items() if k != "engine"}
-    server["api_key"] = None if config.api_key is None else "***"
-    return {**engine, **server, "served_model_name": config.model_name}
+    args = {**engine, **server, "served_model_name": config.model_name}
+    for name, value in args.items():
+        if SECRET_FIELD.search(name):
+            args[name] = REDACTED if value else None
+    return scrub(args, secrets_of(config))  # type: ignore[no-any-return]
 
 
 async def get_server_info(
     tm: TokenizerManager, config: ServerConfig, meter: ThroughputMeter
 ) -> dict[str, Any]:
+    """The operator's view: the whole scheduler's figures."""
     info = await tm.get_server_info(check_integrity=True)
     stats = info["stats"]
     args = server_args(config)
@@ -75,6 +110,31 @@ async def get_server_info(
         "integrity_error": info.get("integrity_error"),
         "num_pending_http_requests": len(tm.states),
         "pids": {"http": os.getpid(), **tm.child_pids()},
+    }
+
+
+def tenant_server_info(
+    tm: TokenizerManager, config: ServerConfig, tenant: str, usage: dict[str, Any]
+) -> dict[str, Any]:
+    """A tenant's view: the settings, and figures of its own requests only (``usage``, from
+    :class:`~radixserve.api.tenant_metrics.MetricsByTenant`); no other tenant's load, prompts
+    or cache hits."""
+    args = server_args(config)
+    pending = sum(scope_of(rid) == tenant for rid in tm.states)
+    internal = {
+        **args,
+        "last_gen_throughput": usage["gen_throughput"],
+        "load": pending,
+        "dp_rank": config.engine.dp_rank,
+        "max_total_num_tokens": tm.info.max_total_tokens,
+    }
+    return {
+        **args,
+        "version": version(),
+        "internal_states": [internal],
+        "max_total_tokens": tm.info.max_total_tokens,
+        "scheduler": {**usage, "num_pending_reqs": pending, "view": "tenant"},
+        "num_pending_http_requests": pending,
     }
 
 

@@ -34,6 +34,7 @@ from radixserve.api.streaming import (
 from radixserve.api.tenants import Tenants
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.result import RequestResult, generate_result
+from radixserve.server.rid_scope import check_client_rid, scoped_rid
 from radixserve.server.tokenizer_manager import ClientDisconnected, TokenizerManager
 
 T = TypeVar("T")
@@ -109,12 +110,15 @@ class NativeServing:
         keys = _per_item(body.extra_key, n, "extra_key")
         salts = _per_item(body.cache_salt, n, "cache_salt")
         loras = [check_adapter(self.tm, name) for name in names]
+        scope = self.tenants.scope(state)
         requests = []
         for i, ids in enumerate(ids_list):
             sp = params[i] or NativeSamplingParams.model_validate({})
             max_new = self.tm.validator.max_new_tokens_for(len(ids), sp.max_new_tokens)
+            given = rids[i]
+            rid = check_client_rid(given) if given is not None else self.tm.new_rid()
             request = GenerateRequest(
-                rid=rids[i] or self.tm.new_rid(),
+                rid=scoped_rid(scope, rid),
                 input_ids=ids,
                 sampling_params=sp.to_sampling_params(max_new),
                 priority=prios[i] or 0,

@@ -51,7 +51,8 @@ class Engine:
             tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(self.config, tokenizer=tokenizer)
-        self.validator = RequestValidator(SchedulerInfo.of(self.scheduler))
+        text_tokens = len(tokenizer) if tokenizer is not None else None
+        self.validator = RequestValidator(SchedulerInfo.of(self.scheduler), 128, text_tokens)
         self._inbox: queue.Queue[_Call | None] = queue.Queue()  # None: stop the loop
         self._outputs: dict[str, queue.Queue[ReqOutput | BaseException]] = {}
         self._lock = threading.Lock()
@@ -120,6 +121,7 @@ class Engine:
             )
             for r, ids, p, pr, lora in zip(rids, ids_list, params, prios, loras, strict=True)
         ]
+        self.validator.check_group(len(requests))
         self._submit(requests)
         with_text = return_text_in_logprobs and self.tokenizer is not None
         token_text = self._token_text if with_text else None

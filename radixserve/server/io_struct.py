@@ -123,6 +123,7 @@ class SchedulerInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     max_request_tokens: int  # prompt + new tokens of one request: RequestLimits
+    max_queued_requests: int | None = None  # --max-queued-requests
 
     @classmethod
     def of(cls, scheduler: Scheduler) -> SchedulerInfo:
@@ -133,4 +134,5 @@ class SchedulerInfo:
             vocab_size=scheduler.worker.vocab_size,
             eos_token_ids=tuple(sorted(scheduler.eos_token_ids)),
             max_request_tokens=scheduler.limits.max_request_tokens,
+            max_queued_requests=scheduler.config.max_queued_requests,
         )

@@ -16,12 +16,26 @@ from radixserve.server.io_struct import SchedulerInfo
 from radixserve.types import SamplingParams
 
 MAX_TOP_LOGPROBS = 20
+# what one request may carry: far past what any honest client sends, and small enough that no
+# request's own work (stop strings decoded each step, a bias applied each step) slows others
+MAX_STOP_TEXT_CHARS = 16384  # all of a request's stop strings together
+MAX_LOGIT_BIAS = 2048  # entries of logit_bias (OpenAI documents 300)
+MAX_STOP_TOKEN_IDS = 1024
 
 
 class RequestValidator:
-    def __init__(self, info: SchedulerInfo, default_max_new_tokens: int = 128) -> None:
+    """``num_text_tokens``: the tokenizer's size, where the model's vocabulary is padded past
+    it (a logit bias may only name a token that is some text)."""
+
+    def __init__(
+        self,
+        info: SchedulerInfo,
+        default_max_new_tokens: int = 128,
+        num_text_tokens: int | None = None,
+    ) -> None:
         self.info = info
         self.default_max_new_tokens = default_max_new_tokens
+        self.num_text_tokens = min(info.vocab_size, num_text_tokens or info.vocab_size)
         self._grammars = CompileCache(check_grammar)  # keys already found valid
 
     def max_new_tokens_for(self, prompt_len: int, requested: int | None) -> int:
@@ -52,6 +66,36 @@ class RequestValidator:
         ):
             raise ValueError(f"input ids must be integers in [0, {vocab})")
 
+    def check_group(self, num_requests: int) -> None:
+        """One HTTP request's (or call's) generations enter the queue together: more than the
+        queue's bound could never be admitted (a 400 naming it, not a 429 retried forever)."""
+        bound = self.info.max_queued_requests
+        if bound is not None and num_requests > bound:
+            raise ValueError(
+                f"this request asks for {num_requests} generations; at most {bound} may wait "
+                "in this server's queue (--max-queued-requests), so it could never be admitted"
+            )
+
+    def _check_carried(self, params: SamplingParams) -> None:
+        """The bounds on what a request carries (stop strings, stop ids, logit bias)."""
+        stop_chars = sum(len(s) for s in params.stop)
+        if stop_chars > MAX_STOP_TEXT_CHARS:
+            raise ValueError(
+                f"the stop strings hold {stop_chars} characters; at most {MAX_STOP_TEXT_CHARS}"
+            )
+        if len(params.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids has more than {MAX_STOP_TOKEN_IDS} ids")
+        if any(t >= self.info.vocab_size for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be in [0, {self.info.vocab_size})")
+        bias = params.logit_bias or {}
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias has {len(bias)} entries; at most {MAX_LOGIT_BIAS}")
+        if any(t >= self.num_text_tokens for t in bias):
+            raise ValueError(
+                f"logit_bias keys must be token ids in [0, {self.num_text_tokens}) (the "
+                "tokenizer's ids)"
+            )
+
     def check(self, request: GenerateRequest) -> GenerateRequest:
         """Validates ``request`` in place (sampling params normalised) and returns it."""
         self.check_prompt(request.input_ids)
@@ -71,10 +115,7 @@ class RequestValidator:
                 f"logprob_start_len {request.logprob_start_len} is not inside the prompt "
                 f"of {prompt_len} tokens"
             )
-        if any(t >= self.info.vocab_size for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be in [0, {self.info.vocab_size})")
-        if any(t >= self.info.vocab_size for t in params.logit_bias or {}):
-            raise ValueError(f"logit_bias keys must be token ids in [0, {self.info.vocab_size})")
+        self._check_carried(params)
         if params.grammar_key is not None:
             self._grammars.get(params.grammar_key)  # ValueError saying what is wrong
         return request

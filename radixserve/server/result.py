@@ -29,6 +29,7 @@ from typing import Any
 
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.server.io_struct import TextOutput
+from radixserve.server.rid_scope import client_rid
 from radixserve.types import FinishKind, FinishReason
 
 TokenText = Callable[[int], str]
@@ -88,7 +89,7 @@ def generate_result(
     part only; ``meta_info`` is always the whole request's so far."""
     request = result.request
     meta: dict[str, Any] = {
-        "id": request.rid,
+        "id": client_rid(request.rid),
         "finish_reason": finish_reason_json(result.finish_reason, request),
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,

@@ -42,6 +42,7 @@ from radixserve.server.ipc import IpcEndpoints, make_socket
 from radixserve.server.prompt_tokenizer import PromptTokenizer
 from radixserve.server.request_validation import RequestValidator
 
+from radixserve.server.rid_scope import client_rid
 logger = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.5
@@ -128,7 +129,9 @@ class TokenizerManager:
         )
         if config.chat_template is not None:  # --chat-template: the deployment's own
             self.prompts.tokenizer.chat_template = config.chat_template
-        self.validator = RequestValidator(info, config.default_max_new_tokens)
+        self.validator = RequestValidator(
+            info, config.default_max_new_tokens, len(self.prompts.tokenizer)
+        )
         self.children = dict(children or {})
         self.observer = observer
         self.states: dict[str, ReqState] = {}
@@ -194,10 +197,11 @@ class TokenizerManager:
         rids = [r.rid for r in requests]
         running = next((rid for rid in rids if rid in self.states), None)
         if running is not None:
-            raise ValueError(f"a request with rid {running!r} is already running")
+            raise ValueError(f"a request with rid {client_rid(running)!r} is already running")
         if len(set(rids)) != len(rids):
             raise ValueError("the rids of a batch must be distinct")
         queue: asyncio.Queue[tuple[int, TextOutput | Exception]] = asyncio.Queue()
+        self.validator.check_group(len(requests))
         states = [ReqState(r, i, queue) for i, r in enumerate(requests)]
         self.states.update((s.request.rid, s) for s in states)
         self._send.send_pyobj(list(requests))
@@ -242,7 +246,11 @@ class TokenizerManager:
 
     def abort(self, rid: str | None = None) -> list[str]:
         """Abort one request, or every pending one (``rid`` None); returns the rids aborted."""
-        rids = list(self.states) if rid is None else [rid] if rid in self.states else []
+        return self.abort_where(lambda r: rid is None or r == rid)
+
+    def abort_where(self, match: Callable[[str], bool]) -> list[str]:
+        """Abort every pending request whose (scheduler) rid ``match`` takes; their rids."""
+        rids = [r for r in self.states if match(r)]
         if rids and self.is_alive and not self._closed:
             self._send.send_pyobj([AbortRequest(r) for r in rids])
         return rids

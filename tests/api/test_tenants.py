@@ -1,4 +1,4 @@
-"""Tenants (issue #28, item 1) on a real server: the digit probe learns nothing across tenants,
+"""Tenants on a real server: the digit probe learns nothing across tenants,
 ``cache_salt`` splits a tenant's cache, ``--shared-prefix-cache`` opts back into one, and the
 operator routes want an admin key."""
 
@@ -92,24 +92,36 @@ def test_operator_routes_want_the_admin_key(tenants_server) -> None:
     )
 
 
-def test_without_admin_keys_only_an_open_server_shows_text() -> None:
-    """The cache page's rule (the route applies it: the admin test above sees the text)."""
-    keyed = Tenants(keys=(("a", A),))
-    assert not keyed.may_see_text(admin=False)
-    assert Tenants().may_see_text(admin=False)  # no keys: one user, who sees the cache
-    assert Tenants(keys=(("a", A),), admin_keys=(ADMIN,)).may_see_text(admin=True)
+def test_who_is_an_operator() -> None:
+    """The cache page's text and the operator routes: an admin key; without admin keys, the
+    one tenant of a single-tenant server or anyone on an open server; with several tenants
+    and no admin key, nobody."""
+    from types import SimpleNamespace
+
+    def caller(tenant: str | None, admin: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(tenant=tenant, admin=admin)
+
+    assert Tenants().is_operator(caller(None))
+    assert Tenants(keys=(("a", A),)).is_operator(caller("a"))
+    two = Tenants(keys=(("a", A), ("b", B)))
+    assert not two.is_operator(caller("a")) and not two.may_see_text(caller("a"))
+    with_admin = Tenants(keys=(("a", A),), admin_keys=(ADMIN,))
+    assert with_admin.is_operator(caller("admin", True))
+    assert not with_admin.is_operator(caller("a"))
 
 
 @pytest.mark.slow
-def test_without_admin_keys_the_tree_shows_no_text(api_model_dir: Path, tmp_path: Path) -> None:
+def test_without_admin_keys_several_tenants_have_no_cache_page(
+    api_model_dir: Path, tmp_path: Path
+) -> None:
     args = ["--model", str(api_model_dir), "--api-key", B]
     with serving(args, tmp_path / "server.log", api_key=A) as server:
         completion(server.url, A, SECRET + "7 3 9 1")
-        tree = httpx.get(
-            f"{server.url}/cache_tree", headers={"Authorization": f"Bearer {B}"}, timeout=30
-        ).json()
-        nodes = [n for n in tree["tree"]["nodes"] if n["parent"] is not None]
-        assert nodes and all(n["text"] is None and n["extra_key"] is None for n in nodes)
+        for key in (A, B):
+            tree = httpx.get(
+                f"{server.url}/cache_tree", headers={"Authorization": f"Bearer {key}"}, timeout=30
+            )
+            assert tree.status_code == 403
 
 
 @pytest.mark.slow

@@ -1,0 +1,98 @@
+"""The authorization matrix through ``--dp-size``: two tenants and an admin behind the real
+gateway (smg), each key working as on one server, each tenant's cache its own, no route of the
+gateway or the workers showing a key or another tenant's figures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from keyed_harness import ADMIN, A, B, bearer
+from serving_harness import Server, model_name, start_server, stop_server
+from test_authorization import OPEN, OPERATOR, ROUTES, assert_no_secret
+
+pytestmark = pytest.mark.timeout(400)
+# what smg itself answers with no key, by its design (its public routes): the model's name,
+# its readiness, and the workers' metrics as the gateway's own key sees them (none of a tenant)
+GATEWAY_PUBLIC = {"/health", "/v1/models", "/engine_metrics", "/liveness", "/readiness"}
+
+
+@pytest.fixture(scope="module")
+def dp_keyed(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    pytest.importorskip("smg", reason="needs radixserve[router] (smg)")
+    log = tmp_path_factory.mktemp("dp-keyed") / "dp.log"
+    args = ["--model", str(api_model_dir), "--dp-size", "2", "--threads-per-worker", "1"]
+    args += ["--router", "smg", "--max-total-tokens", "8192"]
+    args += ["--api-key", A, "--api-key", B, "--admin-api-key", ADMIN]
+    server = start_server(args, log)
+    yield server
+    assert stop_server(server, timeout=30) == 0, server.log()[-4000:]
+    assert_no_secret(server.log(), "the launcher's log")
+
+
+@pytest.mark.parametrize("who", [None, "a", "b", "admin"])
+def test_matrix_through_the_gateway(dp_keyed: Server, who: str | None) -> None:
+    name = model_name(Server(dp_keyed.url, dp_keyed.proc, dp_keyed.log_path, A))
+    paths = [*ROUTES.items(), (("GET", "/engine_metrics"), (OPEN, None))]
+    with httpx.Client(base_url=dp_keyed.url, headers=bearer(who), timeout=60) as client:
+        for (method, path), (access, body) in paths:
+            if isinstance(body, dict) and path in ("/generate", "/v1/completions"):
+                body = {**body, "model": name}  # the gateway routes by model
+            if isinstance(body, dict) and path == "/v1/chat/completions":
+                body = {**body, "model": name}
+            resp = client.request(method, path.replace("{name}", "dashboard.js"), json=body)
+            where = f"{method} {path} as {who} through the gateway"
+            assert_no_secret(resp.text, where)
+            if path in GATEWAY_PUBLIC:
+                continue
+            if who is None or (access == OPERATOR and who != "admin"):
+                assert not resp.is_success, (where, resp.status_code)
+            elif path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+                assert resp.status_code == 200, (where, resp.text)
+
+
+def test_each_tenant_keeps_its_cache_through_the_gateway(dp_keyed: Server) -> None:
+    name = model_name(Server(dp_keyed.url, dp_keyed.proc, dp_keyed.log_path, A))
+    prompt = "A memo of tenant a only, long enough to fill a page or two of the cache: 7 3 9 1"
+
+    def cached(who: str) -> int:
+        body = {"model": name, "text": prompt, "sampling_params": {"max_new_tokens": 1}}
+        resp = httpx.post(f"{dp_keyed.url}/generate", json=body, headers=bearer(who), timeout=60)
+        assert resp.status_code == 200, resp.text
+        return int(resp.json()["meta_info"]["cached_tokens"])
+
+    cached("a")
+    assert cached("a") > 0
+    assert cached("b") == 0 and cached("admin") == 0
+    gateway_view = httpx.get(f"{dp_keyed.url}/engine_metrics", timeout=30).text
+    totals = [
+        float(line.rsplit(" ", 1)[1])
+        for line in gateway_view.splitlines()
+        if line.startswith("radixserve:prompt_tokens_total")
+    ]
+    assert totals and not any(totals)  # no tenant's traffic in what smg shows without a key
+
+
+def test_the_gateway_gets_every_key_or_refuses() -> None:
+    from radixserve.api.gateway_keys import gateway_access
+    from radixserve.config import EngineConfig, ServerConfig
+
+    config = ServerConfig(
+        EngineConfig(model_path="/m"),
+        tenant_keys=(("team:a", A), ("b", B)),
+        admin_api_keys=(ADMIN,),
+    )
+    access = gateway_access(config, "smg")
+    flags = " ".join(access.flags)
+    assert f"team_a:{A}" in flags and f"b:{B}" in flags and f"admin:{ADMIN}" in flags
+    gateway = access.workers.gateway_api_keys[0]
+    assert access.flags[:2] == ["--api-key", gateway] and gateway not in (A, B, ADMIN)
+    assert access.control_key == ADMIN  # smg's control plane: the operators' keys
+    with pytest.raises(ValueError, match="--router smg"):
+        gateway_access(config, "sglang-router")
+    one = ServerConfig(EngineConfig(model_path="/m"), api_key=A)
+    assert gateway_access(one, "sglang-router").flags == ["--api-key", A]
+    with pytest.raises(ValueError, match="--worker-transport http"):
+        gateway_access(one, "smg", "grpc")  # smg's gRPC mode sends its workers no key

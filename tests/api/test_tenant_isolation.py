@@ -1,0 +1,147 @@
+"""What one tenant can do to or learn of another on a keyed server: its aborts reach its own
+requests only, its rids are its own, its counters are its own; and the bounds on what one
+request may carry, on every door."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from keyed_harness import KeyedServer, bearer
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
+
+from radixserve.server.request_validation import MAX_LOGIT_BIAS, MAX_STOP_TEXT_CHARS
+
+pytestmark = pytest.mark.timeout(240)
+LONG = {"max_new_tokens": 600, "temperature": 0, "ignore_eos": True}
+
+
+def generate(url: str, who: str, **body: Any) -> httpx.Response:
+    body.setdefault("sampling_params", {"max_new_tokens": 1})
+    return httpx.post(
+        f"{url}/generate", json={"text": "hi", **body}, headers=bearer(who), timeout=120
+    )
+
+
+def pending(url: str, who: str) -> int:
+    info = httpx.get(f"{url}/get_server_info", headers=bearer(who), timeout=30).json()
+    return int(info["scheduler"]["num_pending_reqs"])
+
+
+def wait_pending(url: str, who: str, n: int) -> None:
+    deadline = time.monotonic() + 60
+    while pending(url, who) != n:
+        assert time.monotonic() < deadline, f"{who} never had {n} pending requests"
+        time.sleep(0.05)
+
+
+def test_a_tenants_abort_reaches_its_own_requests_only(keyed_server: KeyedServer) -> None:
+    url = keyed_server.url
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        # two tenants may run a request of the same rid at once
+        mine = pool.submit(generate, url, "a", rid="job", sampling_params=LONG)
+        theirs = pool.submit(generate, url, "b", rid="job", sampling_params=LONG)
+        wait_pending(url, "a", 1)
+        wait_pending(url, "b", 1)
+        again = generate(url, "a", rid="job")  # a's own rid, running: refused, to a alone
+        assert again.status_code == 400 and "already running" in again.text
+        everyone = httpx.post(
+            f"{url}/abort_request", json={"abort_all": True}, headers=bearer("b"), timeout=30
+        )
+        assert everyone.status_code == 403  # abort_all is the admin's
+        aborted = httpx.post(f"{url}/abort_request", json={"rid": "job"}, headers=bearer("b"))
+        assert aborted.json() == {"aborted": ["job"]}
+        assert theirs.result().json()["meta_info"]["finish_reason"]["type"] == "abort"
+        assert pending(url, "a") == 1  # a's request of the same rid runs on
+        admin = httpx.post(
+            f"{url}/abort_request", json={"abort_all": True}, headers=bearer("admin")
+        )
+        assert admin.json() == {"aborted": ["job"]}
+        assert mine.result().json()["meta_info"]["id"] == "job"
+
+
+def test_each_tenant_sees_its_own_counters(keyed_server: KeyedServer) -> None:
+    url = keyed_server.url
+
+    def prompt_tokens(who: str) -> float:
+        text = httpx.get(f"{url}/metrics", headers=bearer(who), timeout=30).text
+        line = next(x for x in text.splitlines() if x.startswith("radixserve:prompt_tokens_total"))
+        return float(line.rsplit(" ", 1)[1])
+
+    def info(who: str) -> dict[str, Any]:
+        return httpx.get(f"{url}/get_server_info", headers=bearer(who), timeout=30).json()
+
+    before = {who: prompt_tokens(who) for who in ("a", "b", "admin")}
+    a_tokens = generate(url, "a", text="one prompt of tenant a")
+    b_tokens = [generate(url, "b", text=f"tenant b, prompt {i}") for i in range(2)]
+    a_sent = a_tokens.json()["meta_info"]["prompt_tokens"]
+    b_sent = sum(r.json()["meta_info"]["prompt_tokens"] for r in b_tokens)
+    assert prompt_tokens("a") - before["a"] == a_sent
+    assert prompt_tokens("b") - before["b"] == b_sent
+    assert prompt_tokens("admin") - before["admin"] == a_sent + b_sent
+    mine = info("a")
+    assert "num_running_reqs" not in mine["scheduler"] and "pids" not in mine
+    assert mine["scheduler"]["num_finished_reqs"] >= 1
+    assert "num_running_reqs" in info("admin")["scheduler"]
+    text = httpx.get(f"{url}/metrics", headers=bearer("a"), timeout=30).text
+    assert "radixserve:num_running_reqs" not in text and "cache_hit_rate" not in text
+
+
+def test_what_a_request_carries_is_bounded(keyed_server: KeyedServer) -> None:
+    url = keyed_server.url
+    stop = generate(url, "a", sampling_params={"stop": "x" * (MAX_STOP_TEXT_CHARS + 1)})
+    assert stop.status_code == 400 and "stop strings hold" in stop.text
+    bias = {str(i): 1.0 for i in range(MAX_LOGIT_BIAS + 1)}
+    assert generate(url, "a", sampling_params={"logit_bias": bias}).status_code == 400
+    past = {str(keyed_server.num_text_tokens + 1): 5.0}  # a padding row of the model
+    resp = generate(url, "a", sampling_params={"logit_bias": past})
+    assert resp.status_code == 400 and "tokenizer" in resp.text
+    body = {"prompt": "hi", "max_tokens": 1, "n": 10}  # the queue holds 4: it never could
+    many = httpx.post(f"{url}/v1/completions", json=body, headers=bearer("a"), timeout=30)
+    assert many.status_code == 400 and "--max-queued-requests" in many.text
+    assert "retry-after" not in many.headers
+
+
+def test_the_grpc_door_has_the_http_bounds(keyed_server: KeyedServer) -> None:
+    metadata = [("authorization", "Bearer " + "tenant-a-key-7f3a")]
+
+    def refused(**params: Any) -> grpc.StatusCode:
+        request = pb.GenerateRequest(
+            request_id="bounded",
+            tokenized=pb.TokenizedInput(input_ids=[5, 6, 7]),
+            sampling_params=pb.SamplingParams(max_new_tokens=1, **params),
+        )
+        with keyed_server.channel() as channel:
+            stub = pb_grpc.SglangSchedulerStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                list(stub.Generate(request, metadata=metadata, timeout=30))
+        return caught.value.code()  # type: ignore[no-any-return]
+
+    assert refused(n=2000) == grpc.StatusCode.INVALID_ARGUMENT  # past --max-batch-sub-requests
+    assert refused(n=10) == grpc.StatusCode.INVALID_ARGUMENT  # past --max-queued-requests
+    long_stop = ["y" * (MAX_STOP_TEXT_CHARS + 1)]
+    assert refused(stop=long_stop) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_the_grpc_door_keeps_each_tenants_cache(keyed_server: KeyedServer) -> None:
+    prompt = list(range(400, 460))
+
+    def cached(who: str) -> int:
+        request = pb.GenerateRequest(
+            tokenized=pb.TokenizedInput(input_ids=prompt),
+            sampling_params=pb.SamplingParams(max_new_tokens=1),
+        )
+        metadata = [("authorization", bearer(who)["Authorization"])]
+        with keyed_server.channel() as channel:
+            stub = pb_grpc.SglangSchedulerStub(channel)
+            out = list(stub.Generate(request, metadata=metadata, timeout=60))
+        return int(out[-1].complete.cached_tokens)
+
+    cached("a")
+    assert cached("a") > 0
+    assert cached("b") == 0  # a's prompt is not b's cache
