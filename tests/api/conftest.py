@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from keyed_harness import KeyedServer, keyed_serving
 from serving_harness import Server, serving, write_api_model
 from tool_template import write_tools_model
 
@@ -68,3 +69,12 @@ def oai(compat_server: Server):  # type: ignore[no-untyped-def]
     import openai
 
     return openai.OpenAI(base_url=f"{compat_server.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def keyed_server(
+    tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: object
+) -> Iterator[KeyedServer]:
+    """A server of two tenants and an admin, with gRPC and KV events, on a model whose
+    vocabulary is padded past its tokenizer (ids no text makes), at most 4 queued requests."""
+    yield from keyed_serving(tmp_path_factory.mktemp("keyed"), tiny_tokenizer)
