@@ -28,6 +28,7 @@ from radixserve.api.errors import error_body
 from radixserve.api.tenants import ADMIN_PATHS, GATEWAY_PATHS, Tenants
 
 OPEN_PATHS = frozenset({"/health"})
+_DISCONNECTED = b"\x00disconnected"  # _read_body's answer for a body cut off (compared by identity)
 # GET routes a browser opens (the cache page): the key may come as ``?api_key=`` there too
 QUERY_KEY_PATHS = ("/dashboard", "/cache_tree")
 # a JSON escape of a surrogate: only then can the parsed body hold a lone one
@@ -71,6 +72,8 @@ class RequestGuard:
             await self._too_large(send)
             return
         body = await self._read_body(receive)
+        if body is _DISCONNECTED:  # a cut-off body is never run, even when it parses
+            return
         if body is None:
             await self._too_large(send)
             return
@@ -105,13 +108,14 @@ class RequestGuard:
         return None
 
     async def _read_body(self, receive: Receive) -> bytes | None:
-        """The whole body, or None once it passes the limit (the rest is left unread)."""
+        """The whole body, None once it passes the limit (the rest is left unread), or
+        :data:`_DISCONNECTED` when the client left before sending all of it."""
         chunks: list[bytes] = []
         size = 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                break
+                return _DISCONNECTED
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_request_bytes:

@@ -145,3 +145,25 @@ def test_the_grpc_door_keeps_each_tenants_cache(keyed_server: KeyedServer) -> No
     cached("a")
     assert cached("a") > 0
     assert cached("b") == 0  # a's prompt is not b's cache
+
+
+def test_a_body_cut_off_is_never_run(keyed_server: KeyedServer) -> None:
+    """A client that leaves mid-body: what it sent parses as JSON, and still does not run."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = keyed_server.url
+    before = httpx.get(f"{url}/get_server_info", headers=bearer("b")).json()["scheduler"]
+    body = b'{"text": "a cut-off request", "sampling_params": {"max_new_tokens": 1}}'
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        head = (
+            f"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: {bearer('b')['Authorization']}"
+            f"\r\nContent-Type: application/json\r\nContent-Length: {len(body) + 100}\r\n\r\n"
+        )
+        sock.sendall(head.encode() + body)
+        sock.shutdown(socket.SHUT_WR)
+        time.sleep(0.5)
+    generate(url, "b")  # one request that runs, after it: the cut one would be counted first
+    after = httpx.get(f"{url}/get_server_info", headers=bearer("b")).json()["scheduler"]
+    assert after["num_finished_reqs"] == before["num_finished_reqs"] + 1
