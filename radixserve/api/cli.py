@@ -14,7 +14,7 @@ from typing import Any
 
 from radixserve.api.cli_access import access_fields, add_access_flags
 from radixserve.api.cli_cache import add_cache_flags, cache_fields
-from radixserve.api.cli_lora import add_lora_flags, lora_fields
+from radixserve.api.cli_lora import add_lora_flags, check_lora_paths, lora_fields
 from radixserve.config import (
     OVERLAP_LAUNCHES,
     PREEMPTION_MODES,
@@ -360,6 +360,7 @@ def run(args: argparse.Namespace) -> int:
         if dp.dp_size > 1:  # the router it names (auto: the one installed), or the install hint
             dp = dataclasses.replace(dp, router=data_parallel.resolve_router(dp.router))
         config = make_server_config(args)
+        check_lora_paths(config.engine)
     except ValueError as exc:
         print(f"radixserve serve: {exc}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from radixserve.config import EngineConfig
+from radixserve.runtime.lora_manager import check_adapter
 
 _DEFAULTS = EngineConfig()
 
@@ -54,3 +55,13 @@ def lora_fields(args: argparse.Namespace) -> dict[str, Any]:
         max_loaded_loras=args.max_loaded_loras,
         max_lora_rank=args.max_lora_rank,
     )
+
+
+def check_lora_paths(config: EngineConfig) -> None:
+    """Read every ``--lora-paths`` adapter before a process starts: ``ValueError`` naming the
+    first that cannot be served (``serve`` prints it as one line and exits 2)."""
+    for name, path in config.lora_paths:
+        try:
+            check_adapter(path, config)
+        except ValueError as exc:
+            raise ValueError(f"--lora-paths {name}={path}: {exc}") from None

@@ -2,11 +2,15 @@
 
 PEFT initialises ``lora_B`` to zero (an adapter that changes nothing); these draw both A and B
 at random, large enough that the adapter changes the model's greedy tokens, so a test that
-passes with the adapter applied would fail without it.
+passes with the adapter applied would fail without it. :func:`write_malformed_lora` breaks a
+good adapter in the ways a server must refuse.
 """
 
 from __future__ import annotations
 
+import os
+import random
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +18,17 @@ from typing import Any
 import torch
 
 ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+# how write_malformed_lora breaks an adapter -> words the refusal of it contains
+MALFORMED = {
+    "random-bytes": "not a safetensors file",
+    "0-d": "is not 2-d",
+    "float8": "float8_e4m3fn",
+    "int": "int32",
+    "nan": "NaN or infinite",
+    "fifo": "not a regular file",
+    "dev-zero": "not a regular file",
+}
 
 
 def write_tiny_lora(
@@ -72,4 +87,37 @@ def write_merged(base_dir: str | Path, adapter_dir: str | Path, out_dir: str | P
     out = Path(out_dir)
     merged.to(dtype).save_pretrained(out)
     AutoTokenizer.from_pretrained(base_dir).save_pretrained(out)
+    return out
+
+
+def write_malformed_lora(good_dir: str | Path, out_dir: str | Path, kind: str) -> Path:
+    """A copy of the adapter at ``good_dir`` in ``out_dir`` whose weights file is broken as
+    ``kind`` (a key of :data:`MALFORMED`) says: random bytes, a 0-d tensor, float8 or int32
+    weights, a NaN, a FIFO, or a symlink to ``/dev/zero``. Returns ``out_dir``."""
+    from safetensors.torch import load_file, save_file
+
+    if kind not in MALFORMED:
+        raise ValueError(f"unknown kind {kind!r} (one of {', '.join(MALFORMED)})")
+    src, out = Path(good_dir), Path(out_dir)
+    out.mkdir(parents=True)
+    shutil.copy(src / "adapter_config.json", out / "adapter_config.json")
+    weights = out / "adapter_model.safetensors"
+    if kind == "random-bytes":
+        weights.write_bytes(random.Random(0).randbytes(4096))
+    elif kind == "fifo":
+        os.mkfifo(weights)
+    elif kind == "dev-zero":
+        weights.symlink_to("/dev/zero")
+    else:
+        tensors = load_file(src / "adapter_model.safetensors")
+        first = min(tensors)
+        if kind == "0-d":
+            tensors[first] = torch.tensor(1.0)
+        elif kind == "nan":
+            tensors[first] = tensors[first].clone()
+            tensors[first].view(-1)[0] = float("nan")
+        else:
+            dtype = torch.float8_e4m3fn if kind == "float8" else torch.int32
+            tensors = {key: (t * 100).to(dtype) for key, t in tensors.items()}
+        save_file(tensors, weights)
     return out

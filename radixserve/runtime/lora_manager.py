@@ -26,13 +26,26 @@ from dataclasses import dataclass, field
 import torch
 
 from radixserve.config import EngineConfig
-from radixserve.models.lora import LoraAdapter, LoraBatch, LoraStacks, adapter_uid
+from radixserve.models.lora import LoraAdapter, LoraBatch, LoraStacks, adapter_uid, load_adapter
+from radixserve.models.model_config import ModelConfig
 from radixserve.runtime.schedule_batch import ScheduleBatch
 from radixserve.types import Req
 
 NAMESPACE_PREFIX = "lora:"
 
 AdapterLoader = Callable[[str], LoraAdapter]
+
+
+def check_adapter(path: str, config: EngineConfig) -> None:
+    """Read the adapter at ``path`` for ``config``'s model on the CPU, as a scheduler would
+    (``load_adapter``), and drop it: ``ValueError`` naming what makes it unusable. The HTTP
+    process runs this before it asks the scheduler to load an adapter, and ``serve`` before it
+    starts one with ``--lora-paths``, so a malformed adapter is refused before the scheduler
+    loop ever reads it."""
+    if config.model_path is None:
+        raise ValueError("no model to read a LoRA adapter for")
+    model = ModelConfig.from_dir(config.model_path)
+    load_adapter(path, model, torch.float32, torch.device("cpu"), config.max_lora_rank)
 
 
 @dataclass(slots=True)
@@ -88,7 +101,8 @@ class LoraManager:
     def load(self, name: str, path: str, pinned: bool = False) -> None:
         """Serve the adapter at ``path`` as ``name`` (``pinned``: never dropped from memory).
         ``ValueError``: the name is taken, this model serves no adapters, the directory is not
-        an adapter this model can apply, or pinning it would leave no room in memory."""
+        an adapter this model can apply (``load_adapter``'s reasons: its files are read without
+        blocking, whatever they are), or pinning it would leave no room in memory."""
         if self.loader is None:
             raise ValueError("this scheduler runs no model that could apply a LoRA adapter")
         if not name or ":" in name or name in self.names:
@@ -97,10 +111,7 @@ class LoraManager:
         if pinned and self.max_loaded is not None:
             if sum(e.pinned for e in self.entries.values()) + 1 >= self.max_loaded:
                 raise ValueError(f"pinning leaves no room: --max-loaded-loras {self.max_loaded}")
-        try:
-            uid = self.identify(path)
-        except OSError as exc:
-            raise ValueError(f"{path!r} is not a PEFT LoRA adapter: {exc.strerror}") from None
+        uid = self.identify(path)
         if uid not in self.loaded:
             self._remember(uid, self._read(path))  # validated against the model now
         entry = self.entries.setdefault(uid, _Entry(uid, path))

@@ -180,6 +180,10 @@ class SchedulerLoop:
                 loras.load(msg.lora_name, msg.lora_path, msg.pinned)
         except ValueError as exc:
             return RpcReply(msg.call_id, loras.adapters(), error=str(exc))
+        except Exception as exc:  # (out of memory placing it, say): that load fails, not the loop
+            logger.exception("loading the LoRA adapter %r failed", msg.lora_name)
+            error = f"the LoRA adapter {msg.lora_name!r} could not be loaded: {exc!r}"
+            return RpcReply(msg.call_id, loras.adapters(), error=error)
         logger.info(
             "LoRA adapter %r %s", msg.lora_name, "unloaded" if msg.lora_path is None else "loaded"
         )

@@ -26,6 +26,7 @@ import zmq.asyncio
 
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.runtime.lora_manager import check_adapter
 from radixserve.server.io_struct import (
     AbortRequest,
     FlushCacheReq,
@@ -262,7 +263,11 @@ class TokenizerManager:
         self, lora_name: str, lora_path: str | None, pinned: bool = False
     ) -> dict[str, str]:
         """Load (``lora_path``) or unload (``None``) an adapter in the scheduler; the adapters
-        served afterwards. ``ValueError``: the scheduler's reason it did not."""
+        served afterwards. ``ValueError``: the reason it did not. The adapter's files are read
+        and checked here first, in a worker thread (this loop serves on meanwhile), so a
+        malformed adapter never reaches the scheduler's loop."""
+        if lora_path is not None:
+            await asyncio.to_thread(check_adapter, lora_path, self.config.engine)
         try:
             msg = UpdateLoraReq(next(self._call_ids), lora_name, lora_path, pinned)
             adapters = await self._rpc(msg)

@@ -1,6 +1,7 @@
 """LoRA adapters through the server: ``lora_path`` on ``/generate``, the adapter as ``model``
 with the official ``openai`` client, ``/v1/models``, and the load/unload routes in SGLang's and
-vLLM's shapes, against PEFT on transformers."""
+vLLM's shapes, against PEFT on transformers; malformed adapters are refused, at run time and at
+start."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ from serving_harness import Server, serving
 
 pytest.importorskip("peft")
 
-from radixserve.models.tiny_lora import write_tiny_lora  # noqa: E402
+from radixserve.models.tiny_lora import (  # noqa: E402
+    MALFORMED,
+    write_malformed_lora,
+    write_tiny_lora,
+)
 
 MAX_NEW = 8
 PROMPT = [11, 250, 37, 990, 4, 61, 700, 13, 88, 5]
@@ -210,3 +215,41 @@ def test_frontend_programs_pick_an_adapter_per_gen(lora_server) -> None:
         ).json()["text"]
     assert state["y"] == after_x
     endpoint.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_malformed_adapters_are_refused_and_the_server_serves_on(
+    lora_server, adapters, peft_tokens, tmp_path
+) -> None:
+    """Each broken adapter (random bytes, a 0-d tensor, float8 or int weights, a NaN, a FIFO, a
+    symlink to /dev/zero) is a 400 naming what is wrong, on SGLang's route and vLLM's; the
+    scheduler lives on and serves adapter "a" as PEFT does."""
+    with lora_server.client(timeout=20.0) as client:
+        for kind, words in MALFORMED.items():
+            bad = str(write_malformed_lora(adapters["a"], tmp_path / kind, kind))
+            body = {"lora_name": kind, "lora_path": bad}
+            refused = client.post("/load_lora_adapter", json=body)
+            assert refused.status_code == 400, refused.text
+            reply = refused.json()
+            assert not reply["success"] and words in reply["error_message"], reply
+            assert words in reply["error"]["message"], reply
+            assert set(reply["loaded_adapters"]) == {"a", "b"}
+            v1 = client.post("/v1/load_lora_adapter", json=body)
+            assert v1.status_code == 400 and words in v1.json()["error"]["message"], v1.text
+        assert generate(client, "a").json()["output_ids"] == peft_tokens["a"]
+        client.get("/get_server_info").raise_for_status()
+
+
+@pytest.mark.timeout(60)
+def test_a_malformed_adapter_at_start_is_one_line_naming_it(
+    api_model_dir, adapters, tmp_path, capsys
+) -> None:
+    """``serve --lora-paths`` with a NaN adapter among good ones: exit 2 and one line naming it,
+    before any process starts."""
+    from radixserve.api import cli
+
+    bad = write_malformed_lora(adapters["a"], tmp_path / "nan", "nan")
+    argv = ["serve", "--model", str(api_model_dir), "--lora-paths", f"a={adapters['a']}"]
+    assert cli.main([*argv, f"x={bad}"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"radixserve serve: --lora-paths x={bad}: ") and "NaN" in line, line

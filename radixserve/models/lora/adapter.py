@@ -12,6 +12,11 @@ The decoder merges q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``, so
 under the other ``[sum r, in]``, ``b`` places each part's ``scaling * B`` at its output rows and
 its own rank columns ``[out, sum r]`` (zero elsewhere). ``(x @ a.T) @ b.T`` is then the sum of
 the parts' deltas, each in its own output columns.
+
+The files are untrusted input: each is opened without blocking and read only if it is a regular
+file (after symlinks) no larger than any adapter of the model could be, then parsed from memory;
+whatever is wrong with them (not JSON or safetensors, a tensor that is not a 2-d float matrix,
+NaN or infinite values) is a ``ValueError`` naming it, never another exception or a wait.
 """
 
 from __future__ import annotations
@@ -19,10 +24,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -30,6 +39,10 @@ from radixserve.models.model_config import ModelConfig
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
+MAX_CONFIG_BYTES = 1 << 20  # PEFT writes a few hundred bytes
+HEADER_BYTES = 1 << 20  # room for any adapter's safetensors header (its tensors' names, offsets)
+# the dtypes LoRA weights are saved in; float8 or integers are not LoRA weights this applies
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 # PEFT's module name -> (our merged projection, part index)
 TARGETS = {
@@ -72,13 +85,22 @@ class LoraAdapter:
 
 def adapter_uid(path: str | Path) -> str:
     """The sha256 of an adapter directory's config and weights (16 hex digits): two loads of
-    the same files share their cached KV, a changed file does not."""
+    the same files share their cached KV, a changed file does not. ``ValueError`` if either is
+    missing or not a regular file (it is hashed in blocks, whatever its size)."""
     digest = hashlib.sha256()
     for name in (CONFIG_FILE, WEIGHTS_FILE):
-        with open(Path(path) / name, "rb") as f:
+        with _open_regular(Path(path), name) as (f, _):
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()[:16]
+
+
+def max_weights_bytes(model: ModelConfig, max_rank: int) -> int:
+    """The largest ``adapter_model.safetensors`` that could be valid for ``model``: every target
+    of every layer at rank ``max_rank`` in float64, plus ``HEADER_BYTES``. A larger file is
+    refused before it is read."""
+    per_rank = sum(sum(_dims(model, merged, part)) for merged, part in TARGETS.values())
+    return model.num_layers * per_rank * max_rank * 8 + HEADER_BYTES
 
 
 def load_adapter(
@@ -89,21 +111,23 @@ def load_adapter(
     max_rank: int,
 ) -> LoraAdapter:
     """Read the PEFT adapter at ``path`` for ``model``. ``ValueError`` for anything this
-    runtime cannot apply exactly: a missing file, a non-LoRA or DoRA adapter, trained biases or
-    extra saved modules, a target outside q/k/v/o/gate/up/down, a rank above ``max_rank``, a
-    shape that does not fit the model."""
-    from safetensors.torch import load_file
-
+    runtime cannot apply exactly: a missing file, one that is not a regular file or is larger
+    than ``max_weights_bytes``, a config that is not JSON, weights that are not safetensors, a
+    tensor that is not a 2-d matrix of a float dtype in ``DTYPES``, NaN or infinite values, a
+    non-LoRA or DoRA adapter, trained biases or extra saved modules, a target outside
+    q/k/v/o/gate/up/down, a rank above ``max_rank``, a shape that does not fit the model."""
     root = Path(path)
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (root / name).is_file():
-            raise ValueError(f"{str(root)!r} is not a PEFT LoRA adapter: it has no {name}")
-    config = _check_config(json.loads((root / CONFIG_FILE).read_text()))
+    config_bytes = _read_file(root, CONFIG_FILE, MAX_CONFIG_BYTES)
+    weights_bytes = _read_file(root, WEIGHTS_FILE, max_weights_bytes(model, max_rank))
+    config = _check_config(_parse_config(config_bytes))
+    digest = hashlib.sha256(config_bytes)
+    digest.update(weights_bytes)
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    for key, tensor in load_file(str(root / WEIGHTS_FILE)).items():
+    for key, tensor in _parse_weights(root, weights_bytes).items():
         m = _KEY.match(key)
         if m is None:
             raise ValueError(f"adapter tensor {key!r} is not a LoRA A/B of a decoder projection")
+        _check_tensor(key, tensor)
         layer, module, which = int(m[1]), m[2], m[3]
         if module not in TARGETS:
             raise ValueError(f"LoRA on {module!r} is not supported (only {', '.join(TARGETS)})")
@@ -135,7 +159,78 @@ def load_adapter(
         {merged: _stack(model, merged, parts, dtype, device) for merged, parts in layer.items()}
         for layer in layers
     )
-    return LoraAdapter(adapter_uid(root), str(root), rank, deltas, device)
+    return LoraAdapter(digest.hexdigest()[:16], str(root), rank, deltas, device)
+
+
+@contextmanager
+def _open_regular(root: Path, name: str) -> Iterator[tuple[BinaryIO, int]]:
+    """``root / name`` open for reading, with its size, if it is a regular file once symlinks
+    are followed; ``ValueError`` otherwise. ``O_NONBLOCK``: opening a FIFO returns at once
+    instead of waiting for a writer, and the check on the open file (not the path, which could
+    change in between) refuses it and any device before a byte is read."""
+    path = root / name
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ValueError(f"{str(root)!r} is not a PEFT LoRA adapter: it has no {name}") from None
+    except OSError as exc:
+        raise ValueError(
+            f"{str(root)!r} is not a PEFT LoRA adapter: {name}: {exc.strerror}"
+        ) from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{str(path)!r} is not a regular file (a FIFO, device or directory)")
+        try:
+            yield f, info.st_size
+        except OSError as exc:
+            raise ValueError(f"{str(path)!r} could not be read: {exc.strerror}") from None
+
+
+def _read_file(root: Path, name: str, max_bytes: int) -> bytes:
+    """The bytes of ``root / name``, a regular file of at most ``max_bytes``."""
+    with _open_regular(root, name) as (f, size):
+        data = f.read(max_bytes + 1) if size <= max_bytes else b""
+    if size > max_bytes or len(data) > max_bytes:  # (or it grew while being read)
+        size = max(size, len(data))
+        raise ValueError(
+            f"{str(root / name)!r} is {size} bytes, more than an adapter of this model at "
+            f"--max-lora-rank can be (at most {max_bytes})"
+        )
+    return data
+
+
+def _parse_config(data: bytes) -> dict[str, Any]:
+    try:
+        config = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested past the stack
+        raise ValueError(f"{CONFIG_FILE} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{CONFIG_FILE} is not a JSON object")
+    return config
+
+
+def _parse_weights(root: Path, data: bytes) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    try:
+        return load(data)
+    except Exception as exc:  # the parser's own error types: any of them is a refusal
+        raise ValueError(f"{str(root / WEIGHTS_FILE)!r} is not a safetensors file: {exc}") from None
+
+
+def _check_tensor(key: str, tensor: torch.Tensor) -> None:
+    if tensor.dtype not in DTYPES:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        raise ValueError(
+            f"adapter tensor {key!r} is {dtype}: LoRA weights must be float16, bfloat16, "
+            "float32 or float64"
+        )
+    if tensor.dim() != 2:
+        shape = tuple(tensor.shape)
+        raise ValueError(f"adapter tensor {key!r} of shape {shape} is not 2-d (a LoRA matrix)")
+    if not bool(torch.isfinite(tensor).all()):
+        raise ValueError(f"adapter tensor {key!r} holds NaN or infinite values")
 
 
 def _check_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -153,12 +248,25 @@ def _check_config(config: dict[str, Any]) -> dict[str, Any]:
     targets = config.get("target_modules")
     if isinstance(targets, list):  # (a string is a regex over module names: the tensors tell)
         for module in targets:
-            if module.rsplit(".", 1)[-1] not in TARGETS:
+            if not isinstance(module, str) or module.rsplit(".", 1)[-1] not in TARGETS:
                 raise ValueError(f"LoRA on {module!r} is not supported (only {', '.join(TARGETS)})")
     if config.get("bias", "none") != "none":
         raise ValueError(
             "the adapter trains biases (bias != 'none'), which radixserve does not apply"
         )
+    alpha_pattern = config.get("alpha_pattern") or {}
+    if not isinstance(alpha_pattern, dict):
+        raise ValueError("alpha_pattern is not a mapping of module patterns to alphas")
+    for alpha in (config.get("lora_alpha", 8), *alpha_pattern.values()):
+        if type(alpha) not in (int, float) or not math.isfinite(alpha):
+            raise ValueError(f"lora_alpha {alpha!r} is not a finite number")
+    for pattern in alpha_pattern:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(
+                f"alpha_pattern {pattern!r} is not a regular expression: {exc}"
+            ) from None
     return config
 
 
@@ -200,5 +308,8 @@ def _stack(
         row, r = sum(sizes[:part]), a_part.shape[0]
         b[row : row + b_part.shape[0], col : col + r] = b_part.float()
         col += r
-    a = torch.cat([a_part.float() for _, a_part, _ in parts])
-    return LoraDelta(a.to(device, dtype).contiguous(), b.to(device, dtype).contiguous())
+    a = torch.cat([a_part.float() for _, a_part, _ in parts]).to(dtype)
+    b = b.to(dtype)
+    if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+        raise ValueError(f"the adapter's {merged} weights, scaled, overflow {dtype}")
+    return LoraDelta(a.to(device).contiguous(), b.to(device).contiguous())
