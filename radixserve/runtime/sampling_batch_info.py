@@ -163,11 +163,7 @@ class SamplingBatchInfo:
             top_logprobs_nums=nums,
         )
         if any(p.logit_bias for p in params):
-            info.logit_bias = torch.zeros(bs, vocab_size, dtype=torch.float32)
-            for row, p in enumerate(params):
-                for token, bias in (p.logit_bias or {}).items():
-                    info.logit_bias[row, token] = bias
-            info.logit_bias = to_device(info.logit_bias, device, torch.float32)
+            info.logit_bias = _bias_table(params, vocab_size, device)
         if any(p.repetition_penalty != 1.0 for p in params):
             seen = [
                 list(o) if prompt_ids is None else list(prompt_ids[i]) + list(o)
@@ -180,6 +176,19 @@ class SamplingBatchInfo:
             info.presence_penalties = col([p.presence_penalty for p in params])
             info.output_counts = _token_table(output_ids, vocab_size, device, torch.float32)
         return info
+
+
+def _bias_table(
+    params: Sequence[SamplingParams], vocab_size: int, device: torch.device
+) -> torch.Tensor:
+    """``[bs, vocab]`` float32: each row's ``logit_bias``, written in one indexed copy (a
+    write per entry would cost every step microseconds per entry)."""
+    rows = [row for row, p in enumerate(params) for _ in range(len(p.logit_bias or {}))]
+    tokens = [token for p in params for token in (p.logit_bias or {})]
+    values = [bias for p in params for bias in (p.logit_bias or {}).values()]
+    table = torch.zeros(len(params), vocab_size, dtype=torch.float32)
+    table[torch.tensor(rows), torch.tensor(tokens)] = torch.tensor(values, dtype=torch.float32)
+    return to_device(table, device, torch.float32)
 
 
 def _token_table(

@@ -7,7 +7,8 @@ reads the same on both sides). The detokenizer never judges: told ``STOP_STR`` w
 matched string, it cuts its text at that string's first occurrence.
 
 Cost per token: a stop string completed by the newest token ends inside that token's text and
-starts at most ``len(stop) - 1`` characters before it, so only a tail of the output is decoded:
+starts at most ``len(stop) - 1`` characters before it, so only a tail of the output is decoded
+(and only its last ``len(newest) + longest stop`` characters scanned):
 enough tokens that the text before the newest token holds the longest stop string plus an edge
 margin (the tail may start inside a multi-byte character, which decodes to up to 3 U+FFFD).
 Most tokens show at least one character; when they do not (skipped special tokens), the tail
@@ -53,17 +54,19 @@ def match_stop_str(
         return None
     matcher = stops if isinstance(stops, StopMatcher) else StopMatcher(stops)
     need = matcher.max_len + EDGE_MARGIN_CHARS
+    newest = decode(tokenizer, output_ids[-1:], skip_special_tokens)
     n = len(output_ids)
     num = min(n, need)
     while num < n:
         text = decode(tokenizer, output_ids[n - num :], skip_special_tokens)
-        newest = decode(tokenizer, output_ids[-1:], skip_special_tokens)
         if len(text) - len(newest) >= need:
             break
         num = min(n, 2 * num)
     else:
         text = output_text(tokenizer, prompt_ids, output_ids, skip_special_tokens)
-    hit = matcher.first_in(text)
+    # a match ends in the newest token's text (an earlier one ended the request before), so
+    # it starts within the last len(newest) + longest stop characters: scan only those
+    hit = matcher.first_in(text[max(0, len(text) - len(newest) - need) :])
     return None if hit is None else hit.stop
 
 

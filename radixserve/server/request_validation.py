@@ -19,6 +19,7 @@ MAX_TOP_LOGPROBS = 20
 # what one request may carry: far past what any honest client sends, and small enough that no
 # request's own work (stop strings decoded each step, a bias applied each step) slows others
 MAX_STOP_TEXT_CHARS = 16384  # all of a request's stop strings together
+MAX_STOP_STRING_CHARS = 512  # one stop string: each step decodes an output tail this long
 MAX_LOGIT_BIAS = 2048  # entries of logit_bias (OpenAI documents 300)
 MAX_STOP_TOKEN_IDS = 1024
 
@@ -78,6 +79,11 @@ class RequestValidator:
 
     def _check_carried(self, params: SamplingParams) -> None:
         """The bounds on what a request carries (stop strings, stop ids, logit bias)."""
+        longest = max((len(s) for s in params.stop), default=0)
+        if longest > MAX_STOP_STRING_CHARS:
+            raise ValueError(
+                f"a stop string holds {longest} characters; at most {MAX_STOP_STRING_CHARS}"
+            )
         stop_chars = sum(len(s) for s in params.stop)
         if stop_chars > MAX_STOP_TEXT_CHARS:
             raise ValueError(

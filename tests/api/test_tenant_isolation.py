@@ -15,7 +15,11 @@ from keyed_harness import KeyedServer, bearer
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
-from radixserve.server.request_validation import MAX_LOGIT_BIAS, MAX_STOP_TEXT_CHARS
+from radixserve.server.request_validation import (
+    MAX_LOGIT_BIAS,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_TEXT_CHARS,
+)
 
 pytestmark = pytest.mark.timeout(240)
 LONG = {"max_new_tokens": 600, "temperature": 0, "ignore_eos": True}
@@ -94,7 +98,10 @@ def test_each_tenant_sees_its_own_counters(keyed_server: KeyedServer) -> None:
 
 def test_what_a_request_carries_is_bounded(keyed_server: KeyedServer) -> None:
     url = keyed_server.url
-    stop = generate(url, "a", sampling_params={"stop": "x" * (MAX_STOP_TEXT_CHARS + 1)})
+    one = generate(url, "a", sampling_params={"stop": "x" * (MAX_STOP_STRING_CHARS + 1)})
+    assert one.status_code == 400 and "a stop string holds" in one.text
+    many = ["x" * MAX_STOP_STRING_CHARS] * (MAX_STOP_TEXT_CHARS // MAX_STOP_STRING_CHARS + 1)
+    stop = generate(url, "a", sampling_params={"stop": many})
     assert stop.status_code == 400 and "stop strings hold" in stop.text
     bias = {str(i): 1.0 for i in range(MAX_LOGIT_BIAS + 1)}
     assert generate(url, "a", sampling_params={"logit_bias": bias}).status_code == 400
@@ -124,7 +131,7 @@ def test_the_grpc_door_has_the_http_bounds(keyed_server: KeyedServer) -> None:
 
     assert refused(n=2000) == grpc.StatusCode.INVALID_ARGUMENT  # past --max-batch-sub-requests
     assert refused(n=10) == grpc.StatusCode.INVALID_ARGUMENT  # past --max-queued-requests
-    long_stop = ["y" * (MAX_STOP_TEXT_CHARS + 1)]
+    long_stop = ["y" * (MAX_STOP_STRING_CHARS + 1)]
     assert refused(stop=long_stop) == grpc.StatusCode.INVALID_ARGUMENT
 
 

@@ -178,6 +178,19 @@ def test_penalties_change_logits_exactly_as_defined() -> None:
     torch.testing.assert_close(out, torch.tensor([r0, r1]), rtol=0, atol=1e-6)
 
 
+def test_logit_bias_rows_hold_each_requests_own_bias() -> None:
+    params = [
+        SamplingParams(logit_bias={0: 5.0, 3: -2.5}),
+        SamplingParams(),
+        SamplingParams(logit_bias={5: 1.0}),
+    ]
+    info = SamplingBatchInfo.from_params(params, [[], [], []], 6)
+    expected = torch.zeros(3, 6)
+    expected[0, 0], expected[0, 3], expected[2, 5] = 5.0, -2.5, 1.0
+    assert info.logit_bias is not None
+    torch.testing.assert_close(info.logit_bias, expected, rtol=0, atol=0)
+
+
 def test_greedy_uses_penalised_logits_and_input_is_not_modified() -> None:
     logits = torch.tensor([[3.0, 2.9, 0.0, -1.0]])
     copy = logits.clone()
