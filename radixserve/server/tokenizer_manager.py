@@ -42,8 +42,8 @@ from radixserve.server.io_struct import (
 from radixserve.server.ipc import IpcEndpoints, make_socket
 from radixserve.server.prompt_tokenizer import PromptTokenizer
 from radixserve.server.request_validation import RequestValidator
-
 from radixserve.server.rid_scope import client_rid
+
 logger = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.5
@@ -201,8 +201,8 @@ class TokenizerManager:
             raise ValueError(f"a request with rid {client_rid(running)!r} is already running")
         if len(set(rids)) != len(rids):
             raise ValueError("the rids of a batch must be distinct")
-        queue: asyncio.Queue[tuple[int, TextOutput | Exception]] = asyncio.Queue()
         self.validator.check_group(len(requests))
+        queue: asyncio.Queue[tuple[int, TextOutput | Exception]] = asyncio.Queue()
         states = [ReqState(r, i, queue) for i, r in enumerate(requests)]
         self.states.update((s.request.rid, s) for s in states)
         self._send.send_pyobj(list(requests))
