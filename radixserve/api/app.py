@@ -30,6 +30,7 @@ from radixserve.api.lora import lora_router
 from radixserve.api.openapi import ROUTE_RESPONSES, install_openapi
 from radixserve.api.protocol import AbortReqInput, GenerateReqInput
 from radixserve.api.protocol_openai import ChatCompletionRequest, CompletionRequest
+from radixserve.api.request_builder import RequestBuilder
 from radixserve.api.responses import ModelCard, ModelList, dump
 from radixserve.api.serving_chat import ChatServing
 from radixserve.api.serving_completions import CompletionServing
@@ -106,7 +107,7 @@ def create_app(
     app.add_middleware(UnhandledErrors)  # added last: the outermost layer, so it runs first
     install_error_handlers(app)
     meter = server_info.ThroughputMeter()
-    native = NativeServing(tm, tenants, config.reasoning_parser)
+    native = NativeServing(RequestBuilder(tm, tenants, config), config.reasoning_parser)
     completions = CompletionServing(tm, config)
     chat = ChatServing(tm, config)
     router = APIRouter()

@@ -51,12 +51,12 @@ from radixserve.api.grpc_convert import (
     tokenizer_zip,
 )
 from radixserve.api.grpc_kv_events import relay_kv_events
-from radixserve.api.limits import check_stop_strings, check_sub_requests
+from radixserve.api.request_builder import Generation, RequestBuilder
 from radixserve.api.server_info import server_args, version
 from radixserve.api.tenants import Tenants
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
-from radixserve.server.rid_scope import check_client_rid, client_rid, scope_of, scoped_rid
+from radixserve.server.rid_scope import client_rid, scope_of
 from radixserve.server.tokenizer_manager import (
     RequestFailed,
     SchedulerUnavailable,
@@ -81,6 +81,7 @@ class SchedulerService(pb_grpc.SglangSchedulerServicer):
         self.tm = tm
         self.config = config
         self.tenants = Tenants.of(config)
+        self.builder = RequestBuilder(tm, self.tenants, config)
         self.started = time.time()
 
     def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
@@ -121,38 +122,29 @@ class SchedulerService(pb_grpc.SglangSchedulerServicer):
             await context.abort(code, str(exc))
 
     def _requests(self, request: pb.GenerateRequest, who: Caller) -> list[GenerateRequest]:
-        """The call's ``n`` requests, under the HTTP routes' bounds, in the caller's rid scope
-        and prompt-cache namespace."""
+        """The call's ``n`` requests, through the one request builder of every door."""
         if not request.HasField("tokenized") or not request.tokenized.input_ids:
             raise ValueError("Generate needs tokenized input_ids")
         ids = list(request.tokenized.input_ids)
         n = max(1, request.sampling_params.n)
-        check_sub_requests(1, n, self.config.max_batch_sub_requests, "n")
-        check_stop_strings(list(request.sampling_params.stop), self.config.max_stop_strings)
-        lora = request.lora_id or None
-        if lora is not None and lora not in self.tm.lora_adapters:
-            raise ValueError(f"the LoRA adapter {lora!r} is not loaded")
-        given = request.request_id
-        rid = check_client_rid(given) if given else self.tm.new_rid()
-        rid = scoped_rid(self.tenants.scope(who), rid)
+        self.builder.check_size(1, n, list(request.sampling_params.stop), "n")
+        rid = request.request_id or self.tm.new_rid()
         max_new = self.tm.validator.max_new_tokens_for(
             len(ids), max_new_tokens_of(request.sampling_params)
         )
-        params = sampling_params(request.sampling_params, max_new)
-        out = []
-        for i in range(n):
-            req = GenerateRequest(
+        params = sampling_params(request.sampling_params, max_new)  # one for the n samples
+        generations = [
+            Generation(
+                ids,
+                params,
                 rid=rid if n == 1 else f"{rid}-{i}",
-                input_ids=ids,
-                sampling_params=params,
-                extra_key=self.tenants.namespace(who, None),
+                lora=request.lora_id or None,
                 return_logprob=request.return_logprob,
-                top_logprobs_num=request.top_logprobs_num if request.return_logprob else 0,
-                logprob_start_len=-1,
-                lora_name=lora,
+                top_logprobs_num=request.top_logprobs_num,
             )
-            out.append(self.tm.validator.check(req))
-        return out
+            for i in range(n)
+        ]
+        return self.builder.build(who, generations)
 
     async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortResponse:  # noqa: N802
         """The caller's own request (and its ``n`` samples); an operator's reaches any."""

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from radixserve.api.errors import APIError
-from radixserve.api.limits import check_stop_strings, check_sub_requests
 from radixserve.api.lora import adapter_of_model, check_adapter
 from radixserve.api.protocol_openai import OpenAISamplingFields
+from radixserve.api.request_builder import Generation, RequestBuilder
 from radixserve.api.responses import (
     ChatLogprobs,
     ChatTokenLogprob,
@@ -28,7 +28,6 @@ from radixserve.api.tenants import Tenants
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.result import RequestResult
-from radixserve.server.rid_scope import scoped_rid
 from radixserve.server.tokenizer_manager import TokenizerManager
 from radixserve.types import FinishReason
 
@@ -39,6 +38,7 @@ class OpenAIServing:
     def __init__(self, tm: TokenizerManager, config: ServerConfig) -> None:
         self.tm = tm
         self.tenants = Tenants.of(config)
+        self.builder = RequestBuilder(tm, self.tenants, config)
         self.model_name = config.model_name
         path = config.engine.model_path or ""
         self.accepted_names = {
@@ -65,11 +65,9 @@ class OpenAIServing:
         return requests[0].lora_name or self.model_name
 
     def check_common(self, body: OpenAISamplingFields, num_prompts: int, prompt_param: str) -> None:
-        """What both routes refuse before any tokenizing: unsupported fields, and requests
-        past the server's bounds (prompts x n, stop strings)."""
-        limits = self.tm.config
-        check_sub_requests(num_prompts, body.n, limits.max_batch_sub_requests, prompt_param)
-        check_stop_strings(body.stop, limits.max_stop_strings)
+        """What both routes refuse before any tokenizing: requests past the server's bounds
+        (prompts x n, stop strings)."""
+        self.builder.check_size(num_prompts, body.n, body.stop, prompt_param)
 
     def build_requests(
         self,
@@ -83,15 +81,14 @@ class OpenAIServing:
         prompt_param: str = "prompt",
         grammar: dict[str, str] | None = None,
         grammar_after_token: int | None = None,
-        extra_key: str | None = None,
+        state: Any = None,
         lora_name: str | None = None,
-        scope: str | None = None,
     ) -> list[GenerateRequest]:
         """``n`` requests per prompt, choice index ``i * n + j``; ``top_logprobs`` None: no
         logprobs; ``grammar``: the output's constraint (None: the body's own, e.g.
         ``response_format``), which starts after ``grammar_after_token`` when given (the end of
-        the thinking); ``scope``: the caller's rid scope (``Tenants.scope``). Raises APIError
-        (400) for a bad value."""
+        the thinking); ``state``: the caller (what the guard left). Raises APIError (400) for a
+        bad value, naming the field."""
         if max_tokens is not None and max_tokens < 0:
             raise APIError(f"{max_tokens_param} must be >= 0", param=max_tokens_param)
         if grammar is None:
@@ -99,32 +96,34 @@ class OpenAIServing:
                 grammar = body.grammar()
             except ValueError as exc:
                 raise APIError(str(exc), param=grammar_param(body)) from None
-        requests = []
+        generations = []
         for i, ids in enumerate(prompts):
             max_new = max_tokens if max_tokens is not None else default_max_tokens(len(ids))
             for j in range(body.n):
-                request = GenerateRequest(
-                    rid=scoped_rid(scope, f"{base_id}-{i * body.n + j}"),
-                    input_ids=ids,
-                    sampling_params=body.to_sampling_params(max_new, grammar),
-                    priority=body.priority,
-                    extra_key=extra_key,
-                    return_logprob=top_logprobs is not None,
-                    lora_name=lora_name,
-                    top_logprobs_num=top_logprobs or 0,
-                )
+                params = body.to_sampling_params(max_new, grammar)
                 if body.seed is not None:  # n seeded choices must still differ
-                    request.sampling_params.seed = body.seed + j
+                    params.seed = body.seed + j
                 if grammar:
-                    request.sampling_params.grammar_after_token = grammar_after_token
-                try:
-                    requests.append(self.tm.validator.check(request))
-                except ValueError as exc:
-                    param = _param_of(str(exc), max_tokens_param, prompt_param)
-                    if param is None and grammar:  # a grammar the engine cannot compile
-                        param = grammar_param(body)
-                    raise APIError(str(exc), param=param) from None
-        return requests
+                    params.grammar_after_token = grammar_after_token
+                generations.append(
+                    Generation(
+                        ids,
+                        params,
+                        rid=f"{base_id}-{i * body.n + j}",
+                        lora=lora_name,
+                        cache_salt=body.cache_salt,
+                        priority=body.priority,
+                        return_logprob=top_logprobs is not None,
+                        top_logprobs_num=top_logprobs or 0,
+                    )
+                )
+        try:
+            return self.builder.build(state, generations)
+        except ValueError as exc:
+            param = _param_of(str(exc), max_tokens_param, prompt_param)
+            if param is None and grammar:  # a grammar the engine cannot compile
+                param = grammar_param(body)
+            raise APIError(str(exc), param=param) from None
 
     @staticmethod
     def usage(results: list[RequestResult], n: int) -> UsageInfo:

@@ -124,8 +124,7 @@ class ChatServing(OpenAIServing):
             prompt_param="messages",
             grammar=plan.grammar,
             grammar_after_token=self._grammar_after(body),
-            extra_key=self.tenants.namespace(raw.state, body.cache_salt),
-            scope=self.tenants.scope(raw.state),
+            state=raw.state,
             lora_name=adapter,
         )
         group = await open_requests(self.tm, requests, raw.is_disconnected)

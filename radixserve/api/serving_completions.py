@@ -61,8 +61,7 @@ class CompletionServing(OpenAIServing):
             "max_tokens",
             lambda prompt_len: max(min(DEFAULT_MAX_TOKENS, ctx - prompt_len), 0),
             body.logprobs,
-            extra_key=self.tenants.namespace(raw.state, body.cache_salt),
-            scope=self.tenants.scope(raw.state),
+            state=raw.state,
             lora_name=adapter,
         )
         echoes = [self.tm.prompts.decode(p) if body.echo else "" for p in prompts]

@@ -19,10 +19,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.api.errors import error_body, to_api_error
-from radixserve.api.limits import check_stop_strings, check_sub_requests, num_prompts_of
-from radixserve.api.lora import check_adapter
+from radixserve.api.limits import num_prompts_of
 from radixserve.api.protocol import GenerateReqInput, NativeSamplingParams
 from radixserve.api.reasoning import ReasoningParser
+from radixserve.api.request_builder import Generation, RequestBuilder
 from radixserve.api.streaming import (
     SSE_DONE,
     OpenRequests,
@@ -31,21 +31,17 @@ from radixserve.api.streaming import (
     open_requests,
     sse,
 )
-from radixserve.api.tenants import Tenants
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.result import RequestResult, generate_result
-from radixserve.server.rid_scope import check_client_rid, scoped_rid
-from radixserve.server.tokenizer_manager import ClientDisconnected, TokenizerManager
+from radixserve.server.tokenizer_manager import ClientDisconnected
 
 T = TypeVar("T")
 
 
 class NativeServing:
-    def __init__(
-        self, tm: TokenizerManager, tenants: Tenants, reasoning_parser: str | None = None
-    ) -> None:
-        self.tm = tm
-        self.tenants = tenants
+    def __init__(self, builder: RequestBuilder, reasoning_parser: str | None = None) -> None:
+        self.tm = builder.tm
+        self.builder = builder
         self.reasoning_parser = reasoning_parser
 
     async def generate(self, body: GenerateReqInput, raw: Request) -> Response:
@@ -74,19 +70,14 @@ class NativeServing:
     async def build_requests(
         self, body: GenerateReqInput, state: Any = None
     ) -> tuple[list[GenerateRequest], bool]:
-        """The batch's requests, each in its cache namespace: the tenant's (``state``: what
-        the guard left on the request), then its ``extra_key`` and ``cache_salt``."""
+        """The batch's requests (``state``: what the guard left on the request)."""
         if (body.text is None) == (body.input_ids is None):
             raise ValueError("give exactly one of text and input_ids")
-        limits = self.tm.config
         prompt = body.text if body.text is not None else body.input_ids
-        check_sub_requests(num_prompts_of(prompt), 1, limits.max_batch_sub_requests, "text")
-        for sp in (
-            body.sampling_params
-            if isinstance(body.sampling_params, list)
-            else [body.sampling_params]
-        ):
-            check_stop_strings(sp.stop if sp else None, limits.max_stop_strings)
+        all_params = body.sampling_params
+        for sp in all_params if isinstance(all_params, list) else [all_params]:
+            self.builder.check_size(1, 1, sp.stop if sp else None, "text")
+        self.builder.check_size(num_prompts_of(prompt), 1, None, "text")
         if body.text is not None:
             is_batch = isinstance(body.text, list)
             texts = body.text if isinstance(body.text, list) else [body.text]
@@ -95,43 +86,40 @@ class NativeServing:
             ids = body.input_ids or []
             is_batch = bool(ids) and isinstance(ids[0], list)
             ids_list = [list(x) for x in ids] if is_batch else [list(ids)]  # type: ignore[arg-type]
+        if isinstance(body.rid, str) and is_batch:
+            raise ValueError("rid must be a list of the batch's length for a batch")
+        return self.builder.build(state, self._generations(body, ids_list)), is_batch
+
+    def _generations(self, body: GenerateReqInput, ids_list: list[list[int]]) -> list[Generation]:
         n = len(ids_list)
-        if n == 0:
-            raise ValueError("the batch is empty")
         params = _per_item(body.sampling_params, n, "sampling_params")
         logprob = _per_item(body.return_logprob, n, "return_logprob")
         starts = _per_item(body.logprob_start_len, n, "logprob_start_len")
         tops = _per_item(body.top_logprobs_num, n, "top_logprobs_num")
         prios = _per_item(body.priority, n, "priority")
-        if isinstance(body.rid, str) and is_batch:
-            raise ValueError("rid must be a list of the batch's length for a batch")
         rids = _per_item(body.rid, n, "rid") if body.rid is not None else [None] * n
         names = _per_item(body.lora_path, n, "lora_path")  # per item: a name or None
         keys = _per_item(body.extra_key, n, "extra_key")
         salts = _per_item(body.cache_salt, n, "cache_salt")
-        loras = [check_adapter(self.tm, name) for name in names]
-        scope = self.tenants.scope(state)
-        requests = []
+        out = []
         for i, ids in enumerate(ids_list):
             sp = params[i] or NativeSamplingParams.model_validate({})
             max_new = self.tm.validator.max_new_tokens_for(len(ids), sp.max_new_tokens)
-            given = rids[i]
-            rid = check_client_rid(given) if given is not None else self.tm.new_rid()
-            request = GenerateRequest(
-                rid=scoped_rid(scope, rid),
-                input_ids=ids,
-                sampling_params=sp.to_sampling_params(max_new),
-                priority=prios[i] or 0,
-                extra_key=self.tenants.namespace(state, salts[i], keys[i]),
-                return_logprob=bool(logprob[i]),
-                top_logprobs_num=(tops[i] or 0) if logprob[i] else 0,
-                logprob_start_len=_or(starts[i], -1) if logprob[i] else -1,
-                lora_name=loras[i],
+            out.append(
+                Generation(
+                    ids,
+                    sp.to_sampling_params(max_new),
+                    rid=rids[i],
+                    lora=names[i],
+                    extra_key=keys[i],
+                    cache_salt=salts[i],
+                    priority=prios[i] or 0,
+                    return_logprob=bool(logprob[i]),
+                    top_logprobs_num=tops[i] or 0,
+                    logprob_start_len=_or(starts[i], -1),
+                )
             )
-            requests.append(self.tm.validator.check(request))
-        if len({r.rid for r in requests}) != n:
-            raise ValueError("the rids of a batch must be distinct")
-        return requests, is_batch
+        return out
 
     async def _stream(
         self,

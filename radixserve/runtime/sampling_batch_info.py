@@ -179,7 +179,7 @@ class SamplingBatchInfo:
 
 
 def _bias_table(
-    params: Sequence[SamplingParams], vocab_size: int, device: torch.device
+    params: Sequence[SamplingParams], vocab_size: int, device: torch.device | str
 ) -> torch.Tensor:
     """``[bs, vocab]`` float32: each row's ``logit_bias``, written in one indexed copy (a
     write per entry would cost every step microseconds per entry)."""

@@ -174,3 +174,30 @@ def test_a_body_cut_off_is_never_run(keyed_server: KeyedServer) -> None:
     generate(url, "b")  # one request that runs, after it: the cut one would be counted first
     after = httpx.get(f"{url}/get_server_info", headers=bearer("b")).json()["scheduler"]
     assert after["num_finished_reqs"] == before["num_finished_reqs"] + 1
+
+
+def test_every_door_refuses_the_same_over_limit_request_alike(keyed_server: KeyedServer) -> None:
+    """One request builder for every door: the same bound, the same words, on /generate, both
+    OpenAI routes and gRPC."""
+    url, stop = keyed_server.url, ["s" * (MAX_STOP_STRING_CHARS + 1)]
+    messages = [{"role": "user", "content": "hi"}]
+    http = {
+        "/generate": {"text": "hi", "sampling_params": {"max_new_tokens": 1, "stop": stop}},
+        "/v1/completions": {"prompt": "hi", "max_tokens": 1, "stop": stop},
+        "/v1/chat/completions": {"messages": messages, "max_tokens": 1, "stop": stop},
+    }
+    said = set()
+    for path, body in http.items():
+        resp = httpx.post(url + path, json=body, headers=bearer("a"), timeout=30)
+        assert resp.status_code == 400, (path, resp.text)
+        said.add(resp.json()["error"]["message"])
+    request = pb.GenerateRequest(
+        tokenized=pb.TokenizedInput(input_ids=[5, 6, 7]),
+        sampling_params=pb.SamplingParams(max_new_tokens=1, stop=stop),
+    )
+    with keyed_server.channel() as channel, pytest.raises(grpc.RpcError) as caught:
+        metadata = [("authorization", bearer("a")["Authorization"])]
+        list(pb_grpc.SglangSchedulerStub(channel).Generate(request, metadata=metadata))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    said.add(caught.value.details())
+    assert len(said) == 1, said
