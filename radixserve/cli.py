@@ -1,4 +1,4 @@
-"""The ``radixserve`` command (also ``python -m radixserve``): ``serve`` (:mod:`radixserve.api.cli`),
+"""The ``radixserve`` command (also ``python -m radixserve``): ``serve`` (:mod:`radixserve.launch.cli`),
 ``bench`` (:mod:`radixserve.bench.cli`) and ``sim`` (:mod:`radixserve.sim.cli`).
 
 It sits on top of them all, so none of them imports another to be a sub-command.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from radixserve.api import cli as serve_cli
 from radixserve.bench import cli as bench_cli
+from radixserve.launch import cli as serve_cli
 from radixserve.sim import cli as sim_cli
 
 _RUN = {"serve": serve_cli.run, "bench": bench_cli.run, "sim": sim_cli.run}

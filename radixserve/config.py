@@ -250,7 +250,7 @@ class ServerConfig:
     engine: EngineConfig
     host: str = "127.0.0.1"
     port: int = 30000
-    # SGLang's gRPC scheduler service on this port too, for smg's gRPC workers (api/grpc_server.py)
+    # SGLang's gRPC scheduler service on this port too, for smg's gRPC workers (api/grpc/server.py)
     grpc_port: int | None = None
     api_key: str | None = None  # one key: one tenant (the CLI's first --api-key)
     # (tenant, key) pairs: --api-key (each its own tenant) and --api-keys-file; api_key alone
@@ -258,7 +258,7 @@ class ServerConfig:
     # shared_prefix_cache; admin_api_keys may use /cache_tree, /dashboard, /flush_cache
     tenant_keys: tuple[tuple[str, str], ...] = ()
     admin_api_keys: tuple[str, ...] = ()
-    # the key a --dp-size launcher gives its gateway to reach the workers (api/tenants.py): no
+    # the key a --dp-size launcher gives its gateway to reach the workers (api/access/tenants.py): no
     # operator, so what the gateway serves without a key (smg's /engine_metrics) shows nothing
     gateway_api_keys: tuple[str, ...] = ()
     shared_prefix_cache: bool = False
@@ -280,7 +280,7 @@ class ServerConfig:
     max_request_bytes: int = 4 << 20  # body size; 413 past it
     # open HTTP connections (None: the descriptor limit less a reserve), how long a new one
     # may take to send a request head, how long a body may take after its head and the rate it
-    # must keep up once the header timeout has passed (bytes/s, 0: none) (api/connections.py)
+    # must keep up once the header timeout has passed (bytes/s, 0: none) (launch/connections.py)
     max_connections: int | None = None
     request_header_timeout_s: float = 10.0
     request_body_timeout_s: float = 30.0

@@ -4,7 +4,7 @@ Routes: ``/generate`` (SGLang native), ``/v1/completions``, ``/v1/chat/completio
 ``/v1/models``, ``/health``, ``/health_generate`` (one token end to end),
 ``/get_model_info`` = ``/model_info``, ``/get_server_info`` = ``/server_info``, ``/get_load``,
 ``/flush_cache``, ``/abort_request``, ``/metrics``, the cache page (``/dashboard``,
-``/cache_tree``: ``api/dashboard.py``), and the docs (``/docs``, ``/redoc``,
+``/cache_tree``: ``api/operator/dashboard.py``), and the docs (``/docs``, ``/redoc``,
 ``/openapi.json``) unless ``disable_docs``. With an API key, every path but ``/health`` needs
 ``Authorization: Bearer <key>`` (401 otherwise; :class:`RequestGuard` checks it before reading
 the body).
@@ -22,22 +22,22 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from radixserve.api import server_info
-from radixserve.api.dashboard import dashboard_router
+from radixserve.api.access.guard import RequestGuard
+from radixserve.api.access.tenants import Tenants
 from radixserve.api.errors import APIError, UnhandledErrors, install_error_handlers
-from radixserve.api.guard import RequestGuard
-from radixserve.api.lora import lora_router
+from radixserve.api.native.protocol import AbortReqInput, GenerateReqInput
+from radixserve.api.native.serving import NativeServing
+from radixserve.api.openai.bodies import ModelCard, ModelList, dump
+from radixserve.api.openai.chat import ChatServing
+from radixserve.api.openai.completions import CompletionServing
+from radixserve.api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from radixserve.api.openapi import ROUTE_RESPONSES, install_openapi
-from radixserve.api.protocol import AbortReqInput, GenerateReqInput
-from radixserve.api.protocol_openai import ChatCompletionRequest, CompletionRequest
+from radixserve.api.operator import server_info
+from radixserve.api.operator.dashboard import dashboard_router
+from radixserve.api.operator.lora import lora_router
+from radixserve.api.operator.tenant_metrics import MetricsByTenant
 from radixserve.api.request_builder import RequestBuilder
-from radixserve.api.responses import ModelCard, ModelList, dump
-from radixserve.api.serving_chat import ChatServing
-from radixserve.api.serving_completions import CompletionServing
-from radixserve.api.serving_native import NativeServing
 from radixserve.api.streaming import collect_all, open_requests
-from radixserve.api.tenant_metrics import MetricsByTenant
-from radixserve.api.tenants import Tenants
 from radixserve.config import ServerConfig
 from radixserve.runtime.default_model import DESCRIPTION as DEFAULT_MODEL_DESCRIPTION
 from radixserve.runtime.io_struct import GenerateRequest
@@ -90,7 +90,7 @@ def create_app(
         grpc_server = None
         try:
             if config.grpc_port is not None:  # grpcio and smg-grpc-proto: the [grpc] extra
-                from radixserve.api.grpc_server import start_grpc_server
+                from radixserve.api.grpc.server import start_grpc_server
 
                 grpc_server = await start_grpc_server(tm, config)
             yield

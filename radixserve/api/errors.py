@@ -5,9 +5,9 @@ Status codes:
 - 400 ``invalid_request_error``: bad parameters, malformed JSON, missing fields, wrong types,
   prompts longer than the context (FastAPI's 422 validation errors are answered as 400 here);
 - 401 ``invalid_api_key``: a missing or wrong ``Authorization: Bearer`` key;
-- 413 ``request_too_large``: a body over ``--max-request-bytes`` (``radixserve.api.guard``);
+- 413 ``request_too_large``: a body over ``--max-request-bytes`` (``radixserve.api.access.guard``);
 - 408 ``request_timeout``: a request body slower than ``--request-body-timeout`` or
-  ``--min-request-body-rate`` (``radixserve.api.connections``; the connection closes);
+  ``--min-request-body-rate`` (``radixserve.launch.connections``; the connection closes);
 - 404 ``model_not_found``: a ``model`` the server does not serve. DESIGN.md section 8 lists
   unknown model names under 400; we answer 404 as OpenAI and vLLM do, so the official clients
   raise ``NotFoundError`` as they would against those;
@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's code for a client that left before the response
 RETRY_AFTER_S = 1  # a full queue drains at the batch's pace: ask again soon
+TOO_DEEP_BODY = "the request body nests JSON deeper than the server parses (about 1,000 levels)"
 
 
 class APIError(Exception):
@@ -175,8 +176,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        detail = str(exc.detail)
+        if isinstance(exc.__cause__, RecursionError):  # FastAPI's json.loads of the body
+            detail = TOO_DEEP_BODY
         return JSONResponse(
-            error_body(str(exc.detail), kind),
+            error_body(detail, kind),
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )

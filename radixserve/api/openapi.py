@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from radixserve.api.responses import (
+from radixserve.api.openai.bodies import (
     ChatCompletionResponse,
     CompletionResponse,
     ErrorResponse,

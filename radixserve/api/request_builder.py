@@ -3,7 +3,7 @@
 Every door (SGLang's ``/generate``, the OpenAI routes, the gRPC service, and any protocol added
 later) maps its body onto :class:`Generation` s, one per scheduler request, and hands them to
 :meth:`RequestBuilder.build` with the caller (what the guard left in ``request.state``, or the
-gRPC :class:`~radixserve.api.grpc_auth.Caller`). There, once, for every door:
+gRPC :class:`~radixserve.api.grpc.auth.Caller`). There, once, for every door:
 
 - the server's bounds on one call (``--max-batch-sub-requests``, ``--max-stop-strings``;
   :meth:`RequestBuilder.check_size` lets a door refuse before it tokenizes anything);
@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.api.limits import check_stop_strings, check_sub_requests
-from radixserve.api.lora import check_adapter
-from radixserve.api.tenants import Tenants
+from radixserve.api.access.limits import check_stop_strings, check_sub_requests
+from radixserve.api.access.tenants import Tenants
+from radixserve.api.adapters import check_adapter
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.rid_scope import check_client_rid, scoped_rid

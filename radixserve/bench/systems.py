@@ -384,7 +384,7 @@ def _started(
         extra_args,
     ) as url:
         if router_policy is not None:
-            from radixserve.api.dp_waits import wait_router_ready
+            from radixserve.launch.dp_waits import wait_router_ready
 
             deadline = time.monotonic() + 600
             if not wait_router_ready(url, opts.dp_size, deadline):

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 from serving_harness import MAX_CONTEXT_LEN, Server, free_port, serving
 
-from radixserve.api.tenants import tenant_of_key
+from radixserve.api.access.tenants import tenant_of_key
 
 A, B, ADMIN = "tenant-a-key-7f3a", "tenant-b-key-91c2", "admin-key-5d0e"
 KEYS = {"a": A, "b": B, "admin": ADMIN}

@@ -13,8 +13,8 @@ from google.protobuf import message_factory
 from keyed_harness import KEYS, KeyedServer, bearer, secrets
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
-from radixserve.api.grpc_auth import GATEWAY_METHODS, OPEN_METHODS, TENANT_METHODS
-from radixserve.api.server_info import server_args
+from radixserve.api.grpc.auth import GATEWAY_METHODS, OPEN_METHODS, TENANT_METHODS
+from radixserve.api.operator.server_info import server_args
 from radixserve.config import EngineConfig, ServerConfig
 
 pytestmark = pytest.mark.timeout(240)

@@ -76,8 +76,8 @@ def test_each_tenant_keeps_its_cache_through_the_gateway(dp_keyed: Server) -> No
 
 
 def test_the_gateway_gets_every_key_or_refuses() -> None:
-    from radixserve.api.gateway_keys import gateway_access
     from radixserve.config import EngineConfig, ServerConfig
+    from radixserve.launch.gateway_keys import gateway_access
 
     config = ServerConfig(
         EngineConfig(model_path="/m"),

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from serving_harness import Server, model_name, serving
 
-from radixserve.api.cli import build_parser
-from radixserve.api.protocol_openai import ChatCompletionRequest
+from radixserve.api.openai.protocol import ChatCompletionRequest
+from radixserve.launch.cli import build_parser
 from radixserve.server.prompt_tokenizer import PromptTokenizer
 
 pytestmark = pytest.mark.timeout(240)

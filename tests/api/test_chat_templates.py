@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from radixserve.api.protocol_openai import ChatCompletionRequest
+from radixserve.api.openai.protocol import ChatCompletionRequest
 from radixserve.server.prompt_tokenizer import PromptTokenizer
 
 WEATHER = {

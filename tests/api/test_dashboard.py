@@ -12,7 +12,7 @@ import httpx
 import pytest
 from serving_harness import Server
 
-from radixserve.api.dashboard import StatsHistory, kv_usage
+from radixserve.api.operator.dashboard import StatsHistory, kv_usage
 
 PREFIX = "The shared system prompt of every request on this page, long enough to be a node: "
 SUFFIXES = ["alpha one", "bravo two", "charlie three"]

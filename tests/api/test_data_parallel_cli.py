@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from radixserve.api import cli, data_parallel
 from radixserve.config import EngineConfig, ServerConfig
+from radixserve.launch import cli, data_parallel
 
 
 def test_dp_size_without_the_router_says_how_to_install_it(

@@ -1,4 +1,4 @@
-"""The /generate field table (``radixserve/api/generate_fields.py``) against its two other
+"""The /generate field table (``radixserve/api/native/generate_fields.py``) against its two other
 copies: SGLang's own ``GenerateReqInput`` (the oracle: every field its clients, router or
 gateway can send is implemented or in the table) and the "Fields" section of
 docs/data_parallel.md."""
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from sglang_wheel import sglang_source
 
-from radixserve.api.generate_fields import FIELDS, is_unset
-from radixserve.api.protocol import GenerateReqInput
+from radixserve.api.native.generate_fields import FIELDS, is_unset
+from radixserve.api.native.protocol import GenerateReqInput
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "data_parallel.md"
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from serving_harness import free_port, start_server, stop_server
 
-from radixserve.api.cli import build_parser, make_server_config
+from radixserve.launch.cli import build_parser, make_server_config
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -246,7 +246,7 @@ def test_a_malformed_adapter_at_start_is_one_line_naming_it(
 ) -> None:
     """``serve --lora-paths`` with a NaN adapter among good ones: exit 2 and one line naming it,
     before any process starts."""
-    from radixserve.api import cli
+    from radixserve.launch import cli
 
     bad = write_malformed_lora(adapters["a"], tmp_path / "nan", "nan")
     argv = ["serve", "--model", str(api_model_dir), "--lora-paths", f"a={adapters['a']}"]

@@ -18,7 +18,7 @@ pytest.importorskip("llguidance")
 PATCH = """
 import os
 if os.environ.get("RADIXSERVE_TEST_PARSER_FAULT"):
-    from radixserve.api import reasoning
+    from radixserve.api.formats import reasoning
 
     _feed = reasoning.ReasoningParser._feed
 

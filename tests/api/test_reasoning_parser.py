@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.api.reasoning import ReasoningParser
+from radixserve.api.formats.reasoning import ReasoningParser
 
 CASES = [
     ("qwen3", "<think>\nplan\n</think>\n\nThe answer.", ("\nplan\n", "\n\nThe answer.")),

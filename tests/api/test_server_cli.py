@@ -17,8 +17,8 @@ import httpx
 import pytest
 from serving_harness import Server, free_port, stop_server
 
-from radixserve.api.cli import build_parser, make_server_config
 from radixserve.config import EngineConfig
+from radixserve.launch.cli import build_parser, make_server_config
 from radixserve.runtime.default_model import is_default_model_dir
 
 

@@ -271,7 +271,7 @@ def test_the_fields_sglangs_router_adds_are_accepted(http: httpx.Client) -> None
 def test_every_table_field_at_what_it_accepts(http: httpx.Client) -> None:
     """Each field of generate_fields.FIELDS: a value it accepts goes through (one request with
     all of them, batch-shaped unset lists included); one it does not is a 400 naming it."""
-    from radixserve.api.generate_fields import FIELDS, NO_OP, RANK_ZERO
+    from radixserve.api.native.generate_fields import FIELDS, NO_OP, RANK_ZERO
 
     body = {"input_ids": [[5, 6], [7, 8]], "sampling_params": {"max_new_tokens": 2}}
     taken = {name: "anything" if t is NO_OP else 0 for name, t in FIELDS.items()}

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from serving_harness import serving
 
-from radixserve.api.tenants import Tenants
+from radixserve.api.access.tenants import Tenants
 
 pytestmark = pytest.mark.timeout(180)
 

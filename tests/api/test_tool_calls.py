@@ -9,15 +9,15 @@ import json
 import jsonschema
 import pytest
 
-from radixserve.api.chat_tools import plan_tools
-from radixserve.api.protocol_openai import ChatCompletionRequest
-from radixserve.api.tool_calls import (
+from radixserve.api.formats.tool_calls import (
     ParsedCall,
     ToolCallParser,
     detect_parser,
     parse_constrained,
     tool_choice_schema,
 )
+from radixserve.api.openai.chat_tools import plan_tools
+from radixserve.api.openai.protocol import ChatCompletionRequest
 
 WEATHER = {
     "type": "object",

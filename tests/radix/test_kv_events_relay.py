@@ -1,4 +1,4 @@
-"""The gRPC relay's one-level view of KV events (``api/grpc_kv_events.py``): after a random
+"""The gRPC relay's one-level view of KV events (``api/grpc/kv_events.py``): after a random
 workload that moves pages between a small pool and a host tier, the pages a consumer of the
 relayed proto batches holds are exactly those some medium of the tree holds."""
 
@@ -10,7 +10,7 @@ import pytest
 from kv_event_index import EventIndex
 from tier_helpers import insert_computed, new_pool
 
-from radixserve.api.grpc_kv_events import OneLevel, local_endpoint
+from radixserve.api.grpc.kv_events import OneLevel, local_endpoint
 from radixserve.memory_pool.allocator import TokenToKVPoolAllocator
 from radixserve.memory_pool.kv_tier import TierLayout, host_tier
 from radixserve.radix.kv_events import BlockRemoved, BlockStored, KVEventBatch, KVEventRecorder

@@ -1,8 +1,8 @@
-"""Request bodies of SGLang's native ``/generate`` (OpenAI's: :mod:`radixserve.api.protocol_openai`).
+"""Request bodies of SGLang's native ``/generate`` (OpenAI's: :mod:`radixserve.api.openai.protocol`).
 
 Strict: an unknown field is a 400 naming it, never silently dropped; SGLang's fields that
 radixserve does not implement are accepted at their default and refused when set (for
-``/generate``, the table of :mod:`radixserve.api.generate_fields`). Types are
+``/generate``, the table of :mod:`radixserve.api.native.generate_fields`). Types are
 strict too (pydantic's strict mode): ``true`` is no token id, ``"yes"`` no boolean, ``"1"`` no
 number (an integer is a float). Bad types and missing fields (and NaN or infinite floats)
 surface as FastAPI validation errors, which
@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, Strict, model_validator
 
-from radixserve.api.generate_fields import UnsupportedField, take_fields
+from radixserve.api.native.generate_fields import UnsupportedField, take_fields
 from radixserve.api.structured import grammar_fields, json_schema_string
 from radixserve.types import SamplingParams
 
@@ -129,7 +129,7 @@ class GenerateReqInput(BaseModel):
     """``/generate``: ``text`` or ``input_ids``, one prompt or a batch; per-item fields may be
     lists of the batch's length. Strict: an unknown field is a 400. The other fields of SGLang's
     ``GenerateReqInput`` (what its clients, router and gateway send) are taken, checked and
-    dropped before validation by :func:`~radixserve.api.generate_fields.take_fields`."""
+    dropped before validation by :func:`~radixserve.api.native.generate_fields.take_fields`."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -150,7 +150,7 @@ class GenerateReqInput(BaseModel):
     lora_path: str | list[str | None] | None = None
     # with --reasoning-parser: the thinking as "reasoning_text", the answer as "text"
     separate_reasoning: bool = False
-    # namespaces of the prompt cache inside the caller's tenant (api/tenants.py), one or one per
+    # namespaces of the prompt cache inside the caller's tenant (api/access/tenants.py), one or one per
     # batch item: SGLang's extra_key and vLLM's (and now SGLang's) cache_salt
     extra_key: str | list[str | None] | None = None
     cache_salt: str | list[str | None] | None = None

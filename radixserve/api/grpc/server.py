@@ -13,13 +13,13 @@ to each worker over ``sglang.grpc.scheduler.SglangScheduler`` (the proto of the
 - ``HealthCheck``, ``Abort``, ``GetModelInfo``, ``GetServerInfo``, ``GetLoads``,
   ``FlushCache``, ``GetTokenizer`` (the checkpoint's tokenizer files as a zip);
 - ``SubscribeKvEvents``: the KV events (``--kv-events-config``) relayed from the publisher's
-  socket (``api/grpc_kv_events.py``); this is what smg's event-driven cache-aware routing
+  socket (``api/grpc/kv_events.py``); this is what smg's event-driven cache-aware routing
   reads.
 
 Not served (``UNIMPLEMENTED``): ``Embed``, profiling, LoRA loading over gRPC (the HTTP routes
 load adapters).
 
-On a server with keys every call needs one (``api/grpc_auth.py``): the HTTP routes' keys,
+On a server with keys every call needs one (``api/grpc/auth.py``): the HTTP routes' keys,
 tenants and operator rule; a tenant's rids and prompt cache are its own, as over HTTP.
 """
 
@@ -39,9 +39,10 @@ from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
+from radixserve.api.access.tenants import Tenants
 from radixserve.api.errors import APIError
-from radixserve.api.grpc_auth import Caller, KeyInterceptor, caller
-from radixserve.api.grpc_convert import (
+from radixserve.api.grpc.auth import Caller, KeyInterceptor, caller
+from radixserve.api.grpc.convert import (
     complete_of,
     max_new_tokens_of,
     plain,
@@ -50,10 +51,9 @@ from radixserve.api.grpc_convert import (
     stream_chunk,
     tokenizer_zip,
 )
-from radixserve.api.grpc_kv_events import relay_kv_events
+from radixserve.api.grpc.kv_events import relay_kv_events
+from radixserve.api.operator.server_info import server_args, version
 from radixserve.api.request_builder import Generation, RequestBuilder
-from radixserve.api.server_info import server_args, version
-from radixserve.api.tenants import Tenants
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.server.rid_scope import client_rid, scope_of

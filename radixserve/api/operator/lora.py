@@ -1,10 +1,5 @@
-"""LoRA adapters over HTTP: which adapter a request names, and the routes that load and
-unload them (``docs/lora.md``).
-
-A request names an adapter by ``lora_path`` (``/generate``, SGLang's field: a name, or one per
-batch item) or by ``model`` on the OpenAI routes (vLLM's convention: the adapter's name, or
-SGLang's ``base:adapter``); ``/v1/models`` lists every adapter with the base as its ``parent``.
-The routes, in SGLang's shapes and vLLM's:
+"""The routes that load and unload LoRA adapters (``docs/lora.md``), in SGLang's shapes and
+vLLM's:
 
 - ``POST /load_lora_adapter`` ``{"lora_name", "lora_path", "pinned"}`` and ``POST
   /unload_lora_adapter`` ``{"lora_name"}`` answer ``{"success", "error_message",
@@ -12,8 +7,7 @@ The routes, in SGLang's shapes and vLLM's:
 - ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` answer vLLM's plain-text
   ``Success: ...`` line, or OpenAI's error shape (404 for an unknown adapter on unload).
 
-They are operator routes: with ``--admin-api-key`` they need it (``ADMIN_PATHS`` in
-``api/tenants.py``).
+They are operator routes (``api/access/routes.py``).
 """
 
 from __future__ import annotations
@@ -44,35 +38,6 @@ class UnloadLoraAdapterReqInput(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     lora_name: str
     lora_int_id: int | None = None  # vLLM's, accepted: adapters are named here
-
-
-def check_adapter(tm: TokenizerManager, name: str | None) -> str | None:
-    """``name`` if it is an adapter served (``None``: the base model); a 400 if not."""
-    if name is not None and name not in tm.lora_adapters:
-        known = ", ".join(sorted(tm.lora_adapters)) or "none"
-        message = f"the LoRA adapter {name!r} is not loaded (loaded: {known})"
-        raise APIError(message, 400, param="lora_path")
-    return name
-
-
-def adapter_of_model(
-    tm: TokenizerManager, model: str, base_names: set[str], served_name: str
-) -> str | None:
-    """The adapter an OpenAI ``model`` names: an adapter's name, or ``BASE:ADAPTER`` (``BASE``
-    any of ``base_names``); ``None`` for the base model itself; ``APIError`` 404 otherwise."""
-    if model in base_names:
-        return None
-    base, sep, adapter = model.rpartition(":")
-    name = adapter if sep and base in base_names else model
-    if name in tm.lora_adapters:
-        return name
-    served = ", ".join(f"`{name}`" for name in [served_name, *sorted(tm.lora_adapters)])
-    raise APIError(
-        f"the model `{model}` does not exist; this server serves {served}",
-        404,
-        param="model",
-        code="model_not_found",
-    )
 
 
 def lora_router(tm: TokenizerManager) -> APIRouter:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from radixserve.api.metrics import ServingMetrics
+from radixserve.api.operator.metrics import ServingMetrics
 from radixserve.server.io_struct import TextOutput
 from radixserve.server.rid_scope import scope_of
 from radixserve.server.tokenizer_manager import ReqState

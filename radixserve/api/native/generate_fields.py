@@ -1,7 +1,7 @@
 """The fields of SGLang's ``GenerateReqInput`` that ``/generate`` takes without a behaviour of
 its own: what SGLang's clients, router and gateway send (issue #29).
 
-:class:`~radixserve.api.protocol.GenerateReqInput` declares the fields radixserve implements.
+:class:`~radixserve.api.native.protocol.GenerateReqInput` declares the fields radixserve implements.
 Every other field of SGLang's ``GenerateReqInput`` (as of sglang 0.5.23) is in
 :data:`FIELDS`, with what a request may send in it:
 

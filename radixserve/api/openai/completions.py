@@ -13,15 +13,15 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from radixserve.api.access.limits import num_prompts_of
 from radixserve.api.errors import APIError, error_body, to_api_error
-from radixserve.api.limits import num_prompts_of
-from radixserve.api.openai_common import OpenAIServing, choice_logprob_slices
-from radixserve.api.protocol_openai import CompletionRequest
-from radixserve.api.responses import (
+from radixserve.api.openai.bodies import (
     CompletionChoice,
     CompletionResponse,
     dump,
 )
+from radixserve.api.openai.common import OpenAIServing, choice_logprob_slices
+from radixserve.api.openai.protocol import CompletionRequest
 from radixserve.api.streaming import (
     SSE_DONE,
     OpenRequests,

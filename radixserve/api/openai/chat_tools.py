@@ -15,14 +15,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.api.protocol_openai import ChatCompletionRequest, NamedToolChoice
-from radixserve.api.structured import grammar_fields, response_format_schema
-from radixserve.api.tool_calls import (
+from radixserve.api.formats.tool_calls import (
     ParsedCall,
     ToolCallParser,
     parse_constrained,
     tool_choice_schema,
 )
+from radixserve.api.openai.protocol import ChatCompletionRequest, NamedToolChoice
+from radixserve.api.structured import grammar_fields, response_format_schema
 
 
 @dataclass(slots=True)

@@ -20,8 +20,8 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 
+from radixserve.api.access.tenants import Tenants
 from radixserve.api.errors import APIError
-from radixserve.api.tenants import Tenants
 from radixserve.radix.tree_summary import HEAD_TOKENS
 from radixserve.server.tokenizer_manager import TokenizerManager
 

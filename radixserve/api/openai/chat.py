@@ -1,6 +1,6 @@
 """``/v1/chat/completions``: the tokenizer's chat template, stream and non-stream.
 
-Reasoning (``--reasoning-parser``, ``api/reasoning.py``): the thinking comes back as
+Reasoning (``--reasoning-parser``, ``api/formats/reasoning.py``): the thinking comes back as
 ``message.reasoning_content`` (streamed as ``delta.reasoning_content``; with
 ``stream_reasoning: false`` in one delta once it ends), unless ``separate_reasoning`` is false
 or the template's ``enable_thinking`` is false (qwen3). Tool calls are parsed from the answer
@@ -8,7 +8,7 @@ after the thinking, and ``response_format`` and a required or named tool call co
 the answer: their grammar starts after the ``</think>`` token. SGLang's own ``regex``,
 ``json_schema`` and ``ebnf`` fields constrain the whole output as written (thinking included).
 
-Tools (``api/chat_tools.py``): an output's tool calls come back as ``message.tool_calls`` with
+Tools (``api/openai/chat_tools.py``): an output's tool calls come back as ``message.tool_calls`` with
 ``finish_reason`` ``tool_calls``. Streaming, per choice: a first chunk with ``delta.role``,
 content chunks (text that may start a tool call is held back), one chunk per tool call (with
 its ``index``, name and whole arguments), then one finish chunk with an empty delta and the
@@ -23,12 +23,10 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from radixserve.api.chat_tools import ToolPlan, plan_tools
 from radixserve.api.errors import APIError, error_body, to_api_error
-from radixserve.api.openai_common import OpenAIServing, choice_logprob_slices, grammar_param
-from radixserve.api.protocol_openai import ChatCompletionRequest
-from radixserve.api.reasoning import THINK_END, ReasoningParser
-from radixserve.api.responses import (
+from radixserve.api.formats.reasoning import THINK_END, ReasoningParser
+from radixserve.api.formats.tool_calls import detect_parser
+from radixserve.api.openai.bodies import (
     ChatChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
@@ -39,6 +37,9 @@ from radixserve.api.responses import (
     UsageInfo,
     dump,
 )
+from radixserve.api.openai.chat_tools import ToolPlan, plan_tools
+from radixserve.api.openai.common import OpenAIServing, choice_logprob_slices, grammar_param
+from radixserve.api.openai.protocol import ChatCompletionRequest
 from radixserve.api.streaming import (
     SSE_DONE,
     OpenRequests,
@@ -47,7 +48,6 @@ from radixserve.api.streaming import (
     open_requests,
     sse,
 )
-from radixserve.api.tool_calls import detect_parser
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.result import RequestResult

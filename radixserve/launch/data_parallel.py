@@ -31,9 +31,9 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 
-from radixserve.api.dp_waits import RouterLog, free_ports, wait_healthy, wait_router_ready
-from radixserve.api.gateway_keys import gateway_access
 from radixserve.config import ServerConfig
+from radixserve.launch.dp_waits import RouterLog, free_ports, wait_healthy, wait_router_ready
+from radixserve.launch.gateway_keys import gateway_access
 
 logger = logging.getLogger("radixserve.dp")
 
@@ -41,7 +41,7 @@ ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "manu
 # the launcher module of each: the same command line (smg forked sglang-router's)
 ROUTER_MODULES = {"smg": "smg.launch_router", "sglang-router": "sglang_router.launch_router"}
 ROUTERS = ("auto", *ROUTER_MODULES)
-TRANSPORTS = ("http", "grpc")  # grpc: SGLang's gRPC scheduler API (api/grpc_server.py), smg only
+TRANSPORTS = ("http", "grpc")  # grpc: SGLang's gRPC scheduler API (api/grpc/server.py), smg only
 # the routers check each worker every 60 s and drop it after 3 failures: a dead local worker
 # would take requests for 3 minutes. These drop it within about 10 s (--router-arg overrides).
 HEALTH_CHECKS = {"--health-check-interval-secs": "5", "--health-failure-threshold": "2"}
@@ -252,7 +252,7 @@ def router_command(
 
 
 def _run_worker(config: ServerConfig) -> None:
-    from radixserve.api.server import StartupError, launch_server
+    from radixserve.launch.server import StartupError, launch_server
     from radixserve.server.ipc import LOG_FORMAT
 
     logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)

@@ -13,18 +13,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from radixserve.api.access.tenants import Tenants
+from radixserve.api.adapters import adapter_of_model, check_adapter
 from radixserve.api.errors import APIError
-from radixserve.api.lora import adapter_of_model, check_adapter
-from radixserve.api.protocol_openai import OpenAISamplingFields
-from radixserve.api.request_builder import Generation, RequestBuilder
-from radixserve.api.responses import (
+from radixserve.api.openai.bodies import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,
     TopLogprob,
     UsageInfo,
 )
-from radixserve.api.tenants import Tenants
+from radixserve.api.openai.protocol import OpenAISamplingFields
+from radixserve.api.request_builder import Generation, RequestBuilder
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.result import RequestResult

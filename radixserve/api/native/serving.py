@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from radixserve.api.access.limits import num_prompts_of
 from radixserve.api.errors import error_body, to_api_error
-from radixserve.api.limits import num_prompts_of
-from radixserve.api.protocol import GenerateReqInput, NativeSamplingParams
-from radixserve.api.reasoning import ReasoningParser
+from radixserve.api.formats.reasoning import ReasoningParser
+from radixserve.api.native.protocol import GenerateReqInput, NativeSamplingParams
 from radixserve.api.request_builder import Generation, RequestBuilder
 from radixserve.api.streaming import (
     SSE_DONE,

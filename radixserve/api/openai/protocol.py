@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from radixserve.api.protocol import TokenIdKey, refuse_set_fields, stop_list
+from radixserve.api.native.protocol import TokenIdKey, refuse_set_fields, stop_list
 from radixserve.api.structured import grammar_fields, json_schema_string, response_format_schema
 from radixserve.types import SamplingParams
 
@@ -59,9 +59,9 @@ class OpenAISamplingFields(BaseModel):
     user: str | None = None
     metadata: dict[str, Any] | None = None
     prompt_cache_key: str | None = None
-    # vLLM's: a namespace of the prompt cache inside the caller's tenant (api/tenants.py)
+    # vLLM's: a namespace of the prompt cache inside the caller's tenant (api/access/tenants.py)
     cache_salt: str | None = None
-    # SGLang's: the LoRA adapter's name (as `model` may name it; api/lora.py)
+    # SGLang's: the LoRA adapter's name (as `model` may name it; api/operator/lora.py)
     lora_path: str | None = None
     safety_identifier: str | None = None
     service_tier: str | None = None

@@ -1,13 +1,13 @@
 """``radixserve serve``'s flags of who may connect and what they share: API keys and tenants,
 admin keys, the tenant header of a trusted gateway, the shared prompt cache, the connection
-bounds (``api/tenants.py``, ``api/connections.py``)."""
+bounds (``api/access/tenants.py``, ``launch/connections.py``)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from radixserve.api.tenants import read_keys_file, tenant_of_key
+from radixserve.api.access.tenants import read_keys_file, tenant_of_key
 from radixserve.config import EngineConfig, ServerConfig
 
 _DEFAULTS = ServerConfig(EngineConfig(model_path="-"))

@@ -5,7 +5,7 @@ In order, each answered in OpenAI's error shape:
 1. the API key (401), on every path but ``/health``: the docs and ``/openapi.json`` too, and
    before a byte of the body is read, so an unauthenticated client costs nothing. The cache
    page's GET routes (``QUERY_KEY_PATHS``) also take it as ``?api_key=``, for a browser. The
-   key names the request's tenant (``api/tenants.py``), left in ``request.state``; the operator
+   key names the request's tenant (``api/access/tenants.py``), left in ``request.state``; the operator
    routes want an operator (``Tenants.is_operator``; 403 otherwise);
 2. the body's size (413): ``Content-Length`` over the limit is refused unread, a chunked body
    as soon as it passes the limit;
@@ -24,8 +24,8 @@ from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from radixserve.api.access.tenants import ADMIN_PATHS, GATEWAY_PATHS, Tenants
 from radixserve.api.errors import error_body
-from radixserve.api.tenants import ADMIN_PATHS, GATEWAY_PATHS, Tenants
 
 OPEN_PATHS = frozenset({"/health"})
 _DISCONNECTED = b"\x00disconnected"  # _read_body's answer for a body cut off (compared by identity)

@@ -27,9 +27,9 @@ from typing import Any
 import uvicorn
 
 from radixserve.api.app import create_app
-from radixserve.api.connections import ConnectionLimits, guarded_protocol, throttle_accept_errors
-from radixserve.api.tenant_metrics import MetricsByTenant
+from radixserve.api.operator.tenant_metrics import MetricsByTenant
 from radixserve.config import ServerConfig
+from radixserve.launch.connections import ConnectionLimits, guarded_protocol, throttle_accept_errors
 from radixserve.runtime.default_model import DESCRIPTION as DEFAULT_MODEL_DESCRIPTION
 from radixserve.server.detokenizer_process import run_detokenizer_process
 from radixserve.server.io_struct import SchedulerInfo

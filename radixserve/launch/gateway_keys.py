@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 
-from radixserve.api.tenants import ADMIN_TENANT, Tenants
+from radixserve.api.access.tenants import ADMIN_TENANT, Tenants
 from radixserve.config import ServerConfig
 
 

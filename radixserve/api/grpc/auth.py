@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from radixserve.api.tenants import Tenants
+from radixserve.api.access.tenants import Tenants
 
 # every method of the service, by who may call it: anyone (HealthCheck, as HTTP's /health:
 # gateways probe it without a key), anyone with a key, or an operator; the gateway of

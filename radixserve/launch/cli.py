@@ -12,9 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from radixserve.api.cli_access import access_fields, add_access_flags
-from radixserve.api.cli_cache import add_cache_flags, cache_fields
-from radixserve.api.cli_lora import add_lora_flags, check_lora_paths, lora_fields
 from radixserve.config import (
     OVERLAP_LAUNCHES,
     PREEMPTION_MODES,
@@ -27,6 +24,9 @@ from radixserve.config import (
     default_model_dir,
 )
 from radixserve.hub import is_hub_id, resolve_model
+from radixserve.launch.cli_access import access_fields, add_access_flags
+from radixserve.launch.cli_cache import add_cache_flags, cache_fields
+from radixserve.launch.cli_lora import add_lora_flags, check_lora_paths, lora_fields
 
 logger = logging.getLogger("radixserve.cli")
 _DEFAULTS = EngineConfig()
@@ -221,7 +221,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         default="info",
         help="log level of all three processes",
     )
-    from radixserve.api.data_parallel import add_arguments as add_data_parallel_arguments
+    from radixserve.launch.data_parallel import add_arguments as add_data_parallel_arguments
 
     add_data_parallel_arguments(serve)
     return serve
@@ -353,7 +353,7 @@ def run(args: argparse.Namespace) -> int:
     from radixserve.server.ipc import LOG_FORMAT
 
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
-    from radixserve.api import data_parallel
+    from radixserve.launch import data_parallel
 
     try:
         dp = data_parallel.from_args(args)
@@ -371,7 +371,7 @@ def run(args: argparse.Namespace) -> int:
         from radixserve.runtime.tp_worker import run_tp_worker
 
         return run_node(config.engine, run_tp_worker)
-    from radixserve.api.server import StartupError, launch_server
+    from radixserve.launch.server import StartupError, launch_server
 
     code = 0
     try:

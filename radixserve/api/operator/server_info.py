@@ -18,7 +18,7 @@ import re
 import time
 from typing import Any
 
-from radixserve.api.tenants import KEY_TENANT_PREFIX
+from radixserve.api.access.tenants import KEY_TENANT_PREFIX
 from radixserve.config import ServerConfig
 from radixserve.server.rid_scope import scope_of
 from radixserve.server.tokenizer_manager import TokenizerManager
@@ -117,7 +117,7 @@ def tenant_server_info(
     tm: TokenizerManager, config: ServerConfig, tenant: str, usage: dict[str, Any]
 ) -> dict[str, Any]:
     """A tenant's view: the settings, and figures of its own requests only (``usage``, from
-    :class:`~radixserve.api.tenant_metrics.MetricsByTenant`); no other tenant's load, prompts
+    :class:`~radixserve.api.operator.tenant_metrics.MetricsByTenant`); no other tenant's load, prompts
     or cache hits."""
     args = server_args(config)
     pending = sum(scope_of(rid) == tenant for rid in tm.states)
