@@ -71,6 +71,11 @@ class PrefixCache(Protocol):
     @property
     def root(self) -> Any: ...
 
+    def add_observer(self, observer: Any) -> None:
+        """Let ``observer`` (a ``radix.tree_observer.TreeObserver``) hear of every node that
+        enters or leaves a medium from now on."""
+        ...
+
     def match_prefix(self, key: TokenKey, extra_key: str | None = None) -> MatchResult:
         """Longest cached prefix of ``key`` (whole pages only), splitting a node on a partial hit."""
         ...

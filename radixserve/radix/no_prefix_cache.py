@@ -25,6 +25,9 @@ class NoPrefixCache:
     def is_disabled(self) -> bool:
         return True
 
+    def add_observer(self, observer: object) -> None:
+        pass  # nothing is ever stored: nothing to hear
+
     @property
     def root(self) -> object:
         return self._root

@@ -10,8 +10,9 @@ import numpy as np
 import torch
 
 from radixserve.radix.base import InsertResult, MatchResult, TokenKey
-from radixserve.radix.kv_events import DIGEST, L1, KVEventRecorder
+from radixserve.radix.kv_events import DIGEST, L1
 from radixserve.radix.tree_node import TreeNode
+from radixserve.radix.tree_observer import TreeObserver, with_observer
 
 _EMPTY_VALUE = torch.empty(0, dtype=torch.int64)
 _INT32 = np.dtype(np.int32)
@@ -49,7 +50,7 @@ class RadixCache:
     enters or leaves the pool (``radix.kv_events``).
     """
 
-    def __init__(self, page_size: int = 1, events: KVEventRecorder | None = None) -> None:
+    def __init__(self, page_size: int = 1, events: TreeObserver | None = None) -> None:
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         if events is not None and events.page_size != page_size:
@@ -57,7 +58,7 @@ class RadixCache:
                 f"events of {events.page_size}-token pages under a tree of {page_size}"
             )
         self.page_size = page_size
-        self.events = events
+        self.events: TreeObserver | None = events
         self._page_bytes = page_size * _TOKEN_BYTES
         self._clock = itertools.count(1)
         self._node_ids = itertools.count()
@@ -71,6 +72,12 @@ class RadixCache:
     @property
     def is_disabled(self) -> bool:
         return False
+
+    def add_observer(self, observer: TreeObserver) -> None:
+        """From now on ``observer`` hears of every node entering or leaving a medium too."""
+        if observer.page_size != self.page_size:
+            raise ValueError(f"an observer of {observer.page_size}-token pages")
+        self.events = with_observer(self.events, observer)
 
     @property
     def root(self) -> TreeNode:

@@ -37,9 +37,10 @@ import torch
 from radixserve.memory_pool.kv_cache import KVCache
 from radixserve.memory_pool.kv_tier import KVTier
 from radixserve.radix.base import InsertResult, MatchResult, TokenKey
-from radixserve.radix.kv_events import DISK, HOST, L1, KVEventRecorder
+from radixserve.radix.kv_events import DISK, HOST, L1
 from radixserve.radix.radix_cache import _EMPTY_VALUE, RadixCache, _cat, _key_bytes
 from radixserve.radix.tree_node import TreeNode
+from radixserve.radix.tree_observer import TreeObserver
 
 WRITE_POLICIES = ("write_back", "write_through")
 
@@ -53,7 +54,7 @@ class TieredRadixCache(RadixCache):
         tier: KVTier,
         kv: KVCache,
         write_policy: str = "write_back",
-        events: KVEventRecorder | None = None,
+        events: TreeObserver | None = None,
     ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}")

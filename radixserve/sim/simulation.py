@@ -74,11 +74,13 @@ class Replica:
             raise ValueError("a simulated replica needs max_total_tokens (its KV pool)")
         page = config.page_size
         tree: PrefixCache
+        recorder = None
         if config.disable_radix_cache:
             tree = NoPrefixCache(page)
         else:
-            tree = RadixCache(page, KVEventRecorder(page) if kv_events else None)
-        self.events = tree.events  # what its router hears of its cache (None: nothing)
+            recorder = KVEventRecorder(page) if kv_events else None
+            tree = RadixCache(page, recorder)
+        self.events = recorder  # what its router hears of its cache (None: nothing)
         slots = (-(-config.max_total_tokens // page) + 1) * page
         self.kv = KVManager(
             ReqToTokenPool(config.max_running_requests, max_context_len),

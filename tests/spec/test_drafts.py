@@ -1,0 +1,152 @@
+"""Drafts from text already seen: prompt lookup against a plain reference, and the tree's draft
+index against the tree's own contents (it follows inserts, evictions and namespaces, and stays
+within its bound)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from radixserve.radix import RadixCache
+from radixserve.radix.kv_events import KVEventRecorder
+from radixserve.spec import NgramDrafter, NgramParams, TreeDraftIndex, VerifyCost, suffix_match
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def naive_suffix_match(tokens: list[int], min_n: int, max_n: int, k: int) -> tuple[list[int], int]:
+    """suffix_match's contract written plainly: (draft, match length)."""
+    length = len(tokens)
+    best, ends = 0, []
+    for j in range(length - 1):
+        n = 0
+        while n < max_n and j - n >= 0 and tokens[j - n] == tokens[length - 1 - n]:
+            n += 1
+        if n > best:
+            best, ends = n, [j]
+        elif n == best and n > 0:
+            ends.append(j)
+    if best < min_n or length < min_n + 1:
+        return [], 0
+    full = [j for j in ends if j + k <= length - 1]
+    j = full[-1] if full else ends[0]
+    return tokens[j + 1 : j + 1 + k], best
+
+
+def test_suffix_match_equals_the_reference() -> None:
+    rng = random.Random(0)
+    for _ in range(600):
+        vocab = rng.choice([2, 3, 5, 50])
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
+        min_n, k = rng.randint(1, 3), rng.randint(1, 8)
+        max_n = rng.randint(min_n, 6)
+        got = suffix_match(np.asarray(tokens, dtype=np.int32), min_n, max_n, k)
+        want, m = naive_suffix_match(tokens, min_n, max_n, k)
+        assert (got.tokens.tolist(), got.match_len) == (want, m), (tokens, min_n, max_n, k)
+
+
+def test_a_loop_drafts_its_next_turn_in_full() -> None:
+    tokens = np.asarray([9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2], dtype=np.int32)
+    draft = suffix_match(tokens, 2, 4, 5)
+    assert draft.tokens.tolist() == [3, 1, 2, 3, 1] and draft.match_len == 4
+
+
+def paths(tree: RadixCache, namespace: str | None) -> list[list[int]]:
+    """Every root-to-leaf token sequence of ``namespace`` in the tree."""
+    out: list[list[int]] = []
+
+    def walk(node, prefix: list[int]) -> None:  # type: ignore[no-untyped-def]
+        seq = prefix + node.key.tolist()
+        kids = [c for c in node.children.values()]
+        if not kids:
+            out.append(seq)
+        for c in kids:
+            walk(c, seq)
+
+    for child in tree.root.children.values():
+        if child.extra_key == namespace:
+            walk(child, [])
+    return out
+
+
+def best_cached_match(seqs: list[list[int]], query: list[int], max_n: int) -> int:
+    best = 0
+    for seq in seqs:
+        for e in range(len(seq) - 1):
+            n = 0
+            while n < max_n and e - n >= 0 and n < len(query) and seq[e - n] == query[-1 - n]:
+                n += 1
+            best = max(best, n)
+    return best
+
+
+def contains(seqs: list[list[int]], run: list[int]) -> bool:
+    return any(seq[i : i + len(run)] == run for seq in seqs for i in range(len(seq) - len(run) + 1))
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_tree_index_follows_the_tree(page_size: int) -> None:
+    """Random inserts, evictions and flushes of a real RadixCache with the index observing it
+    beside a KV event recorder: every draft continues a match found in the tree's own
+    sequences of the request's namespace; without evictions the match is the longest there
+    is; the index stays within its bound."""
+    rng = random.Random(page_size)
+    index = TreeDraftIndex(page_size, min_n=2, max_n=6, capacity=400, max_entries=64)
+    tree = RadixCache(page_size, KVEventRecorder(page_size))
+    tree.add_observer(index)
+    slot = iter(range(1, 10**9))
+    evicted = False
+    for step in range(300):
+        op = rng.random()
+        ns = rng.choice([None, "tenant-a", "tenant-b"])
+        if op < 0.55:
+            base = rng.choice([[1, 2, 3, 4], [5, 6, 7, 8], []])
+            key = base + [rng.randrange(12) for _ in range(rng.randrange(1, 24))]
+            value = torch.tensor([next(slot) for _ in key], dtype=torch.int64)
+            tree.insert(key, value, ns)
+        elif op < 0.8:
+            tree.evict(rng.randrange(1, 30))
+            evicted = True
+        elif op < 0.82:
+            tree.reset()
+            evicted = False
+        index.check_integrity()
+        assert index.num_tokens <= index.capacity
+        query = [rng.randrange(12) for _ in range(rng.randrange(2, 10))]
+        draft = index.propose(np.asarray(query, dtype=np.int32), ns, 5)
+        seqs = paths(tree, ns)
+        if len(draft):
+            run = query[-draft.match_len :] + draft.tokens.tolist()
+            assert contains(seqs, run), (step, query, draft)
+        elif index.num_tokens < index.capacity // 2 and not evicted:
+            assert best_cached_match(seqs, query, 6) < 2, (step, query)
+        if len(draft) and not evicted and index.num_tokens < index.capacity // 2:
+            assert draft.match_len == best_cached_match(seqs, query, 6)
+
+
+def test_tenant_b_gets_no_draft_from_tenant_a() -> None:
+    index = TreeDraftIndex(1, 2, 8, capacity=1000)
+    tree = RadixCache(1)
+    tree.add_observer(index)
+    text = list(range(100, 140))
+    tree.insert(text, torch.arange(1, 41), "tenant-a")
+    query = np.asarray([7, 7] + text[:10], dtype=np.int32)
+    assert index.propose(query, "tenant-a", 4).tokens.tolist() == text[10:14]
+    assert len(index.propose(query, "tenant-b", 4)) == 0
+    assert len(index.propose(query, None, 4)) == 0
+    drafter = NgramDrafter(NgramParams(), index)
+    assert len(drafter.draft(query, "tenant-b", 4)) == 0
+    assert drafter.draft(query, "tenant-a", 4).source == "tree"
+    tree.evict(100)  # the tree lets it go: so does the index
+    assert len(index.propose(query, "tenant-a", 4)) == 0 and index.num_tokens == 0
+
+
+def test_cost_model_drafts_at_batch_one_not_at_a_large_batch() -> None:
+    cost = VerifyCost(1.0, 0.14)
+    gains = [0.8**j for j in range(1, 8)]
+    assert cost.plan([gains])[0] >= 3
+    assert cost.plan([gains] * 64) == [0] * 64
+    assert cost.plan([[0.01] * 7]) == [0]
