@@ -25,6 +25,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -196,3 +197,16 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ClientDisconnected, on_disconnect)
     for cls in (APIError, ValueError, SchedulerUnavailable, RequestFailed, Exception):
         app.add_exception_handler(cls, on_error)
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every error the server sends: OpenAI's shape (``radixserve.api.errors``)."""
+
+    error: ErrorDetail

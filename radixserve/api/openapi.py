@@ -2,8 +2,9 @@
 
 FastAPI documents a 422 ``HTTPValidationError`` for every route with a body; this server answers
 bad bodies with 400 in OpenAI's error shape (``radixserve.api.errors``). :func:`install_openapi`
-replaces those with the responses every route can give (400, 401, 413, 503 as an
-:class:`ErrorResponse`) and the routes declare their own success bodies (``ROUTE_RESPONSES``).
+replaces those with the errors each route can give, derived from what it declares
+(``_errors_of``: its access and its own 404), each as an :class:`ErrorResponse`; the routes
+declare their own success bodies (:func:`ok_body`, :data:`TEXT`, :data:`EMPTY`).
 """
 
 from __future__ import annotations
@@ -13,56 +14,33 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from radixserve.api.openai.bodies import (
-    ChatCompletionResponse,
-    CompletionResponse,
-    ErrorResponse,
-    ModelList,
-)
+from radixserve.api.access.routes import Access, facts_of, routes_of
+from radixserve.api.errors import ErrorResponse
 
 _ERRORS: dict[int, str] = {
     400: "bad parameters, malformed JSON, a prompt longer than the context",
     401: "a missing or wrong API key (only with --api-key)",
+    403: "an operator route called without an operator's key",
     404: "a model (or LoRA adapter) this server does not serve",
     413: "a body larger than --max-request-bytes",
     503: "the scheduler is gone, or the server is shutting down",
 }
-_SSE = {"text/event-stream": {"schema": {"type": "string"}}}
+SSE = {"text/event-stream": {"schema": {"type": "string"}}}
+TEXT: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/plain": {"schema": {"type": "string"}}}}
+}
+EMPTY: dict[int | str, dict[str, Any]] = {200: {"description": "healthy (empty body)"}}
+# a route that answers 404 for a model or adapter it does not serve declares this
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": _ERRORS[404]}}
 
 
-def _ok(model: Any, stream: bool = False) -> dict[int | str, dict[str, Any]]:
+def ok_body(model: Any, stream: bool = False) -> dict[int | str, dict[str, Any]]:
+    """A route's success body: ``model``, or server-sent events with ``stream``."""
     ok: dict[str, Any] = {"model": model, "description": "the result"}
     if stream:
-        ok["content"] = _SSE
+        ok["content"] = SSE
         ok["description"] = "the result; with stream=true, server-sent events ending in [DONE]"
     return {200: ok}
-
-
-# the success bodies of the routes that return a Response object
-ROUTE_RESPONSES: dict[str, dict[int | str, dict[str, Any]]] = {
-    "completions": _ok(CompletionResponse, stream=True),
-    "chat": _ok(ChatCompletionResponse, stream=True),
-    "generate": {
-        200: {
-            "description": "one result object, or a list for a batch; with stream=true, "
-            "server-sent events ending in [DONE]",
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "anyOf": [
-                            {"type": "object"},
-                            {"type": "array", "items": {"type": "object"}},
-                        ]
-                    }
-                },
-                **_SSE,
-            },
-        }
-    },
-    "models": _ok(ModelList),
-    "text": {200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
-    "empty": {200: {"description": "healthy (empty body)"}},
-}
 
 
 def install_openapi(app: FastAPI) -> None:
@@ -91,27 +69,28 @@ def _build(app: FastAPI) -> dict[str, Any]:
     for key in ("HTTPValidationError", "ValidationError"):
         components.pop(key, None)
     error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
+    errors = {route.path: _errors_of(route) for route in routes_of(app.routes)}
     for path, item in schema.get("paths", {}).items():
         for method, operation in item.items():
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
-            for status in _errors_of(path, method):
-                responses.setdefault(
-                    str(status),
-                    {
-                        "description": _ERRORS[status],
-                        "content": {"application/json": {"schema": error_ref}},
-                    },
-                )
+            for status in errors.get(path, [400, 503]) + ([413] if method == "post" else []):
+                responses[str(status)] = {
+                    "description": _ERRORS[status],
+                    "content": {"application/json": {"schema": error_ref}},
+                }
     return schema
 
 
-def _errors_of(path: str, method: str) -> list[int]:
-    if path == "/health":
+def _errors_of(route: Any) -> list[int]:
+    """The errors a route can answer, from what it declares: its access (401 for a key, 403
+    for an operator's), the 404 it declares, and what every route can give (400, 503)."""
+    facts = facts_of(route)
+    if facts is not None and facts.access == Access.OPEN:
         return [503]
     statuses = [400, 401, 503]
-    if method == "post":
-        statuses.append(413)
-    if path in ("/v1/completions", "/v1/chat/completions", "/v1/unload_lora_adapter"):
-        statuses.append(404)
-    return sorted(statuses)
+    if facts is not None and facts.access == Access.OPERATOR:
+        statuses.append(403)
+    declared = getattr(route, "responses", None) or {}
+    statuses += [int(status) for status in declared if int(status) >= 400]
+    return sorted(set(statuses))

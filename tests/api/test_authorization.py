@@ -13,6 +13,7 @@ from google.protobuf import message_factory
 from keyed_harness import KEYS, KeyedServer, bearer, secrets
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
+from radixserve.api.access.routes import RouteTable, facts_of, routes_of
 from radixserve.api.grpc.auth import GATEWAY_METHODS, OPEN_METHODS, TENANT_METHODS
 from radixserve.api.operator.server_info import server_args
 from radixserve.config import EngineConfig, ServerConfig
@@ -55,28 +56,34 @@ ROUTES: dict[tuple[str, str], tuple[str, Any]] = {
 }
 
 
-def app_routes(tokenizer: object) -> set[tuple[str, str]]:
-    """Every (method, path) the app serves, HEAD aside."""
+def declared_access(tokenizer: object) -> dict[tuple[str, str], str]:
+    """(method, path) -> the access each route of the app declares (HEAD aside)."""
     from radixserve.api.app import create_app
 
     config = ServerConfig(EngineConfig(model_path="/nonexistent"))
     tm = SimpleNamespace(config=config, prompts=SimpleNamespace(tokenizer=tokenizer))
     app = create_app(tm, config)  # type: ignore[arg-type]
-    found: set[tuple[str, str]] = set()
-
-    def walk(routes: list[Any]) -> None:
-        for route in routes:
-            if hasattr(route, "original_router"):
-                walk(route.original_router.routes)
-            else:
-                found.update((m, route.path) for m in route.methods - {"HEAD"})
-
-    walk(app.routes)
+    found = {}
+    for route in routes_of(app.routes):
+        facts = facts_of(route)
+        assert facts is not None, f"{route.path} declares no access"
+        found.update({(m, route.path): facts.access.value for m in route.methods - {"HEAD"}})
     return found
 
 
 def test_every_route_declares_who_may_call_it(tiny_tokenizer: object) -> None:
-    assert app_routes(tiny_tokenizer) == set(ROUTES)
+    """The app's declarations are the matrix's: a route added without one, or declared
+    otherwise than this test expects, fails here."""
+    assert declared_access(tiny_tokenizer) == {k: v[0] for k, v in ROUTES.items()}
+
+
+def test_a_route_that_declares_nothing_is_refused() -> None:
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    app.get("/forgotten")(lambda: {})
+    with pytest.raises(ValueError, match="/forgotten declares no access"):
+        RouteTable.of(app)
 
 
 def assert_no_secret(text: str, where: str) -> None:

@@ -2,11 +2,12 @@
 
 In order, each answered in OpenAI's error shape:
 
-1. the API key (401), on every path but ``/health``: the docs and ``/openapi.json`` too, and
-   before a byte of the body is read, so an unauthenticated client costs nothing. The cache
-   page's GET routes (``QUERY_KEY_PATHS``) also take it as ``?api_key=``, for a browser. The
-   key names the request's tenant (``api/access/tenants.py``), left in ``request.state``; the operator
-   routes want an operator (``Tenants.is_operator``; 403 otherwise);
+1. the API key (401), on every route but those declared open (``api/access/routes.py``): the
+   docs and ``/openapi.json`` too, and before a byte of the body is read, so an
+   unauthenticated client costs nothing. Routes declared ``query_key`` (the cache page) also
+   take it as ``?api_key=``, for a browser. The key names the request's tenant
+   (``api/access/tenants.py``), left in ``request.state``; the routes declared ``operator``
+   want an operator (``Tenants.is_operator``; 403 otherwise);
 2. the body's size (413): ``Content-Length`` over the limit is refused unread, a chunked body
    as soon as it passes the limit;
 3. lone UTF-16 surrogates (``"\\ud800"`` is valid JSON but not valid Unicode: no tokenizer
@@ -24,21 +25,22 @@ from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixserve.api.access.tenants import ADMIN_PATHS, GATEWAY_PATHS, Tenants
+from radixserve.api.access.routes import Access, RouteFacts, RouteTable
+from radixserve.api.access.tenants import Tenants
 from radixserve.api.errors import error_body
 
-OPEN_PATHS = frozenset({"/health"})
 _DISCONNECTED = b"\x00disconnected"  # _read_body's answer for a body cut off (compared by identity)
-# GET routes a browser opens (the cache page): the key may come as ``?api_key=`` there too
-QUERY_KEY_PATHS = ("/dashboard", "/cache_tree")
 # a JSON escape of a surrogate: only then can the parsed body hold a lone one
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, tenants: Tenants, max_request_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, tenants: Tenants, routes: RouteTable, max_request_bytes: int
+    ) -> None:
         self.app = app
         self.tenants = tenants
+        self.routes = routes
         self.max_request_bytes = max_request_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -46,8 +48,9 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        if self.tenants.required and scope["path"] not in OPEN_PATHS:
-            who = self._bearer(headers.get(b"authorization", b"")) or self._query_key(scope)
+        facts = self.routes.facts(scope.get("method", "GET"), scope["path"])
+        if self.tenants.required and facts.access != Access.OPEN:
+            who = self._bearer(headers.get(b"authorization", b"")) or self._query_key(scope, facts)
             if who is None:
                 await _reply(
                     send,
@@ -61,7 +64,7 @@ class RequestGuard:
             tenant = self.tenants.from_header(headers) or tenant
             state = scope.setdefault("state", {})
             state.update(tenant=tenant, admin=admin)
-            if _is_admin_path(scope["path"]) and not self._may_operate(state, scope["path"]):
+            if facts.access == Access.OPERATOR and not self._may_operate(state, facts):
                 await _reply(send, 403, "this route needs an admin API key", "admin_key_required")
                 return
         if scope.get("method") not in ("POST", "PUT", "PATCH"):
@@ -88,19 +91,18 @@ class RequestGuard:
             return
         await self.app(scope, _replay(body, receive), send)
 
-    def _may_operate(self, state: dict[str, object], path: str) -> bool:
+    def _may_operate(self, state: dict[str, object], facts: RouteFacts) -> bool:
         view = _State(state)
         if self.tenants.is_gateway(view):
-            return path in GATEWAY_PATHS
+            return facts.gateway
         return self.tenants.is_operator(view)
 
     def _bearer(self, header: bytes) -> tuple[str, bool] | None:
         scheme, _, token = header.partition(b" ")
         return self.tenants.resolve(token.strip()) if scheme.lower() == b"bearer" else None
 
-    def _query_key(self, scope: Scope) -> tuple[str, bool] | None:
-        path: str = scope["path"]
-        if scope.get("method") != "GET" or not path.startswith(QUERY_KEY_PATHS):
+    def _query_key(self, scope: Scope, facts: RouteFacts) -> tuple[str, bool] | None:
+        if scope.get("method") != "GET" or not facts.query_key:
             return None
         for value in parse_qs(scope.get("query_string", b"").decode("latin-1")).get("api_key", []):
             if (who := self.tenants.resolve(value.encode())) is not None:
@@ -140,10 +142,6 @@ class _State:
 
     def __init__(self, values: dict[str, object]) -> None:
         self.__dict__.update(values)
-
-
-def _is_admin_path(path: str) -> bool:
-    return any(path == p or path.startswith(p + "/") for p in ADMIN_PATHS)
 
 
 def _has_lone_surrogate(body: bytes) -> bool:

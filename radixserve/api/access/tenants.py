@@ -6,8 +6,8 @@ their own namespace of the radix cache (the request's ``extra_key``), so neither
 ``cached_tokens`` nor the time to the first token tells one tenant anything of another's
 prompts. ``cache_salt`` (vLLM's field, on every route) splits a tenant's namespace further and
 never reaches across tenants. ``--shared-prefix-cache`` puts every tenant back into one cache
-(salts still split it). ``--admin-api-key`` keys may also use the operator routes
-(:data:`ADMIN_PATHS`); when admin keys are configured, only they may. Behind a gateway that
+(salts still split it). ``--admin-api-key`` keys may also use the operator routes (those
+declared so: ``api/access/routes.py``); when admin keys are configured, only they may. Behind a gateway that
 holds the tenants' own keys and forwards one shared key (SGLang's ``smg``), ``--tenant-header``
 names the header it writes the tenant into; the header is trusted only when configured.
 
@@ -33,17 +33,6 @@ from typing import Any
 
 from radixserve.config import ServerConfig
 
-ADMIN_PATHS = (
-    "/cache_tree",
-    "/dashboard",
-    "/flush_cache",
-    "/load_lora_adapter",
-    "/unload_lora_adapter",
-    "/v1/load_lora_adapter",
-    "/v1/unload_lora_adapter",
-)
-# of the operator routes, what the --dp-size gateway forwards from its own admins
-GATEWAY_PATHS = frozenset({"/flush_cache"})
 ADMIN_TENANT = "admin"
 GATEWAY_TENANT = "gateway"
 

@@ -133,16 +133,3 @@ class ModelList(BaseModel):
 def dump(model: BaseModel) -> dict[str, Any]:
     """A response model as JSON-ready data (``None`` kept: OpenAI sends explicit nulls)."""
     return model.model_dump(mode="json")
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | int | None = None
-
-
-class ErrorResponse(BaseModel):
-    """Every error the server sends: OpenAI's shape (``radixserve.api.errors``)."""
-
-    error: ErrorDetail

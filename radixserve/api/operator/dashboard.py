@@ -6,7 +6,7 @@ the HTTP process adds each node's text and keeps the counters of the last minute
 (:class:`StatsHistory`) so a page opened late still draws them. Nothing is sampled while no
 page polls. Both routes sit behind the API key like every other route; a browser that cannot
 set the ``Authorization`` header may pass ``?api_key=`` to these two GET routes only
-(``RequestGuard.QUERY_KEY_PATHS``).
+(the routes are declared ``query_key``: ``api/access/routes.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 
+from radixserve.api.access.routes import Access, declare
 from radixserve.api.access.tenants import Tenants
 from radixserve.api.errors import APIError
 from radixserve.radix.tree_summary import HEAD_TOKENS
@@ -126,7 +127,7 @@ def dashboard_router(tm: TokenizerManager, tenants: Tenants) -> APIRouter:
             "history": history.points(),
         }
 
-    return router
+    return declare(router, Access.OPERATOR, query_key=True)
 
 
 _STATIC_FILES = {"dashboard.js", "echarts.min.js"}

@@ -18,8 +18,9 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict
 
+from radixserve.api.access.routes import Access, declare
 from radixserve.api.errors import APIError, error_body
-from radixserve.api.openapi import ROUTE_RESPONSES
+from radixserve.api.openapi import NOT_FOUND, TEXT
 from radixserve.server.tokenizer_manager import TokenizerManager
 
 
@@ -69,14 +70,14 @@ def lora_router(tm: TokenizerManager) -> APIRouter:
     async def unload_lora_adapter(body: UnloadLoraAdapterReqInput) -> Response:
         return sglang_reply(*await update(body.lora_name, None))
 
-    @router.post("/v1/load_lora_adapter", responses=ROUTE_RESPONSES["text"])
+    @router.post("/v1/load_lora_adapter", responses=TEXT)
     async def v1_load_lora_adapter(body: LoadLoraAdapterReqInput) -> Response:
         _, error = await update(body.lora_name, body.lora_path, body.pinned)
         if error is not None:
             raise APIError(error, 400, param="lora_path")
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
-    @router.post("/v1/unload_lora_adapter", responses=ROUTE_RESPONSES["text"])
+    @router.post("/v1/unload_lora_adapter", responses={**TEXT, **NOT_FOUND})
     async def v1_unload_lora_adapter(body: UnloadLoraAdapterReqInput) -> Response:
         if body.lora_name not in tm.lora_adapters:
             raise APIError(
@@ -90,4 +91,4 @@ def lora_router(tm: TokenizerManager) -> APIRouter:
             raise APIError(error, 400, param="lora_name")
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
-    return router
+    return declare(router, Access.OPERATOR)

@@ -138,6 +138,21 @@ def tenant_server_info(
     }
 
 
+def load(info: dict[str, Any]) -> dict[str, Any]:
+    """``/get_load`` from the scheduler's stats: ``load`` (requests running or waiting), with
+    the parts SGLang's own ``/get_load`` reports."""
+    stats = info["stats"]
+    running, waiting = stats["num_running_reqs"], stats["num_waiting_reqs"]
+    used = stats["max_total_tokens"] - stats["num_free_tokens"] - stats["num_evictable_tokens"]
+    return {
+        "load": running + waiting,
+        "dp_rank": 0,
+        "num_reqs": running + waiting,
+        "num_waiting_reqs": waiting,
+        "num_tokens": used,
+    }
+
+
 def get_model_info(tm: TokenizerManager, config: ServerConfig) -> dict[str, Any]:
     return {
         "model_path": config.engine.model_path,

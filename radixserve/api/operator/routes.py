@@ -1,0 +1,123 @@
+"""The server's own routes: health (open), what the server is and how loaded (a tenant's, each
+seeing its own figures), and the cache flush (an operator's)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse, Response
+
+from radixserve.api.access.routes import Access, declare
+from radixserve.api.access.tenants import Tenants
+from radixserve.api.errors import APIError
+from radixserve.api.openapi import EMPTY, TEXT
+from radixserve.api.operator import server_info
+from radixserve.api.operator.tenant_metrics import MetricsByTenant
+from radixserve.api.streaming import collect_all, open_requests
+from radixserve.config import ServerConfig
+from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.server.rid_scope import scope_of
+from radixserve.server.tokenizer_manager import TokenizerManager
+from radixserve.types import SamplingParams
+
+HEALTH_GENERATE_TIMEOUT_S = 20.0
+PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def health_router(tm: TokenizerManager) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health", responses=EMPTY)
+    async def health() -> Response:
+        if not tm.is_alive:
+            raise APIError(f"unhealthy: {tm.dead_reason}".splitlines()[0], 503, "server_error")
+        return Response(status_code=200)
+
+    return declare(router, Access.OPEN)
+
+
+def flush_router(tm: TokenizerManager) -> APIRouter:
+    router = APIRouter()
+
+    async def flush() -> Response:
+        if await tm.flush_cache():
+            return PlainTextResponse("Cache flushed.\n")
+        raise APIError("cannot flush the cache while requests are running", 400)
+
+    # one route a method, so each has its own OpenAPI operation id
+    router.add_api_route("/flush_cache", flush, methods=["POST"], responses=TEXT)
+    router.add_api_route(
+        "/flush_cache", flush, methods=["GET"], responses=TEXT, name="flush_cache_get"
+    )
+
+    return declare(router, Access.OPERATOR, gateway=True)
+
+
+def info_router(
+    tm: TokenizerManager, config: ServerConfig, tenants: Tenants, metrics: MetricsByTenant
+) -> APIRouter:
+    router = APIRouter()
+    meter = server_info.ThroughputMeter()
+
+    @router.get("/get_model_info")
+    @router.get("/model_info")
+    async def get_model_info() -> dict[str, Any]:
+        return server_info.get_model_info(tm, config)
+
+    @router.get("/get_server_info")
+    @router.get("/server_info")
+    async def get_server_info(raw: Request) -> dict[str, Any]:
+        """The whole server's figures to an operator, a tenant's own to a tenant."""
+        if not tenants.is_operator(raw.state):
+            tenant = str(raw.state.tenant)
+            return server_info.tenant_server_info(tm, config, tenant, metrics.usage(tenant))
+        info = await server_info.get_server_info(tm, config, meter)
+        metrics.server.update_scheduler_stats(info["scheduler"])
+        return info
+
+    @router.get("/health_generate", responses=EMPTY)
+    async def health_generate() -> Response:
+        """SGLang's deep health check: one token generated end to end (503 otherwise)."""
+        await _generate_one(tm)
+        return Response(status_code=200)
+
+    @router.get("/get_load")
+    async def get_load(raw: Request) -> dict[str, Any]:
+        """What sglang-router's load-aware policies read (the gateway and operators: the
+        scheduler's; a tenant: its own pending requests)."""
+        if not (tenants.is_operator(raw.state) or tenants.is_gateway(raw.state)):
+            mine = sum(scope_of(rid) == raw.state.tenant for rid in tm.states)
+            return {"load": mine, "dp_rank": 0, "num_reqs": mine, "num_waiting_reqs": 0}
+        return server_info.load(await tm.get_server_info(check_integrity=False))
+
+    @router.get("/metrics", responses=TEXT)
+    async def prometheus_metrics(raw: Request) -> Response:
+        """The server's metrics to an operator; a tenant's own requests' to a tenant."""
+        if not tenants.is_operator(raw.state):
+            return Response(metrics.of(str(raw.state.tenant)).render(), media_type=PROMETHEUS)
+        if tm.is_alive:
+            with contextlib.suppress(Exception):
+                info = await tm.get_server_info(check_integrity=False)
+                metrics.server.update_scheduler_stats(info["stats"])
+        return Response(metrics.server.render(), media_type=PROMETHEUS)
+
+    return declare(router, Access.TENANT)
+
+
+async def _generate_one(tm: TokenizerManager) -> None:
+    """One token generated end to end; a 503 naming why not."""
+    if not tm.is_alive:
+        raise APIError(f"unhealthy: {tm.dead_reason}".splitlines()[0], 503, "server_error")
+    request = GenerateRequest(
+        rid=f"health-{tm.new_rid()}",
+        input_ids=await tm.prompts.tokenize("Hello"),
+        sampling_params=SamplingParams(max_new_tokens=1, temperature=0.0),
+    )
+    try:
+        group = await open_requests(tm, [tm.validator.check(request)], None)
+        await asyncio.wait_for(collect_all(group, [request]), HEALTH_GENERATE_TIMEOUT_S)
+    except Exception as exc:
+        raise APIError(f"unhealthy: {exc!r}".splitlines()[0], 503, "server_error") from None
