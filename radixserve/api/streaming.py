@@ -16,10 +16,11 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from radixserve.api.errors import APIError, error_body, to_api_error
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.io_struct import TextOutput
 from radixserve.server.result import RequestResult
-from radixserve.server.tokenizer_manager import TokenizerManager
+from radixserve.server.tokenizer_manager import ClientDisconnected, TokenizerManager
 
 SSE_DONE = "data: [DONE]\n\n"
 
@@ -49,6 +50,35 @@ class SSEResponse(StreamingResponse):
                 await self._body.aclose()  # type: ignore[attr-defined]
             if self._on_close is not None:
                 await self._on_close()
+
+
+def openai_error_event(err: APIError) -> str:
+    """An error inside a stream as OpenAI's clients read it: one event of the error shape."""
+    return sse(error_body(err.message, err.type, err.param, err.status_code))
+
+
+def event_stream(
+    group: OpenRequests,
+    events: AsyncIterator[str],
+    error_event: Callable[[APIError], str] = openai_error_event,
+    done: str | None = SSE_DONE,
+) -> SSEResponse:
+    """The one stream lifecycle of every door: the protocol's ``events`` (its renderer over
+    ``group``), then ``done``; a client that left ends it quietly; an exception becomes one
+    ``error_event`` (then ``done``); ``group`` is closed however the response ends."""
+
+    async def body() -> AsyncIterator[str]:
+        try:
+            async for event in events:
+                yield event
+        except ClientDisconnected:
+            return
+        except Exception as exc:
+            yield error_event(to_api_error(exc))
+        if done is not None:
+            yield done
+
+    return SSEResponse(body(), on_close=group.aclose)
 
 
 class OpenRequests:

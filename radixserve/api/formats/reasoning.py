@@ -95,3 +95,36 @@ def _split_held(text: str, tags: list[str]) -> tuple[str, str]:
         if any(t.startswith(text[-k:]) for t in tags):
             return text[:-k], text[-k:]
     return text, ""
+
+
+@dataclass(slots=True)
+class ReasoningStream:
+    """One streamed choice's text, split as it arrives: every door streams its reasoning
+    through this. ``parser`` None: all answer. ``reasoning``/``answer``: everything so far;
+    ``held``: thinking not handed out yet (:meth:`take_thinking`)."""
+
+    parser: ReasoningParser | None
+    reasoning: str = ""
+    answer: str = ""
+    held: str = ""
+
+    def feed(self, text: str, final: bool) -> tuple[str, str]:
+        """The ``(reasoning, answer)`` deltas of ``text``, the choice's next output."""
+        reasoning, answer = ("", text) if self.parser is None else self.parser.feed(text, final)
+        self.reasoning += reasoning
+        self.answer += answer
+        self.held += reasoning
+        return reasoning, answer
+
+    @property
+    def had_thinking(self) -> bool:
+        return self.parser is not None and self.parser.had_thinking
+
+    def take_thinking(self, now: bool, final: bool) -> str:
+        """The thinking held so far, once ``now`` or once the block has ended (a client that
+        takes the thinking whole); empty otherwise."""
+        ended = self.parser is None or self.parser.state != "thinking" or final
+        if not (now or ended):
+            return ""
+        held, self.held = self.held, ""
+        return held

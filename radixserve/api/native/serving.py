@@ -19,21 +19,18 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.api.access.limits import num_prompts_of
-from radixserve.api.errors import error_body, to_api_error
-from radixserve.api.formats.reasoning import ReasoningParser
+from radixserve.api.formats.reasoning import ReasoningParser, ReasoningStream
 from radixserve.api.native.protocol import GenerateReqInput, NativeSamplingParams
 from radixserve.api.request_builder import Generation, RequestBuilder
 from radixserve.api.streaming import (
-    SSE_DONE,
     OpenRequests,
-    SSEResponse,
     collect_all,
+    event_stream,
     open_requests,
     sse,
 )
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.result import RequestResult, generate_result
-from radixserve.server.tokenizer_manager import ClientDisconnected
 
 T = TypeVar("T")
 
@@ -52,10 +49,10 @@ class NativeServing:
         group = await open_requests(self.tm, requests, raw.is_disconnected)
         shape = _Shape(body.return_text_in_logprobs, body.return_prompt_token_ids)
         if body.stream:
-            return SSEResponse(
-                self._stream(group, requests, is_batch, shape, started, body.separate_reasoning),
-                on_close=group.aclose,
+            events = self._stream(
+                group, requests, is_batch, shape, started, body.separate_reasoning
             )
+            return event_stream(group, events)
         results = await collect_all(group, requests)
         outs = [self.result_dict(r, shape, started) for r in results]
         if body.separate_reasoning:
@@ -130,25 +127,20 @@ class NativeServing:
         started: float,
         separate_reasoning: bool,
     ) -> AsyncIterator[str]:
+        """SGLang's events: each the choice's text and ids so far (cumulative)."""
         results = [RequestResult(r) for r in requests]
-        split = [_StreamSplit(self._reasoner()) if separate_reasoning else None for _ in requests]
-        try:
-            async for i, out in group.events():
-                results[i].add(out)
-                event = self.result_dict(results[i], shape, started)
-                splitter = split[i]
-                if splitter is not None:
-                    final = out.output.finish_reason is not None
-                    event["reasoning_text"], event["text"] = splitter.add(event["text"], final)
-                if is_batch:
-                    event["index"] = i
-                yield sse(event)
-        except ClientDisconnected:
-            return
-        except Exception as exc:
-            err = to_api_error(exc)
-            yield sse(error_body(err.message, err.type, err.param, err.status_code))
-        yield SSE_DONE
+        parser = self._reasoner if separate_reasoning else lambda: None
+        split = [ReasoningStream(parser()) for _ in requests]
+        async for i, out in group.events():
+            results[i].add(out)
+            event = self.result_dict(results[i], shape, started)
+            if separate_reasoning:
+                split[i].feed(out.text, final=out.output.finish_reason is not None)
+                thinking = split[i].reasoning if split[i].had_thinking else None
+                event["reasoning_text"], event["text"] = thinking, split[i].answer
+            if is_batch:
+                event["index"] = i
+            yield sse(event)
 
     def result_dict(self, result: RequestResult, shape: _Shape, started: float) -> dict[str, Any]:
         token_text = self.tm.prompts.decode_token if shape.text_in_logprobs else None
@@ -164,24 +156,6 @@ class _Shape:
 
     text_in_logprobs: bool  # return_text_in_logprobs
     prompt_token_ids: bool  # return_prompt_token_ids
-
-
-class _StreamSplit:
-    """A stream's cumulative text split into cumulative thinking and answer (``separate_reasoning``):
-    a possible start of a tag is held until the next event, or the last."""
-
-    def __init__(self, parser: ReasoningParser) -> None:
-        self.parser = parser
-        self.seen = 0
-        self.reasoning = ""
-        self.answer = ""
-
-    def add(self, text: str, final: bool) -> tuple[str | None, str]:
-        reasoning, answer = self.parser.feed(text[self.seen :], final)
-        self.seen = len(text)
-        self.reasoning += reasoning
-        self.answer += answer
-        return (self.reasoning if self.parser.had_thinking else None), self.answer
 
 
 def _or(value: int | None, default: int) -> int:

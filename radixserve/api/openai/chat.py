@@ -19,12 +19,13 @@ chunk with empty ``choices`` and the usage; then ``data: [DONE]``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from radixserve.api.errors import APIError, error_body, to_api_error
-from radixserve.api.formats.reasoning import THINK_END, ReasoningParser
+from radixserve.api.errors import APIError
+from radixserve.api.formats.reasoning import THINK_END, ReasoningParser, ReasoningStream
 from radixserve.api.formats.tool_calls import detect_parser
 from radixserve.api.openai.bodies import (
     ChatChoice,
@@ -40,18 +41,11 @@ from radixserve.api.openai.bodies import (
 from radixserve.api.openai.chat_tools import ToolPlan, plan_tools
 from radixserve.api.openai.common import OpenAIServing, choice_logprob_slices, grammar_param
 from radixserve.api.openai.protocol import ChatCompletionRequest
-from radixserve.api.streaming import (
-    SSE_DONE,
-    OpenRequests,
-    SSEResponse,
-    collect_all,
-    open_requests,
-    sse,
-)
+from radixserve.api.streaming import OpenRequests, collect_all, event_stream, open_requests, sse
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.result import RequestResult
-from radixserve.server.tokenizer_manager import ClientDisconnected, TokenizerManager
+from radixserve.server.tokenizer_manager import TokenizerManager
 
 
 class ChatServing(OpenAIServing):
@@ -129,9 +123,7 @@ class ChatServing(OpenAIServing):
         )
         group = await open_requests(self.tm, requests, raw.is_disconnected)
         if body.stream:
-            return SSEResponse(
-                self._stream(base_id, body, plan, group, requests), on_close=group.aclose
-            )
+            return event_stream(group, self._stream(base_id, body, plan, group, requests))
         results = await collect_all(group, requests)
         choices = []
         for i, r in enumerate(results):
@@ -175,67 +167,65 @@ class ChatServing(OpenAIServing):
         group: OpenRequests,
         requests: list[GenerateRequest],
     ) -> AsyncIterator[str]:
-        created = self.created()
+        """OpenAI's chat chunks: the role, then thinking, content and tool calls as deltas,
+        each choice's finish, the usage when asked."""
+        chunk = _Chunker(base_id, self.created(), self.served_name(requests))
         results = [RequestResult(r) for r in requests]
         streams = [plan.stream() for _ in requests]
-        reasoners = [self._reasoner(body) for _ in requests]
-        thinking = ["" for _ in requests]  # held back when not stream_reasoning
-
-        def chunk(choice: ChatStreamChoice | None, usage: UsageInfo | None = None) -> str:
-            data = ChatCompletionChunk(
-                id=base_id,
-                created=created,
-                model=self.served_name(requests),
-                choices=[] if choice is None else [choice],
-                usage=usage,
-            )
-            out = dump(data)
-            for c in out["choices"]:  # OpenAI leaves unset delta fields out
-                c["delta"] = {k: v for k, v in c["delta"].items() if v is not None}
-            return sse(out)
-
-        try:
-            for i in range(len(requests)):
+        split = [ReasoningStream(self._reasoner(body)) for _ in requests]
+        for i in range(len(requests)):
+            yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
+        async for i, out in group.events():
+            start = len(results[i].output_ids)
+            results[i].add(out)
+            logprobs = self._logprobs(body, results[i], start)
+            finish = self.finish_reason(out.output.finish_reason)
+            _, answer = split[i].feed(out.text, final=finish is not None)
+            thinking = split[i].take_thinking(body.stream_reasoning, finish is not None)
+            if thinking:
                 yield chunk(
-                    ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
+                    ChatStreamChoice(index=i, delta=DeltaMessage(reasoning_content=thinking))
                 )
-            async for i, out in group.events():
-                result = results[i]
-                start = len(result.output_ids)
-                result.add(out)
-                logprobs = self._logprobs(body, result, start)
-                finish = self.finish_reason(out.output.finish_reason)
-                reasoner = reasoners[i]
-                reasoning, answer = (
-                    ("", out.text)
-                    if reasoner is None
-                    else reasoner.feed(out.text, final=finish is not None)
-                )
-                thinking[i] += reasoning
-                ended = reasoner is None or reasoner.state != "thinking" or finish is not None
-                if thinking[i] and (body.stream_reasoning or ended):
-                    delta = DeltaMessage(reasoning_content=thinking[i])
-                    thinking[i] = ""
-                    yield chunk(ChatStreamChoice(index=i, delta=delta))
-                text = streams[i].feed(answer)
-                if text or logprobs is not None:
-                    delta = DeltaMessage(content=text or None)
-                    yield chunk(ChatStreamChoice(index=i, delta=delta, logprobs=logprobs))
-                if finish is None:
-                    continue
-                text, calls = streams[i].finish()
-                if text:
-                    yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(content=text)))
-                for k, call in enumerate(calls):  # each call whole, in OpenAI's delta shape
-                    delta = DeltaMessage(tool_calls=[call.to_openai(k)])
-                    yield chunk(ChatStreamChoice(index=i, delta=delta))
-                finish = "tool_calls" if calls else finish
-                yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(), finish_reason=finish))
-            if body.include_usage:
-                yield chunk(None, self.usage(results, body.n))
-        except ClientDisconnected:
-            return
-        except Exception as exc:
-            err = to_api_error(exc)
-            yield sse(error_body(err.message, err.type, err.param, err.status_code))
-        yield SSE_DONE
+            text = streams[i].feed(answer)
+            if text or logprobs is not None:
+                delta = DeltaMessage(content=text or None)
+                yield chunk(ChatStreamChoice(index=i, delta=delta, logprobs=logprobs))
+            if finish is not None:
+                for event in self._finish(chunk, i, streams[i], finish):
+                    yield event
+        if body.include_usage:
+            yield chunk(None, self.usage(results, body.n))
+
+    @staticmethod
+    def _finish(chunk: _Chunker, i: int, stream: Any, finish: str) -> list[str]:
+        """A choice's last chunks: the text held back, each tool call whole (OpenAI's delta
+        shape), the finish reason."""
+        text, calls = stream.finish()
+        out = [chunk(ChatStreamChoice(index=i, delta=DeltaMessage(content=text)))] if text else []
+        for k, call in enumerate(calls):
+            delta = DeltaMessage(tool_calls=[call.to_openai(k)])
+            out.append(chunk(ChatStreamChoice(index=i, delta=delta)))
+        reason = "tool_calls" if calls else finish
+        out.append(chunk(ChatStreamChoice(index=i, delta=DeltaMessage(), finish_reason=reason)))
+        return out
+
+
+class _Chunker:
+    """One stream's chunks: its id, creation time and model, OpenAI's unset delta fields left
+    out."""
+
+    def __init__(self, base_id: str, created: int, model: str) -> None:
+        self.base_id, self.created, self.model = base_id, created, model
+
+    def __call__(self, choice: ChatStreamChoice | None, usage: UsageInfo | None = None) -> str:
+        data = ChatCompletionChunk(
+            id=self.base_id,
+            created=self.created,
+            model=self.model,
+            choices=[] if choice is None else [choice],
+            usage=usage,
+        )
+        out = dump(data)
+        for c in out["choices"]:
+            c["delta"] = {k: v for k, v in c["delta"].items() if v is not None}
+        return sse(out)

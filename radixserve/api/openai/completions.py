@@ -14,25 +14,18 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.api.access.limits import num_prompts_of
-from radixserve.api.errors import APIError, error_body, to_api_error
+from radixserve.api.errors import APIError
 from radixserve.api.openai.bodies import (
     CompletionChoice,
     CompletionResponse,
+    UsageInfo,
     dump,
 )
 from radixserve.api.openai.common import OpenAIServing, choice_logprob_slices
 from radixserve.api.openai.protocol import CompletionRequest
-from radixserve.api.streaming import (
-    SSE_DONE,
-    OpenRequests,
-    SSEResponse,
-    collect_all,
-    open_requests,
-    sse,
-)
+from radixserve.api.streaming import OpenRequests, collect_all, event_stream, open_requests, sse
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.result import RequestResult
-from radixserve.server.tokenizer_manager import ClientDisconnected
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
@@ -67,9 +60,7 @@ class CompletionServing(OpenAIServing):
         echoes = [self.tm.prompts.decode(p) if body.echo else "" for p in prompts]
         group = await open_requests(self.tm, requests, raw.is_disconnected)
         if body.stream:
-            return SSEResponse(
-                self._stream(base_id, body, group, requests, echoes), on_close=group.aclose
-            )
+            return event_stream(group, self._stream(base_id, body, group, requests, echoes))
         results = await collect_all(group, requests)
         choices = []
         for index, result in enumerate(results):
@@ -115,56 +106,38 @@ class CompletionServing(OpenAIServing):
         requests: list[GenerateRequest],
         echoes: list[str],
     ) -> AsyncIterator[str]:
-        created = self.created()
+        """OpenAI's completion chunks: each choice's new text (its echo first), logprobs and
+        finish; the usage when asked."""
+        created, model = self.created(), self.served_name(requests)
+
+        def chunk(choices: list[CompletionChoice], usage: UsageInfo | None = None) -> str:
+            data = dump(
+                CompletionResponse(
+                    id=base_id, created=created, model=model, choices=choices, usage=usage
+                )
+            )
+            if usage is None:
+                del data["usage"]
+            return sse(data)
+
         results = [RequestResult(r) for r in requests]
         sent_echo = [False] * len(requests)
-
-        def chunk(index: int, text: str, finish: str | None, logprobs: object = None) -> str:
-            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-            return sse(
-                {
-                    "id": base_id,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": self.served_name(requests),
-                    "choices": [choice],
-                }
+        async for i, out in group.events():
+            start = len(results[i].output_ids)
+            results[i].add(out)
+            text = out.text
+            if not sent_echo[i]:
+                text, sent_echo[i] = echoes[i // body.n] + text, True
+            finish = self.finish_reason(out.output.finish_reason)
+            if not text and finish is None and body.logprobs is None:
+                continue
+            logprobs = None
+            if body.logprobs is not None:
+                offset = len(results[i].text) - len(out.text)
+                slices = choice_logprob_slices(results[i], start)
+                logprobs = self.completion_logprobs(**slices, text_offset=offset)
+            yield chunk(
+                [CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=finish)]
             )
-
-        try:
-            async for i, out in group.events():
-                result = results[i]
-                start = len(result.output_ids)
-                result.add(out)
-                text = out.text
-                if not sent_echo[i]:
-                    text, sent_echo[i] = echoes[i // body.n] + text, True
-                finish = self.finish_reason(out.output.finish_reason)
-                if not text and finish is None and body.logprobs is None:
-                    continue
-                logprobs = None
-                if body.logprobs is not None:
-                    lp = self.completion_logprobs(
-                        **choice_logprob_slices(result, start),
-                        text_offset=len(result.text) - len(out.text),
-                    )
-                    logprobs = dump(lp)
-                yield chunk(i, text, finish, logprobs)
-            if body.include_usage:
-                usage = dump(self.usage(results, body.n))
-                yield sse(
-                    {
-                        "id": base_id,
-                        "object": "text_completion",
-                        "created": created,
-                        "model": self.served_name(requests),
-                        "choices": [],
-                        "usage": usage,
-                    }
-                )
-        except ClientDisconnected:
-            return
-        except Exception as exc:
-            err = to_api_error(exc)
-            yield sse(error_body(err.message, err.type, err.param, err.status_code))
-        yield SSE_DONE
+        if body.include_usage:
+            yield chunk([], self.usage(results, body.n))
