@@ -1,6 +1,7 @@
 """Hypothesis strategies: small regexes and JSON schemas whose every match is finite (so a
-constrained generation always completes within a few dozen tokens) and which the tiny test
-tokenizer (a byte-level BPE: every byte is a token) can express."""
+constrained generation always completes within a few dozen tokens, but for
+:func:`nested_repeats`, whose matches may be long) and which the tiny test tokenizer (a
+byte-level BPE: every byte is a token) can express."""
 
 from __future__ import annotations
 
@@ -32,6 +33,25 @@ def regexes(draw: st.DrawFn, depth: int = 2, atoms: st.SearchStrategy[str] = _AT
             parts.append(f"({draw(regexes(depth - 1, atoms))})?")
     pattern = "".join(parts)
     re.compile(pattern)  # the generator's own check: a valid Python regex
+    return pattern
+
+
+_REPEATED = st.sampled_from(["a", "[ab]", "(a|aa)", "(ab|a)", "a?", "[0-9]", " "])
+
+
+@st.composite
+def nested_repeats(draw: st.DrawFn, atoms: st.SearchStrategy[str] = _REPEATED) -> str:
+    """Bounded repeats nested 2 to 4 deep, such as ``(((a{1,20}){1,20}){1,20}){1,20}``: what
+    they expand to multiplies at each level, so a few are refused at submission (too complex
+    for the grammar engine) and the rest must match."""
+    pattern = draw(atoms)
+    for _ in range(draw(st.integers(2, 4))):
+        lo = draw(st.integers(0, 2))
+        hi = draw(st.integers(max(lo, 1), 24))
+        if draw(st.booleans()):
+            pattern += draw(atoms)
+        pattern = f"({pattern}){{{lo},{hi}}}"
+    re.compile(pattern)
     return pattern
 
 

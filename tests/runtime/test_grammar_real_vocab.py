@@ -18,9 +18,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixserve.runtime.grammar import ReqGrammar, create_grammar_backend
+from radixserve.runtime.grammar import ReqGrammar, check_grammar, create_grammar_backend
 from radixserve.runtime.grammar.bitmask import bitmask_width
-from tests.runtime.grammar_strategies import dumps, json_schemas, regexes
+from tests.runtime.grammar_strategies import dumps, json_schemas, nested_repeats, regexes
 
 pytest.importorskip("llguidance")
 
@@ -75,6 +75,27 @@ def test_every_token_a_regex_mask_allows_its_matcher_accepts(
     backends: dict[str, Any], family: str, pattern: str, data: st.DataObject
 ) -> None:
     _walk(family, ("regex", pattern), backends, data)
+
+
+@pytest.mark.timeout(240)
+@PROPERTY
+@given(family=st.sampled_from(sorted(VOCAB)), pattern=nested_repeats(), data=st.data())
+def test_nested_bounded_repeats_are_refused_or_walk_without_a_matcher_error(
+    backends: dict[str, Any], family: str, pattern: str, data: st.DataObject
+) -> None:
+    """Nested bounded repeats multiply what llguidance's lexer derives per token: a regex over
+    the limit is refused at submission (by the edge's check, or when its matcher is made);
+    any other walks with no step over llguidance's budget (an exceeded one left the matcher
+    in an error state whose mask allowed only EOS, which it refused)."""
+    key = ("regex", pattern)
+    backend = backends[family][1]
+    try:
+        check_grammar(key)
+        backend.matcher(backend.compile(key))
+    except ValueError as exc:
+        assert "too complex" in str(exc), exc
+        return
+    _walk(family, key, backends, data)
 
 
 @PROPERTY
@@ -162,3 +183,26 @@ def test_structured_output_starts_after_the_thinking_end_to_end(qwen3_model_dir)
     assert out["meta_info"]["finish_reason"]["type"] == "stop", out
     assert out["text"].startswith("</think>")
     assert isinstance(json.loads(out["text"][len("</think>") :])["ok"], bool)
+
+
+@pytest.mark.timeout(300)
+def test_deeply_nested_repeats_complete_or_are_refused_at_submission(qwen3_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """The Qwen3-shaped model on ``(((a{1,20}){1,20}){1,20}){1,20}``, its EOS tokens pushed away
+    so the walk goes deep: refused at submission with a ``ValueError``, or it completes with
+    text that matches; never a failure mid-generation."""
+    from radixserve import Engine
+
+    pattern = "(((a{1,20}){1,20}){1,20}){1,20}"
+    with Engine(str(qwen3_model_dir), dtype="float32") as engine:
+        eos = engine.tokenizer.convert_tokens_to_ids(EOS["qwen3"])  # type: ignore[attr-defined]
+        bias = {t: -100.0 for t in eos}
+        params = {"regex": pattern, "logit_bias": bias, "max_new_tokens": 48, "seed": 1}
+        try:
+            outs = engine.generate(["Say a:", "Many a:"], params)
+        except ValueError as exc:
+            assert "too complex" in str(exc), exc
+            outs = []
+        engine.check_integrity()
+    for out in outs:
+        assert out["meta_info"]["finish_reason"]["type"] in ("stop", "length"), out
+        assert re.fullmatch("a+", out["text"]), out  # any run of up to 160,000 a's matches

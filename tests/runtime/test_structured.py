@@ -41,6 +41,10 @@ SCHEMA = {
     "additionalProperties": False,
 }
 PROMPTS = ["def f(x):", "import os", "x = [1, 2", "class A:\n    pass"]
+# 3,000 objects deep (Python's json module recurses ~1,000 levels), and nested bounded repeats
+# past what llguidance's lexer may derive per token
+DEEP_SCHEMA = '{"type": "object", "properties": {"a": ' * 3000 + "{}" + "}}" * 3000
+NESTED = "(((a{1,20}){1,20}){1,20}){1,20}"
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +94,12 @@ def test_jump_forward_changes_no_token(engine_model_dir, overlap, temperature, s
         ({"regex": "a", "json_schema": "{}"}, "at most one of regex, json_schema and ebnf"),
         ({"regex": 5}, "regex must be a string"),
         ({"regex": r"[^\s\S]"}, "the grammar matches no text"),  # valid, but empty
+        ({"json_schema": DEEP_SCHEMA}, "json_schema nests objects and arrays deeper than"),
+        ({"ebnf": f"start: /{NESTED}/"}, "a regex of the ebnf grammar is too complex"),
+        (
+            {"json_schema": json.dumps({"type": "string", "pattern": NESTED})},
+            "a json_schema pattern is too complex",
+        ),
     ],
 )
 def test_a_bad_grammar_is_a_value_error_and_the_engine_keeps_serving(

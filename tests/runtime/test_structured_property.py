@@ -1,5 +1,6 @@
 """Property test of structured output: every output of a random regex or JSON schema matches
-it (``re.fullmatch``, ``jsonschema.validate``), sampled at temperature 1 on the random-weight
+it (``re.fullmatch``, ``jsonschema.validate``; nested bounded repeats may be refused at
+submission instead, never fail mid-generation), sampled at temperature 1 on the random-weight
 tiny model, under overlap on and off, the cache on and off, page size 1 and 16, chunked
 prefill, priority preemption and a KV pool small enough to force retractions; the KV
 accounting holds after every run."""
@@ -11,14 +12,15 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from radixserve import Engine
 from radixserve.config import SchedulerConstants
-from tests.runtime.grammar_strategies import json_schemas, regexes
+from tests.runtime.grammar_strategies import json_schemas, nested_repeats, regexes
 
 jsonschema = pytest.importorskip("jsonschema")
+regex = pytest.importorskip("regex")  # partial matches: a prefix that a length limit cut
 pytest.importorskip("llguidance")
 
 # admission reserves little for the future tokens of running requests: decode runs out and retracts
@@ -63,6 +65,24 @@ def _check_regex(engine: Engine, pattern: str, prio: list[int]) -> None:
         assert re.fullmatch(pattern, out["text"]), (pattern, out["text"])
 
 
+def _check_nested(engine: Engine, pattern: str, prio: list[int]) -> None:
+    """Refused at submission (too complex for the grammar engine), or every output matches:
+    in full when its grammar ended it, as a prefix of a match when its length did. The EOS
+    tokens are pushed away (the outputs go deep into the repeats), so none is ever chosen:
+    where a mask allowed nothing else, its grammar had ended the request first."""
+    bias = {t: -100.0 for t in engine.scheduler.eos_token_ids}
+    params = {"regex": pattern, "temperature": 1.0, "max_new_tokens": 96, "logit_bias": bias}
+    try:
+        outs = _run(engine, params, 8, prio)
+    except ValueError as exc:
+        assert "too complex" in str(exc), exc
+        return
+    for out in outs:
+        kind, matched = (out["meta_info"]["finish_reason"].get(k) for k in ("type", "matched"))
+        assert kind in ("stop", "length") and matched is None, (pattern, out)
+        assert regex.fullmatch(pattern, out["text"], partial=kind == "length"), (pattern, out)
+
+
 def _check_schema(engine: Engine, schema: dict[str, Any], prio: list[int]) -> None:
     params = {"json_schema": json.dumps(schema), "temperature": 1.0, "max_new_tokens": 160}
     for out in _run(engine, params, 8, prio):
@@ -88,6 +108,14 @@ def test_every_output_matches_its_regex(engines, pattern, config, prio) -> None:
 @given(schema=json_schemas(), **CASE)
 def test_every_output_validates_against_its_schema(engines, schema, config, prio) -> None:
     _check_schema(engines[config], schema, prio)
+
+
+@pytest.mark.timeout(300)
+@FAST
+@example(pattern="(((a{1,20}){1,20}){1,20}){1,20}", config="overlap", prio=[0] * 8)
+@given(pattern=nested_repeats(), **CASE)
+def test_nested_bounded_repeats_match_or_are_refused(engines, pattern, config, prio) -> None:
+    _check_nested(engines[config], pattern, prio)
 
 
 @pytest.mark.slow
