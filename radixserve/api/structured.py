@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from radixserve.runtime.grammar.limits import check_json_depth, too_deep
 from radixserve.types import SamplingParams
 
 GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf")
@@ -22,16 +23,25 @@ JSON_OBJECT_SCHEMA = '{"type": "object"}'  # SGLang's json_object: any JSON obje
 
 
 def json_schema_string(schema: str | dict[str, Any] | None, param: str) -> str | None:
-    """A schema as the JSON string ``SamplingParams`` takes; ``ValueError`` if it is no JSON."""
+    """A schema as the JSON string ``SamplingParams`` takes; ``ValueError`` if it is no JSON
+    or nests deeper than the grammar engine reads (``MAX_JSON_DEPTH``)."""
     if schema is None:
         return None
     if isinstance(schema, dict):
-        return json.dumps(schema)
+        return _dumps(schema, param)
     try:
-        json.loads(schema)
+        parsed = json.loads(schema)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{param} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError(too_deep(param)) from None
+    check_json_depth(parsed, param)
     return schema
+
+
+def _dumps(schema: dict[str, Any], param: str) -> str:
+    check_json_depth(schema, param)  # before json.dumps, which recurses
+    return json.dumps(schema)
 
 
 def grammar_fields(
@@ -73,5 +83,5 @@ def response_format_schema(response_format: dict[str, Any] | None) -> str | None
             return JSON_OBJECT_SCHEMA  # OpenAI allows a schema-less json_schema format
         if not isinstance(schema, dict):
             raise ValueError("response_format.json_schema.schema must be a JSON object")
-        return json.dumps(schema)
+        return _dumps(schema, "response_format.json_schema.schema")
     raise ValueError(f"response_format.type must be text, json_object or json_schema, got {kind!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -110,6 +111,45 @@ def test_openai_client_raises_typed_errors(openai_client: Any) -> None:
         openai_client.chat.completions.create(model="nope", messages=USER)
     with pytest.raises(openai.BadRequestError):
         openai_client.chat.completions.create(model="tiny-llama", messages=USER, temperature=-1)
+
+
+# a JSON schema nested 3,000 objects deep, as JSON text (json.dumps of it as an object recurses)
+DEEP_SCHEMA = '{"type": "object", "properties": {"a": ' * 3000 + "{}" + "}}" * 3000
+DEEP_BODIES = {
+    "native json_schema string": (
+        "/generate",
+        json.dumps({"text": "x", "sampling_params": {"json_schema": DEEP_SCHEMA}}),
+        "json_schema nests objects and arrays deeper than the limit",
+    ),
+    "native json_schema object": (
+        "/generate",
+        '{"text": "x", "sampling_params": {"json_schema": ' + DEEP_SCHEMA + "}}",
+        "nests JSON deeper than",
+    ),
+    "chat response_format": (
+        CHAT,
+        '{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": '
+        '"json_schema", "json_schema": {"name": "deep", "schema": ' + DEEP_SCHEMA + "}}}",
+        "nests JSON deeper than",
+    ),
+    "deep body with a lone surrogate": (
+        COMPLETIONS,
+        '{"prompt": "\\ud800", "x": ' + "[" * 3000 + "]" * 3000 + "}",
+        "nests JSON deeper than",
+    ),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", list(DEEP_BODIES))
+def test_a_schema_nested_3000_deep_is_a_400_that_says_so(client: httpx.Client, case: str) -> None:
+    """However the deep schema arrives (a JSON string, an object in the body, the OpenAI
+    ``response_format``), the answer is a 400 naming the nesting, never a 500."""
+    route, body, fragment = DEEP_BODIES[case]
+    resp = client.post(route, content=body, headers={"Content-Type": "application/json"})
+    assert fragment in assert_error_shape(resp, 400)["message"]
+    ok = client.post(COMPLETIONS, json={"prompt": "ok", "max_tokens": 2})
+    assert ok.status_code == 200, ok.text
 
 
 def test_server_is_clean_after_bad_input(client: httpx.Client) -> None:

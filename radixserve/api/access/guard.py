@@ -149,8 +149,8 @@ def _has_lone_surrogate(body: bytes) -> bool:
         return False
     try:
         parsed = json.loads(body)
-    except ValueError:
-        return False  # malformed JSON: the route's parser says so
+    except (ValueError, RecursionError):
+        return False  # malformed or too deep: the route's parser says so
     try:
         json.dumps(parsed, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
