@@ -89,18 +89,7 @@ class ChatServing(OpenAIServing):
         except ValueError as exc:
             where = "tool_choice" if body.tools else grammar_param(body)
             raise APIError(str(exc), param=where) from None
-        try:
-            prompt = await self.tm.prompts.apply_chat_template(
-                [m.to_template_dict() for m in body.messages],
-                tools=plan.tools,
-                add_generation_prompt=body.add_generation_prompt,
-                continue_final_message=body.continue_final_message,
-                **(body.chat_template_kwargs or {}),
-            )
-        except ValueError as exc:
-            raise APIError(str(exc), param="messages") from None
-        except Exception as exc:  # a template that raises (e.g. a role order it rejects)
-            raise APIError(f"the chat template failed: {exc}", param="messages") from None
+        prompt = await self._render(body, plan)
         base_id = f"chatcmpl-{self.tm.new_rid()}"
         top = None
         if body.logprobs:
@@ -125,6 +114,32 @@ class ChatServing(OpenAIServing):
         if body.stream:
             return event_stream(group, self._stream(base_id, body, plan, group, requests))
         results = await collect_all(group, requests)
+        return JSONResponse(dump(self._response(base_id, body, plan, requests, results)))
+
+    async def _render(self, body: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
+        """The prompt's ids: the messages and tools through the chat template."""
+        try:
+            return await self.tm.prompts.apply_chat_template(
+                [m.to_template_dict() for m in body.messages],
+                tools=plan.tools,
+                add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message,
+                **(body.chat_template_kwargs or {}),
+            )
+        except ValueError as exc:
+            raise APIError(str(exc), param="messages") from None
+        except Exception as exc:  # a template that raises (e.g. a role order it rejects)
+            raise APIError(f"the chat template failed: {exc}", param="messages") from None
+
+    def _response(
+        self,
+        base_id: str,
+        body: ChatCompletionRequest,
+        plan: ToolPlan,
+        requests: list[GenerateRequest],
+        results: list[RequestResult],
+    ) -> ChatCompletionResponse:
+        """The whole answer: each choice's thinking, content and tool calls."""
         choices = []
         for i, r in enumerate(results):
             reasoner = self._reasoner(body)
@@ -144,13 +159,12 @@ class ChatServing(OpenAIServing):
                     finish_reason="tool_calls" if calls else finish,
                 )
             )
-        response = ChatCompletionResponse(
+        return ChatCompletionResponse(
             id=base_id,
             model=self.served_name(requests),
             choices=choices,
             usage=self.usage(results, body.n),
         )
-        return JSONResponse(dump(response))
 
     def _logprobs(
         self, body: ChatCompletionRequest, result: RequestResult, start: int
