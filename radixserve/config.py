@@ -132,6 +132,16 @@ class EngineConfig:
     max_loras_per_batch: int = 8
     max_loaded_loras: int | None = None
     max_lora_rank: int = 64
+    # speculative decoding from text already seen (docs/speculative.md), SGLang's names:
+    # "NGRAM" or None (off); num_draft_tokens counts the tokens a request computes in one
+    # verify (its last one and up to num_draft_tokens - 1 drafts); match windows in tokens;
+    # capacity: tokens of the tree's cached sequences indexed; max_batch_size: no drafts above
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int = 8
+    speculative_ngram_min_match_window_size: int = 2
+    speculative_ngram_max_match_window_size: int = 12
+    speculative_ngram_capacity: int = 1 << 18
+    speculative_ngram_max_batch_size: int | None = None
     constants: SchedulerConstants = field(default_factory=SchedulerConstants)
 
     def __post_init__(self) -> None:
@@ -164,12 +174,30 @@ class EngineConfig:
         if self.cpu_isa is not None and self.cpu_isa not in CPU_ISAS:
             raise ValueError(f"cpu_isa must be one of {CPU_ISAS} or None, got {self.cpu_isa!r}")
         self._check_kv_tier()
+        self._check_speculative()
         if self.kv_events_config is not None:
             KVEventsConfig.from_cli(self.kv_events_config)  # a ValueError naming the field
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
             )
+
+    def _check_speculative(self) -> None:
+        if self.speculative_algorithm not in (None, "NGRAM"):
+            raise ValueError(
+                f"speculative_algorithm must be NGRAM or None, got {self.speculative_algorithm!r}"
+            )
+        lo, hi = (
+            self.speculative_ngram_min_match_window_size,
+            self.speculative_ngram_max_match_window_size,
+        )
+        if self.speculative_num_draft_tokens < 2 or not 1 <= lo <= hi:
+            raise ValueError(
+                "speculative_num_draft_tokens must be >= 2 and 1 <= min <= max match window"
+            )
+        bs = self.speculative_ngram_max_batch_size
+        if self.speculative_ngram_capacity < 1 or (bs is not None and bs < 1):
+            raise ValueError("speculative_ngram_capacity and max_batch_size must be >= 1")
 
     def _check_nodes(self) -> None:
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:

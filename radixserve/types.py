@@ -203,6 +203,12 @@ class Req:
     # grammar filling the batch's mask): the scheduler ends it with an error at its next result
     failure: Exception | None = field(default=None, repr=False)
 
+    # speculative decoding (docs/speculative.md): its drafter's state (``spec.DraftLength``), its
+    # verify steps (None: speculation off) and the drafted tokens they accepted
+    spec_state: Any = field(default=None, repr=False)
+    spec_verify_ct: int | None = None
+    spec_accepted_tokens: int = 0
+
     # outputs for logprobs
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)

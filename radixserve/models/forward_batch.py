@@ -28,6 +28,9 @@ from radixserve.transfer import to_device_packed
 class ForwardMode(enum.Enum):
     EXTEND = "extend"  # new tokens of each request on top of a cached prefix (length >= 0)
     DECODE = "decode"  # exactly one new token per request
+    # speculative decoding: each request's last token and its drafted tokens, an EXTEND over its
+    # cached prefix (causal over the chain) whose every token's logits come back
+    VERIFY = "verify"
 
 
 @dataclass(eq=False, slots=True)
@@ -66,6 +69,10 @@ class ForwardBatch:
     @property
     def is_decode(self) -> bool:
         return self.forward_mode is ForwardMode.DECODE
+
+    @property
+    def is_verify(self) -> bool:
+        return self.forward_mode is ForwardMode.VERIFY
 
     @classmethod
     def extend(
@@ -125,6 +132,24 @@ class ForwardBatch:
             extend_seq_lens_list=ext,
             input_logprob_start=input_logprob_start,
         )
+
+    @classmethod
+    def verify(
+        cls,
+        input_ids: Sequence[int] | np.ndarray | torch.Tensor,
+        req_pool_indices: Sequence[int],
+        prefix_lens: Sequence[int],
+        verify_lens: Sequence[int],
+        out_cache_loc: torch.Tensor,
+        device: torch.device | str = "cpu",
+    ) -> ForwardBatch:
+        """A VERIFY batch: laid out as :meth:`extend` (request ``i`` computes ``verify_lens[i]``
+        tokens, its last one then its drafts, each row of any length >= 1)."""
+        batch = cls.extend(
+            input_ids, req_pool_indices, prefix_lens, verify_lens, out_cache_loc, device
+        )
+        batch.forward_mode = ForwardMode.VERIFY
+        return batch
 
     @classmethod
     def decode(

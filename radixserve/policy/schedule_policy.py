@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from radixserve.config import SchedulerConstants
+from radixserve.config import EngineConfig, SchedulerConstants
 from radixserve.policy.dfs_weight import dfs_weight_rank
 from radixserve.policy.prefix_match import match_key, match_req_prefix
 from radixserve.policy.sort_keys import (
@@ -84,6 +84,17 @@ class SchedulePolicy:
 
     ``constants.without_aging()`` turns both off: SGLang's LPM and DFS-weight.
     """
+
+    @classmethod
+    def from_engine_config(cls, config: EngineConfig, tree_cache: PrefixCache) -> SchedulePolicy:
+        return cls(
+            config.schedule_policy,
+            tree_cache,
+            config.constants,
+            enable_priority_scheduling=config.enable_priority_scheduling,
+            schedule_low_priority_values_first=config.schedule_low_priority_values_first,
+            seed=config.random_seed,
+        )
 
     def __init__(
         self,

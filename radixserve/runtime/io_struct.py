@@ -74,6 +74,10 @@ class ReqOutput:
     new_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     input_logprobs: list[float] | None = None  # prompt-token logprobs, in the first output only
     cached_tokens_tier: int = 0  # the part of ``cached_tokens`` loaded back from the KV tier
+    # speculative decoding (SGLang's meta_info): verify steps it drafted in (None: speculation
+    # off) and the drafted tokens they accepted, all steps so far
+    spec_verify_ct: int | None = None
+    spec_accepted_tokens: int = 0
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled as the constructor's arguments: one message per running request per step

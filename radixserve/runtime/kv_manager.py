@@ -133,6 +133,18 @@ class KVManager:
         allocated)."""
         return self._alloc_tokens(reqs, new_lens or [1] * len(reqs))
 
+    def trim(self, req: Req, kv_len: int) -> None:
+        """Keep the KV of the request's first ``kv_len`` tokens only: a verify's rejected drafts
+        go. Their slots return to the pool but in the page holding token ``kv_len - 1``, which
+        the request keeps (its free tail is where the next tokens go)."""
+        if req.req_pool_idx is None or kv_len >= req.kv_len:
+            return
+        assert kv_len >= req.prefix_len, "a trim reaches into the cached prefix"
+        first_free = -(-kv_len // self.page_size) * self.page_size
+        if first_free < req.kv_len:
+            self.allocator.free(self.row_slots(req, first_free))
+        req.kv_len = kv_len
+
     def cancel(self, admissions: Iterable[Admission]) -> None:
         """Drop the tentative locks of a plan that is not run (see ``policy.prefill_plan``)."""
         for a in admissions:
@@ -168,18 +180,19 @@ class KVManager:
             return None
         slots = self.row_slots(req)
         shared = req.prefix_len
-        num_slots = slots.shape[0]  # len() of a tensor costs several times more
+        # a request ended inside a verify holds KV past its last token: never cached
+        num_slots = min(slots.shape[0], req.seq_len)  # len() of a tensor costs several times more
         aligned = num_slots - num_slots % self.page_size
         node = None
         if insert:
-            result = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.extra_key)
+            result = self.tree.insert(req.fill_ids[:num_slots], slots[:num_slots], req.extra_key)
             present, node = result.num_present, result.last_node
         else:
             present = aligned
         # [shared, present): duplicates of what the tree holds; [aligned, kv_len): partial page
         if present > shared:
             self.allocator.free(slots[shared:present])
-        if aligned < num_slots:
+        if aligned < slots.shape[0]:
             self.allocator.free(slots[aligned:])
         if req.last_node is not None:
             self.tree.dec_lock_ref(req.last_node)

@@ -40,7 +40,8 @@ class LogitsOutput:
     """What one forward returns.
 
     ``next_token_logits``: float32 ``[bs, vocab]``, the logits after each request's last token
-    (raw: no temperature or penalties). ``input_token_logprobs``: for EXTEND batches with
+    (raw: no temperature or penalties); for a VERIFY batch ``[num_tokens, vocab]``, after each
+    token. ``input_token_logprobs``: for EXTEND batches with
     ``input_logprob_start``, per request ``None`` or a float32 tensor ``[extend_len - 1 - s]``
     holding log P(token[j + 1] | tokens <= j) for extend offsets j = s .. extend_len - 2.
     """
@@ -154,7 +155,7 @@ class ModelRunner:
             return LogitsOutput(self.graphs.replay(batch))
         self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch, self.attn_backend)  # [num_tokens, hidden]
-        if batch.is_decode:
+        if batch.is_decode or batch.is_verify:  # a verify scores every token it computed
             return LogitsOutput(self.model.compute_logits(hidden).float())
         ends = [n - 1 for n in itertools.accumulate(batch.extend_seq_lens_list)]
         last = hidden.index_select(0, to_device(ends, self.device))

@@ -33,6 +33,7 @@ from radixserve.runtime.model_runner import ModelRunner
 from radixserve.runtime.sampler import Sampler, SamplerOutput
 from radixserve.runtime.sampling_batch_info import SamplingBatchInfo
 from radixserve.runtime.schedule_batch import ScheduleBatch
+from radixserve.runtime.spec_verify import VerifyResult, accept_drafts, verify_sampling_info
 from radixserve.transfer import to_device
 from radixserve.types import Req
 
@@ -46,12 +47,27 @@ class BatchResult:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     # prompt-token logprobs computed in this forward, per request (None: none asked)
     input_logprobs: list[list[float] | None] = field(default_factory=list)
+    # a verify's (runtime/spec_verify.py): per request every token it keeps (its accepted
+    # drafts, then next_token_ids[i]) and how many drafts those are; empty for other batches
+    verified: VerifyResult | None = None
 
-    def append_token(self, req: Req, i: int) -> None:
-        token = self.next_token_ids[i]
+    def num_tokens(self, i: int) -> int:
+        """Tokens row ``i`` appends (more than one after a verify that accepted drafts)."""
+        return 1 if self.verified is None else len(self.verified.tokens[i])
+
+    def append_token(self, req: Req, i: int, j: int = 0) -> None:
+        """Append token ``j`` of row ``i`` (see :meth:`num_tokens`) with its logprobs."""
+        v = self.verified
+        token = self.next_token_ids[i] if v is None else v.tokens[i][j]
         assert token is not None
         req.append_output(token)
-        if req.return_logprob and self.logprobs:
+        if not req.return_logprob:
+            return
+        if v is not None and v.logprobs[i]:
+            req.output_logprobs.append(v.logprobs[i][j])
+            if req.top_logprobs_num:
+                req.output_top_logprobs.append(v.top_logprobs[i][j])
+        elif v is None and self.logprobs:
             req.output_logprobs.append(self.logprobs[i])  # type: ignore[arg-type]
             if req.top_logprobs_num and self.top_logprobs:
                 req.output_top_logprobs.append(self.top_logprobs[i])
@@ -146,6 +162,8 @@ class ModelWorker:
         rows = [i for i, s in enumerate(batch.samples) if s]
         if not rows:
             return None
+        if batch.is_verify:
+            return verify_sampling_info(batch, self.runner.vocab_size, self.runner.device)
         reqs = [batch.reqs[i] for i in rows]
         info = SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size, self.runner.device)
         # the draw index of a seeded stream: output tokens before this one (in flight included)
@@ -167,12 +185,31 @@ class ModelWorker:
         self._boundary_logprobs(batch, out.next_token_logits, result)
         if info is None:
             return _Launched(result, [], None)
+        if batch.is_verify:
+            return self._verified(batch, out.next_token_logits, info, result)
         rows = [i for i, s in enumerate(batch.samples) if s]
         logits = out.next_token_logits if len(rows) == n else out.next_token_logits[rows]
         sampled = self.sampler(logits, info)
         row_idx = to_device([_row(batch.reqs[i]) for i in rows], self.last_token.device)
         self.last_token.index_copy_(0, row_idx, sampled.next_token_ids)
         return _Launched(result, rows, _HostCopy.start(sampled), info.top_logprobs_nums)
+
+    def _verified(
+        self,
+        batch: ScheduleBatch,
+        logits: torch.Tensor,
+        info: SamplingBatchInfo,
+        result: BatchResult,
+    ) -> _Launched:
+        """A verify's tokens, on the host now (a verify is never overlapped with the next
+        step: which tokens it keeps decides that step's input)."""
+        verified = accept_drafts(self.sampler, logits, batch, info)
+        result.verified = verified
+        result.next_token_ids = [ts[-1] for ts in verified.tokens]
+        last = to_device([ts[-1] for ts in verified.tokens], self.last_token.device)
+        row_idx = to_device([_row(r) for r in batch.reqs], self.last_token.device)
+        self.last_token.index_copy_(0, row_idx, last)
+        return _Launched(result, [], None)
 
     @staticmethod
     def _finish(batch: ScheduleBatch, launched: _Launched) -> BatchResult:

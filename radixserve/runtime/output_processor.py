@@ -56,6 +56,8 @@ def make_output(req: Req, new_token_ids: list[int], num_new_logprobs: int = 0) -
         completion_tokens=req.output_len,
         cached_tokens=req.cached_tokens,
         cached_tokens_tier=req.cached_tokens_tier,
+        spec_verify_ct=req.spec_verify_ct,
+        spec_accepted_tokens=req.spec_accepted_tokens,
     )
     if req.return_logprob and num_new_logprobs:
         out.new_logprobs = req.output_logprobs[-num_new_logprobs:]
@@ -73,8 +75,9 @@ def advance(
     enable_jump_forward: bool,
 ) -> tuple[ReqOutput, int]:
     """Row ``i`` of ``result`` applied to ``req``: its sampled token appended (its grammar
-    accepts it), its end judged, the tokens its grammar forces next appended (jump-forward).
-    Returns the step's message and how many tokens were jumped.
+    accepts it; after a verify, each token it kept, up to one that ends it), its end judged,
+    the tokens its grammar forces next appended (jump-forward). Returns the step's message
+    and how many tokens were jumped.
 
     Everything here runs the request's own objects (grammar, stop matcher, tokenizer): an
     exception is that request's failure (``req.failure``, from the batch's mask, included),
@@ -83,12 +86,17 @@ def advance(
         raise req.failure
     is_first = req.output_len == 0
     num_new = jumped = 0
-    if req.max_new_tokens > 0:
-        result.append_token(req, i)
-        num_new = 1
+    num_tokens = result.num_tokens(i) if req.max_new_tokens > 0 else 0
+    for j in range(num_tokens):  # several after a verify: judged one by one, up to the end
+        result.append_token(req, i, j)
+        num_new += 1
         if req.grammar is not None:
             req.grammar.accept(req.output_ids[-1])
-    req.finish_reason = check_finished(req, max_context_len, tokenizer)
+        req.finish_reason = check_finished(req, max_context_len, tokenizer)
+        if req.finish_reason is not None:
+            break
+    if num_tokens == 0:
+        req.finish_reason = check_finished(req, max_context_len, tokenizer)
     if req.finish_reason is None and enable_jump_forward and req.grammar:
         jumped = jump_forward(req, max_context_len)
         if jumped:

@@ -57,7 +57,7 @@ class Sampler:
         else:
             weights = self._weights(penalised, info)  # unnormalised; greedy rows one-hot
             cdf = weights.cumsum(dim=-1)  # [bs, vocab], non-decreasing
-            u = self._uniform(info) * cdf[:, -1:]  # [bs, 1]
+            u = self.uniform(info) * cdf[:, -1:]  # [bs, 1]
             # the first token whose CDF exceeds u; zero-probability tokens never are
             ids = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[-1] - 1)
         if not info.return_logprob:
@@ -93,12 +93,14 @@ class Sampler:
         one_hot = torch.zeros_like(probs).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
         return torch.where(info.is_greedy.unsqueeze(1), one_hot, probs)
 
-    def _uniform(self, info: SamplingBatchInfo) -> torch.Tensor:
-        """``[bs, 1]`` uniform numbers in [0, 1); rows with a seed get their own stream."""
+    def uniform(self, info: SamplingBatchInfo, salt: int = 0) -> torch.Tensor:
+        """``[bs, 1]`` uniform numbers in [0, 1); rows with a seed get their own stream (one per
+        ``salt``: a verify's acceptance draws are independent of its token draws)."""
         u = torch.rand(info.batch_size, 1, device=self.device, generator=self.generator)
         for i, seed in enumerate(info.seeds):
             if seed is not None:
-                gen = torch.Generator(self.device).manual_seed(_step_seed(seed, info.steps[i]))
+                step_seed = _step_seed(seed, info.steps[i]) ^ salt
+                gen = torch.Generator(self.device).manual_seed(step_seed)
                 u[i] = torch.rand(1, device=self.device, generator=gen)
         return u
 

@@ -28,6 +28,8 @@ class ScheduleBatch:
         self.boundary_targets: list[int | None] = []
         # an extend over running requests (tokens a grammar forced): they stay in the running batch
         self.keeps_running = False
+        # VERIFY: each request's drafted tokens (int32), verified after its last token
+        self.drafts: list[np.ndarray] = []
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -38,6 +40,14 @@ class ScheduleBatch:
     @property
     def is_decode(self) -> bool:
         return self.mode is ForwardMode.DECODE
+
+    @property
+    def is_verify(self) -> bool:
+        return self.mode is ForwardMode.VERIFY
+
+    @property
+    def has_grammar(self) -> bool:
+        return any(r.grammar for r in self.reqs)
 
     @classmethod
     def extend(
@@ -89,6 +99,33 @@ class ScheduleBatch:
         )
         return batch
 
+    def verify(
+        self, drafts: list[np.ndarray], slots: torch.Tensor, device: torch.device
+    ) -> ScheduleBatch:
+        """Each request's last token then its ``drafts`` (any length, none included) in one
+        VERIFY forward over ``slots`` (``KVManager.alloc_decode`` gave ``1 + len(draft)`` each);
+        the requests stay in the running batch."""
+        lens = [1 + d.shape[0] for d in drafts]
+        prefix_lens = [r.kv_len - n for r, n in zip(self.reqs, lens, strict=True)]
+        pieces: list[np.ndarray] = []
+        for req, draft, start in zip(self.reqs, drafts, prefix_lens, strict=True):
+            assert start == req.seq_len - 1, "a verify follows a request's every computed token"
+            pieces += [req.fill_ids[start:], draft]
+        batch = ScheduleBatch(list(self.reqs), ForwardMode.VERIFY)
+        batch.keeps_running = True
+        batch.samples = [True] * len(self.reqs)
+        batch.boundary_targets = [None] * len(self.reqs)
+        batch.drafts = drafts
+        batch.forward_batch = ForwardBatch.verify(
+            np.concatenate(pieces),
+            [r.req_pool_idx for r in self.reqs],  # type: ignore[misc]
+            prefix_lens,
+            lens,
+            slots,
+            device,
+        )
+        return batch
+
     def new_token_lens(self) -> list[int] | None:
         """Tokens each request computes next: ``None`` when one each (a decode), else
         ``seq_len - kv_len`` (a grammar's forced tokens; every token must be known)."""
@@ -96,10 +133,17 @@ class ScheduleBatch:
         return lens if any(n > 1 for n in lens) else None
 
     def next_step(
-        self, slots: torch.Tensor, lens: list[int] | None, device: torch.device
+        self,
+        slots: torch.Tensor,
+        lens: list[int] | None,
+        device: torch.device,
+        drafts: list[np.ndarray] | None = None,
     ) -> ScheduleBatch:
-        """The running batch's next forward over ``slots``: a decode, or with ``lens`` (see
-        :meth:`new_token_lens`) one extend of a grammar's forced tokens that keeps them running."""
+        """The running batch's next forward over ``slots``: a decode, with ``drafts`` a verify,
+        or with ``lens`` (see :meth:`new_token_lens`) one extend of a grammar's forced tokens
+        that keeps them running."""
+        if drafts is not None:
+            return self.verify(drafts, slots, device)
         if lens is None:
             return self.decode(slots, device)
         admissions = [Admission(r, None, n) for r, n in zip(self.reqs, lens, strict=True)]

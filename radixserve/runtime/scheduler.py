@@ -30,6 +30,7 @@ from radixserve.runtime.output_processor import advance, make_output
 from radixserve.runtime.request_limits import RequestLimits
 from radixserve.runtime.schedule_batch import ScheduleBatch
 from radixserve.runtime.scheduler_stats import SchedulerStats
+from radixserve.runtime.spec_decode import SpecDecoder, verify_lens
 from radixserve.runtime.worker_builder import build_model_worker
 from radixserve.types import FinishKind, FinishReason, Req
 
@@ -69,21 +70,13 @@ class Scheduler:
         self.device = worker.device
         self.max_context_len = self.kv.max_context_len
         self.eos_token_ids = worker.eos_token_ids
-        self.page_size = config.page_size
         self.limits = RequestLimits(
             self.max_context_len,
-            kv.capacity - self.page_size - self.constants.ignore_eos_reserve_tokens,
+            kv.capacity - config.page_size - self.constants.ignore_eos_reserve_tokens,
             config.max_queued_requests,
         )
         self.admission = AdmissionConfig.from_engine_config(config)
-        self.policy = SchedulePolicy(
-            config.schedule_policy,
-            self.kv.tree,
-            self.constants,
-            enable_priority_scheduling=config.enable_priority_scheduling,
-            schedule_low_priority_values_first=config.schedule_low_priority_values_first,
-            seed=config.random_seed,
-        )
+        self.policy = SchedulePolicy.from_engine_config(config, self.kv.tree)
         self.waiting: list[Req] = []
         self.running = ScheduleBatch([])
         self.chunked_req: Req | None = None
@@ -93,6 +86,7 @@ class Scheduler:
         self.pending_outputs: list[ReqOutput] = []
         self.new_token_ratio = self.constants.init_new_token_ratio
         self.stats = SchedulerStats(clock=clock)
+        self.spec = SpecDecoder.of(config, self.kv, self.max_context_len, self.stats)
         self.grammars = GrammarFactory(tokenizer, worker.vocab_size, self.eos_token_ids)
         self.enable_jump_forward = not config.disable_jump_forward
         self.swap = config.preemption_mode == "swap"  # sent-back KV goes to the tier
@@ -156,9 +150,8 @@ class Scheduler:
     # ---- choosing the next batch -------------------------------------------------------------
     def get_next_batch(self) -> ScheduleBatch | None:
         self._apply_aborts()
-        if self.in_flight is not None and any(r.grammar for r in self.in_flight[0].reqs):
-            # a grammar's next mask needs the token in flight: grammar batches do not overlap
-            self.sync()
+        if self.in_flight is not None and (self.spec.enabled or self.in_flight[0].has_grammar):
+            self.sync()  # a grammar's next mask, or the next drafts, need the tokens in flight
         if self.waiting and self.in_flight is not None and not self.in_flight[0].is_decode:
             # a prefill in flight caches its prompts when processed: admit after that, so the
             # waiting requests can match them (overlap resumes with the next decode)
@@ -231,9 +224,11 @@ class Scheduler:
             self.sync()  # jumped forward: every token must be known for the running extend
             self.running.drop_done(self.max_context_len)
             lens = self.running.new_token_lens()
-        slots = self.kv.alloc_decode(self.running.reqs, lens)
+        drafts = None if lens else self.spec.propose(self.running.reqs, self.kv.available_size())
+        slots = self.kv.alloc_decode(self.running.reqs, lens or verify_lens(drafts))
         if slots is None:  # out of memory even after evicting the tree
             self.sync()
+            drafts = None
             self.running.drop_done(self.max_context_len)
             self._retract_for_decode()
             lens = self.running.new_token_lens()
@@ -242,7 +237,7 @@ class Scheduler:
                 if self.running:
                     self._abort_running("out of KV memory: the pool cannot hold even one request")
                 return None
-        batch = self.running.next_step(slots, lens, self.device)
+        batch = self.running.next_step(slots, lens, self.device, drafts)
         self.loras.attach(batch)
         if lens is not None:  # forced tokens: one extend step over the running batch
             self.stats.num_jump_batches += 1
@@ -280,6 +275,7 @@ class Scheduler:
                 new_running.append(req)
         if new_running:
             self.running.merge(new_running)
+        self.spec.on_result(batch, result)  # a verify's rejected drafts leave its KV
         self.stats.on_result(batch)
 
     def _fail(self, req: Req, exc: Exception, release: bool) -> None:

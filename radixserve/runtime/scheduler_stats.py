@@ -29,6 +29,13 @@ class SchedulerStats:
     num_preemptions: int = 0
     num_jump_batches: int = 0  # extend steps of tokens a grammar forced (jump-forward)
     num_jumped_tokens: int = 0
+    # speculative decoding (vLLM's counters): verify steps, requests' drafts verified, their
+    # tokens, those accepted, and accepted by draft position
+    num_spec_verify_batches: int = 0
+    num_spec_drafts: int = 0
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = field(default_factory=list)
     clock: Callable[[], float] = time.monotonic  # the scheduler's clock
     started_at: float = field(init=False)
 
@@ -49,6 +56,23 @@ class SchedulerStats:
         if batch.is_decode:
             self.num_decode_batches += 1
         self.num_generated_tokens += sum(batch.samples)
+
+    def on_verified(self, drafted: int, accepted: int) -> None:
+        """One request's draft of ``drafted`` tokens, ``accepted`` of them kept."""
+        self.num_spec_drafts += 1
+        self.num_spec_draft_tokens += drafted
+        self.num_spec_accepted_tokens += accepted
+        per = self.spec_accepted_per_position
+        per.extend([0] * (drafted - len(per)))
+        for j in range(accepted):
+            per[j] += 1
+
+    @property
+    def avg_spec_accept_length(self) -> float:
+        """Tokens a request got per verify step it drafted in (SGLang's accept length: its
+        accepted drafts plus the model's own token); 0 before any."""
+        n = self.num_spec_drafts
+        return (n + self.num_spec_accepted_tokens) / n if n else 0.0
 
     @property
     def cache_hit_rate(self) -> float:
@@ -86,6 +110,12 @@ class SchedulerStats:
             "num_decode_batches": self.num_decode_batches,
             "num_jump_batches": self.num_jump_batches,
             "num_jumped_tokens": self.num_jumped_tokens,
+            "num_spec_verify_batches": self.num_spec_verify_batches,
+            "num_spec_drafts": self.num_spec_drafts,
+            "num_spec_draft_tokens": self.num_spec_draft_tokens,
+            "num_spec_accepted_tokens": self.num_spec_accepted_tokens,
+            "spec_accepted_per_position": list(self.spec_accepted_per_position),
+            "avg_spec_accept_length": self.avg_spec_accept_length,
             "new_token_ratio": new_token_ratio,
             "uptime_s": self.clock() - self.started_at,
         }

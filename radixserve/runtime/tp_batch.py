@@ -31,6 +31,15 @@ class _Kind(enum.IntEnum):
     STOP = 0
     EXTEND = 1
     DECODE = 2
+    VERIFY = 3
+
+
+_MODES = {
+    _Kind.EXTEND: ForwardMode.EXTEND,
+    _Kind.DECODE: ForwardMode.DECODE,
+    _Kind.VERIFY: ForwardMode.VERIFY,
+}
+_KINDS = {mode: kind for kind, mode in _MODES.items()}
 
 
 def stop_header() -> torch.Tensor:
@@ -52,7 +61,7 @@ class BatchSender:
     def send(self, batch: ForwardBatch) -> None:
         bs, num_tokens, longest = batch.batch_size, batch.num_tokens, max(batch.seq_lens_list)
         starts = batch.input_logprob_start
-        kind = _Kind.DECODE if batch.is_decode else _Kind.EXTEND
+        kind = _KINDS[batch.forward_mode]
         header = [int(kind), bs, num_tokens, longest, int(starts is not None)]
         rows = self.table.index_select(0, batch.req_pool_indices.to(self.table.device))
         parts = [
@@ -102,7 +111,7 @@ class BatchReceiver:
         ids, pos, loc, pool_idx, seq, prefix, ext = (p.to(self.device) for p in pieces)
         self.table[pool_idx.to(self.table.device), :longest] = rows.to(self.table)
         return ForwardBatch(
-            forward_mode=ForwardMode.DECODE if kind == _Kind.DECODE else ForwardMode.EXTEND,
+            forward_mode=_MODES[_Kind(kind)],
             input_ids=ids,
             positions=pos,
             req_pool_indices=pool_idx,

@@ -8,6 +8,7 @@ Engine and by the native HTTP route alike (the frontend parses one shape).
                    "matched": int | str | None, "length" | "message"},
                    "prompt_tokens", "completion_tokens", "cached_tokens",
                    "cached_tokens_details": {"device": int, "host": int}, "e2e_latency",
+                   with speculative decoding on: "spec_verify_ct", "spec_accepted_tokens",
                    with return_logprob:
                    "output_token_logprobs": [[logprob, token_id, text | None]],
                    "output_top_logprobs": [[[logprob, token_id, text | None]]],
@@ -100,6 +101,10 @@ def generate_result(
         },
         "e2e_latency": time.monotonic() - started,
     }
+    last = result.last
+    if last is not None and last.spec_verify_ct is not None:  # speculation on (SGLang's keys)
+        meta["spec_verify_ct"] = last.spec_verify_ct
+        meta["spec_accepted_tokens"] = last.spec_accepted_tokens
     if request.return_logprob:
 
         def lp(logprob: float | None, token_id: int) -> list[Any]:

@@ -1,0 +1,143 @@
+"""SpecDecoder: the scheduler's speculative decoding (docs/speculative.md, DESIGN.md section 17).
+
+Each decode step it is asked for drafts (:meth:`SpecDecoder.propose`): for every running
+request, up to ``speculative_num_draft_tokens - 1`` tokens from the request's own text or the
+tree's cached sequences in its namespace (``radixserve.spec``), as long as its recent
+acceptance says (``DraftLength``), then as many as the cost model finds worth a wider forward
+(``VerifyCost``). With any, the step is a VERIFY (``ScheduleBatch.verify``): the ``KVManager``
+allocates ``1 + k`` slots per request, the worker keeps the accepted prefix and the model's next
+token (``runtime/spec_verify.py``), and :meth:`SpecDecoder.on_result` frees the rejected drafts'
+KV (``KVManager.trim``) before anything reaches the tree. Without drafts it is a plain decode.
+
+Requests drafted for: every one whose sampling does not depend on its own output. Not (yet):
+a grammar (a draft would need the matcher's word), frequency, presence or repetition penalties
+(each draft position would need the counts of the drafts before it); those decode one token a
+step beside the others. :class:`NoSpec` is the null object when speculation is off.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from radixserve.config import EngineConfig
+from radixserve.runtime.kv_manager import KVManager
+from radixserve.runtime.model_worker import BatchResult
+from radixserve.runtime.schedule_batch import ScheduleBatch
+from radixserve.runtime.scheduler_stats import SchedulerStats
+from radixserve.spec import (
+    NO_DRAFT,
+    DraftLength,
+    NgramDrafter,
+    NgramParams,
+    TreeDraftIndex,
+    VerifyCost,
+)
+from radixserve.types import Req
+
+
+def verify_lens(drafts: list[np.ndarray] | None) -> list[int] | None:
+    """Tokens each request computes in a verify of ``drafts``: its last one and its drafts."""
+    return None if drafts is None else [1 + d.shape[0] for d in drafts]
+
+
+class NoSpec:
+    """Speculation off: every decode step is a plain one."""
+
+    enabled = False
+
+    def propose(self, reqs: list[Req], available: int) -> list[np.ndarray] | None:
+        return None
+
+    def on_result(self, batch: ScheduleBatch, result: BatchResult) -> None:
+        pass
+
+
+class SpecDecoder:
+    enabled = True
+
+    def __init__(
+        self, config: EngineConfig, kv: KVManager, max_context_len: int, stats: SchedulerStats
+    ) -> None:
+        self.params = NgramParams(
+            min_n=config.speculative_ngram_min_match_window_size,
+            max_n=config.speculative_ngram_max_match_window_size,
+            max_draft=config.speculative_num_draft_tokens - 1,
+            capacity=config.speculative_ngram_capacity,
+        )
+        p = self.params
+        index = None
+        if not kv.tree.is_disabled:
+            index = TreeDraftIndex(kv.tree.page_size, p.min_n, p.max_n, p.capacity)
+            kv.tree.add_observer(index)
+        self.drafter = NgramDrafter(p, index)
+        self.cost = VerifyCost()
+        self.max_batch_size = config.speculative_ngram_max_batch_size
+        self.kv = kv
+        self.max_context_len = max_context_len
+        self.stats = stats
+
+    @classmethod
+    def of(
+        cls, config: EngineConfig, kv: KVManager, max_context_len: int, stats: SchedulerStats
+    ) -> SpecDecoder | NoSpec:
+        if config.speculative_algorithm is None:
+            return NoSpec()
+        return cls(config, kv, max_context_len, stats)
+
+    def propose(self, reqs: list[Req], available: int) -> list[np.ndarray] | None:
+        """Each request's drafts for the next step (empty where none pays), or ``None`` for a
+        plain decode. ``available``: KV slots an allocation can get (drafts never crowd out a
+        plain step)."""
+        for req in reqs:
+            if req.spec_verify_ct is None:
+                req.spec_verify_ct = 0
+                req.spec_state = DraftLength(self.params.max_draft)
+        if self.max_batch_size is not None and len(reqs) > self.max_batch_size:
+            return None
+        drafts = [self._draft(r) for r in reqs]
+        gains = [r.spec_state.gains(d.shape[0]) for r, d in zip(reqs, drafts, strict=True)]
+        counts = self.cost.plan(gains)
+        page = self.kv.page_size
+        if sum(counts) == 0 or sum(counts) + len(reqs) * (1 + page) > available:
+            return None
+        return [d[:c] for d, c in zip(drafts, counts, strict=True)]
+
+    def on_result(self, batch: ScheduleBatch, result: BatchResult) -> None:
+        """After a verify's tokens were applied: the rejected drafts' KV freed, the counters and
+        each request's draft length updated."""
+        verified = result.verified
+        if not batch.is_verify or verified is None:
+            return
+        fb = batch.forward_batch
+        assert fb is not None
+        stats = self.stats
+        stats.num_spec_verify_batches += 1
+        for i, req in enumerate(batch.reqs):
+            drafted, accepted = batch.drafts[i].shape[0], verified.num_accepted[i]
+            before = fb.extend_prefix_lens_list[i] + 1  # its seq_len when the step began
+            stats.num_generated_tokens += max(req.seq_len - before - 1, 0)
+            # KV of its last token and the accepted drafts: the rest goes
+            self.kv.trim(req, before + accepted)
+            if drafted == 0:
+                continue
+            stats.on_verified(drafted, accepted)
+            if req.spec_verify_ct is not None:
+                req.spec_verify_ct += 1
+            req.spec_accepted_tokens += accepted
+            if isinstance(req.spec_state, DraftLength):
+                req.spec_state.update(drafted, accepted)
+
+    def _draft(self, req: Req) -> np.ndarray:
+        params = req.sampling_params
+        if (
+            req.grammar is not None
+            or req.failure is not None
+            or params.frequency_penalty != 0.0
+            or params.presence_penalty != 0.0
+            or params.repetition_penalty != 1.0
+        ):
+            return NO_DRAFT.tokens
+        state: DraftLength = req.spec_state
+        room = min(req.max_new_tokens - req.output_len, self.max_context_len - req.seq_len) - 1
+        draft = self.drafter.draft(req.fill_ids, req.extra_key, min(state.limit, room))
+        return draft.tokens[: state.want(draft.match_len)]

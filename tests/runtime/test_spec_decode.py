@@ -1,0 +1,205 @@
+"""Speculative decoding end to end: greedy outputs equal decoding without drafts, token for
+token, on every tiny family and both CPU attention backends, one request and several, with the
+overlap loop on and off; stop conditions, lengths and logprobs inside a draft; the rejected
+drafts' KV freed (integrity after every round); the tree's drafts never cross a namespace; and
+the rejection sampler keeps the target distribution."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from radixserve import Engine
+from radixserve.runtime.sampler import Sampler
+from radixserve.runtime.sampling_batch_info import SamplingBatchInfo
+from radixserve.runtime.schedule_batch import ScheduleBatch
+from radixserve.runtime.spec_verify import accept_drafts
+from radixserve.types import SamplingParams
+
+pytestmark = pytest.mark.timeout(240)
+
+GREEDY = {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}
+# beside the greedy requests, a sampled one: sent again, it drafts its earlier answer from the
+# tree and departs from it now and then, so verify steps reject drafts too
+SAMPLED = {"max_new_tokens": 24, "temperature": 0.8, "top_k": 2, "ignore_eos": True, "seed": 3}
+
+
+def repetitive_prompts(seed: int) -> list[list[int]]:
+    """Prompts ending in tokens they hold earlier (prompt lookup drafts what followed there
+    from the first step, which a random model rejects) and one that does not; random tiny
+    models loop, so their own output gets drafted and accepted too."""
+    rng = random.Random(seed)
+    unit = [rng.randrange(5, 1000) for _ in range(12)]
+    return [
+        unit * 2 + [rng.randrange(5, 1000) for _ in range(4)] + unit[:3],
+        [rng.randrange(5, 1000) for _ in range(9)] + unit + [7, 8, 9] + unit[:4],
+        [rng.randrange(5, 1000) for _ in range(25)],
+    ]
+
+
+def run(model: Path, prompts: list[list[int]], **config: Any) -> Any:
+    """The first prompt alone, then all together with a sampled one, twice (the second round
+    drafts from the tree too); the KV integrity checked after each."""
+    with Engine(str(model), dtype="float32", max_total_tokens=2048, **config) as engine:
+        outs = []
+        for _ in range(2):
+            outs.append([engine.generate(input_ids=prompts[0], sampling_params=GREEDY)])
+            params = [GREEDY] * len(prompts) + [SAMPLED]
+            outs.append(engine.generate(input_ids=[*prompts, prompts[0]], sampling_params=params))
+            engine.check_integrity()
+        return outs, engine.get_stats()
+
+
+def greedy_ids(outs: Any) -> list[list[list[int]]]:
+    return [[o["output_ids"] for o in round_[:3]] for round_ in outs]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("backend", ["torch_native", "cpu_kernel"])
+def test_greedy_equals_decoding_without_drafts(
+    tiny_model_dirs: dict[str, Path], arch: str, backend: str
+) -> None:
+    prompts = repetitive_prompts(len(arch))
+    overlap_off = backend == "cpu_kernel"  # each family runs once with the overlap loop, once not
+    config = dict(attention_backend=backend, disable_overlap_schedule=overlap_off)
+    config["page_size"] = 4 if arch in ("qwen3", "mistral") else 1
+    plain, _ = run(tiny_model_dirs[arch], prompts, **config)
+    spec, stats = run(tiny_model_dirs[arch], prompts, speculative_algorithm="NGRAM", **config)
+    assert greedy_ids(spec) == greedy_ids(plain)
+    assert stats["num_spec_accepted_tokens"] > 0, stats  # drafts were proposed and kept
+    assert stats["num_spec_draft_tokens"] > stats["num_spec_accepted_tokens"], stats  # and cut
+    meta = spec[-1][0]["meta_info"]
+    assert meta["spec_verify_ct"] > 0 and meta["spec_accepted_tokens"] > 0
+    assert stats["avg_spec_accept_length"] > 1.0
+
+
+def test_ends_and_logprobs_inside_a_draft(tiny_llama_dir: Path) -> None:
+    """A stop token, a stop string and max_new_tokens that fall inside an accepted draft end
+    the request at the same token as without drafts, with the same logprobs per token."""
+    prompts = repetitive_prompts(7)
+    base = dict(GREEDY, max_new_tokens=30)
+    with Engine(str(tiny_llama_dir), dtype="float32", max_total_tokens=2048) as engine:
+        reference = engine.generate(input_ids=prompts, sampling_params=base)
+    outputs = [r["output_ids"] for r in reference]
+    cases: list[dict[str, Any]] = [dict(base, max_new_tokens=n) for n in (2, 5, 13)]
+    cases += [dict(base, stop_token_ids=[o[9]]) for o in outputs]
+    cases += [dict(base, stop=[r["text"][len(r["text"]) // 2 :][:3]]) for r in reference]
+    results = {}
+    for spec in (None, "NGRAM"):
+        with Engine(
+            str(tiny_llama_dir), dtype="float32", max_total_tokens=2048, speculative_algorithm=spec
+        ) as engine:
+            got = []
+            for params in cases:
+                outs = engine.generate(
+                    input_ids=prompts,
+                    sampling_params=params,
+                    return_logprob=True,
+                    top_logprobs_num=2,
+                )
+                got.append(outs)
+                engine.check_integrity()
+            results[spec] = got
+            stats = engine.get_stats()
+    assert stats["num_spec_accepted_tokens"] > 0
+    for plain_outs, spec_outs in zip(results[None], results["NGRAM"], strict=True):
+        for a, b in zip(plain_outs, spec_outs, strict=True):
+            assert b["output_ids"] == a["output_ids"]
+            assert b["text"] == a["text"]
+            assert b["meta_info"]["finish_reason"] == a["meta_info"]["finish_reason"]
+            la, lb = (
+                a["meta_info"]["output_token_logprobs"],
+                b["meta_info"]["output_token_logprobs"],
+            )
+            assert [x[1] for x in lb] == [x[1] for x in la]
+            np.testing.assert_allclose([x[0] for x in lb], [x[0] for x in la], atol=1e-4)
+            ta, tb = a["meta_info"]["output_top_logprobs"], b["meta_info"]["output_top_logprobs"]
+            assert [[t[1] for t in step] for step in tb] == [[t[1] for t in step] for step in ta]
+
+
+def test_tenant_b_gets_no_draft_from_tenant_a(tiny_llama_dir: Path) -> None:
+    """The engine's tree feeds the drafter's index as it caches: tenant A's request drafts
+    from A's cached text, tenant B (another namespace) never does."""
+    rng = random.Random(5)
+    text = [rng.randrange(5, 1000) for _ in range(48)]
+    with Engine(
+        str(tiny_llama_dir),
+        dtype="float32",
+        max_total_tokens=2048,
+        speculative_algorithm="NGRAM",
+    ) as engine:
+        engine.generate(input_ids=text, sampling_params=GREEDY, extra_key="tenant-a")
+        drafter = engine.scheduler.spec.drafter
+        query = np.asarray([7, 8, 9] + text[10:20], dtype=np.int32)
+        assert drafter.draft(query, "tenant-a", 5).tokens.tolist() == text[20:25]
+        assert len(drafter.draft(query, "tenant-b", 5)) == 0
+        assert len(drafter.draft(query, None, 5)) == 0
+
+
+class _Verify:
+    """What accept_drafts reads of a batch: its drafts."""
+
+    def __init__(self, drafts: list[np.ndarray]) -> None:
+        self.drafts = drafts
+
+
+CHI2_DF4_P1E4 = 23.51  # chi-square critical value, 4 degrees of freedom, p = 1e-4
+
+
+def chi2(counts: np.ndarray, probs: np.ndarray) -> float:
+    expected = probs * counts.sum()
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "a token of probability 0 was drawn"
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_k=4, top_p=0.9, seed=None),
+        SamplingParams(temperature=1.3, min_p=0.05, logit_bias={3: 1.0}),
+    ],
+)
+def test_rejection_sampling_keeps_the_distribution(params: SamplingParams) -> None:
+    """Rows of two drafted tokens, drafts chosen where the target is likely and unlikely: the
+    first kept token follows p_0 whatever the draft, and after the first draft was accepted the
+    second follows p_1 (chi-square over many draws of a 5-token vocabulary)."""
+    vocab, n = 5, 12000
+    logits0 = torch.tensor([2.0, 0.5, 0.0, -1.0, 1.0])
+    logits1 = torch.tensor([-0.5, 1.5, 0.3, 0.8, 0.0])
+    sampler = Sampler(seed=1)
+    checked = 0
+    for d1, d2 in [(0, 1), (3, 2), (4, 4)]:
+        logits = torch.stack([logits0, logits1, logits0] * n)  # rows: p_0, p_1, p_2 per request
+        drafts = [np.asarray([d1, d2], dtype=np.int32)] * n
+        info = SamplingBatchInfo.from_params([params] * 3 * n, [[]] * 3 * n, vocab)
+        info.steps = [0, 1, 2] * n
+        out = accept_drafts(sampler, logits, _Verify(drafts), info)  # type: ignore[arg-type]
+        target = sampler.probs(torch.stack([logits0, logits1]), info_of(params, vocab))
+        first = np.bincount([t[0] for t in out.tokens], minlength=vocab)
+        assert chi2(first, target[0].numpy()) < CHI2_DF4_P1E4, (d1, first)
+        second = np.bincount([t[1] for t in out.tokens if t[0] == d1], minlength=vocab)
+        if second.sum() >= 1000:  # a likely first draft: the second token's law is testable
+            assert chi2(second, target[1].numpy()) < CHI2_DF4_P1E4, (d1, second)
+            checked += 1
+    assert checked >= 2
+
+
+def info_of(params: SamplingParams, vocab: int) -> SamplingBatchInfo:
+    return SamplingBatchInfo.from_params([params] * 2, [[]] * 2, vocab)
+
+
+def test_greedy_rows_accept_exactly_the_argmax() -> None:
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0], [0.0, 0.0, 5.0], [1.0, 0.0, 0.0]])
+    params = SamplingParams(temperature=0.0)
+    info = SamplingBatchInfo.from_params([params] * 4, [[]] * 4, 3)
+    drafts = [np.asarray([1, 0, 1], dtype=np.int32)]  # argmaxes 1, 0, 2: the third is cut
+    out = accept_drafts(Sampler(), logits, _Verify(drafts), info)  # type: ignore[arg-type]
+    assert out.tokens == [[1, 0, 2]] and out.num_accepted == [2]
+    assert isinstance(ScheduleBatch([]).drafts, list)
