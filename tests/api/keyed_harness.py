@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from serving_harness import MAX_CONTEXT_LEN, Server, free_port, serving
+from serving_harness import Server, free_port, serving, write_api_model
 
 from radixserve.api.access.tenants import tenant_of_key
 
@@ -44,22 +44,9 @@ def bearer(who: str | None) -> dict[str, str]:
 
 
 def keyed_serving(tmp: Path, tokenizer: object) -> Iterator[KeyedServer]:
-    from radixserve.models.tiny import write_tiny_model
-
     num_text_tokens = len(tokenizer)  # type: ignore[arg-type]
-    model = write_tiny_model(
-        tmp / "padded-llama",
-        "llama",
-        num_layers=2,
-        hidden_size=64,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=MAX_CONTEXT_LEN,
-        tokenizer=tokenizer,
-        vocab_size=num_text_tokens + PADDING,
-        seed=3,
-    )
+    vocab = num_text_tokens + PADDING
+    model = write_api_model(tmp / "padded-llama", tokenizer, vocab_size=vocab)
     port = free_port()
     events = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}", "bind": True}
     args = ["--model", str(model), "--api-key", A, "--api-key", B, "--admin-api-key", ADMIN]

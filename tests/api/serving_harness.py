@@ -38,9 +38,9 @@ class Server:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
 
 
-def write_api_model(path: Path, tokenizer: object) -> Path:
+def write_api_model(path: Path, tokenizer: object, **overrides: object) -> Path:
     """The servers' tiny random Llama (context ``MAX_CONTEXT_LEN``) with the real ChatML
-    tokenizer, written to ``path``."""
+    tokenizer, written to ``path`` (``overrides``: other ``write_tiny_model`` arguments)."""
     from radixserve.models.tiny import write_tiny_model
 
     return write_tiny_model(
@@ -53,7 +53,7 @@ def write_api_model(path: Path, tokenizer: object) -> Path:
         intermediate_size=128,
         max_position_embeddings=MAX_CONTEXT_LEN,
         tokenizer=tokenizer,
-        seed=3,
+        **{"seed": 3, **overrides},  # type: ignore[arg-type]
     )
 
 

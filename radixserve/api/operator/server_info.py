@@ -92,20 +92,10 @@ async def get_server_info(
     """The operator's view: the whole scheduler's figures."""
     info = await tm.get_server_info(check_integrity=True)
     stats = info["stats"]
-    args = server_args(config)
-    internal = {
-        **args,
-        "last_gen_throughput": meter.update(stats["num_generated_tokens"]),
-        "load": stats["num_running_reqs"] + stats["num_waiting_reqs"],
-        "dp_rank": config.engine.dp_rank,
-        "max_total_num_tokens": tm.info.max_total_tokens,
-    }
+    throughput = meter.update(stats["num_generated_tokens"])
+    load = stats["num_running_reqs"] + stats["num_waiting_reqs"]
     return {
-        **args,
-        "version": version(),
-        "internal_states": [internal],
-        "max_total_tokens": tm.info.max_total_tokens,
-        "scheduler": stats,
+        **_shape(tm, config, throughput, load, stats),
         "integrity_ok": info.get("integrity_ok"),
         "integrity_error": info.get("integrity_error"),
         "num_pending_http_requests": len(tm.states),
@@ -117,14 +107,30 @@ def tenant_server_info(
     tm: TokenizerManager, config: ServerConfig, tenant: str, usage: dict[str, Any]
 ) -> dict[str, Any]:
     """A tenant's view: the settings, and figures of its own requests only (``usage``, from
-    :class:`~radixserve.api.operator.tenant_metrics.MetricsByTenant`); no other tenant's load, prompts
-    or cache hits."""
-    args = server_args(config)
+    :class:`~radixserve.api.operator.tenant_metrics.MetricsByTenant`); no other tenant's load,
+    prompts or cache hits."""
     pending = sum(scope_of(rid) == tenant for rid in tm.states)
+    scheduler = {**usage, "num_pending_reqs": pending, "view": "tenant"}
+    return {
+        **_shape(tm, config, usage["gen_throughput"], pending, scheduler),
+        "num_pending_http_requests": pending,
+    }
+
+
+def _shape(
+    tm: TokenizerManager,
+    config: ServerConfig,
+    throughput: float,
+    load: int,
+    scheduler: dict[str, Any],
+) -> dict[str, Any]:
+    """SGLang's shape: the settings flat, ``version``, ``internal_states[0]`` (what
+    ``bench_serving`` reads), and radixserve's ``scheduler`` figures."""
+    args = server_args(config)
     internal = {
         **args,
-        "last_gen_throughput": usage["gen_throughput"],
-        "load": pending,
+        "last_gen_throughput": throughput,
+        "load": load,
         "dp_rank": config.engine.dp_rank,
         "max_total_num_tokens": tm.info.max_total_tokens,
     }
@@ -133,8 +139,7 @@ def tenant_server_info(
         "version": version(),
         "internal_states": [internal],
         "max_total_tokens": tm.info.max_total_tokens,
-        "scheduler": {**usage, "num_pending_reqs": pending, "view": "tenant"},
-        "num_pending_http_requests": pending,
+        "scheduler": scheduler,
     }
 
 
