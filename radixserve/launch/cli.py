@@ -27,6 +27,7 @@ from radixserve.hub import is_hub_id, resolve_model
 from radixserve.launch.cli_access import access_fields, add_access_flags
 from radixserve.launch.cli_cache import add_cache_flags, cache_fields
 from radixserve.launch.cli_lora import add_lora_flags, check_lora_paths, lora_fields
+from radixserve.launch.cli_spec import add_spec_flags, spec_fields
 
 logger = logging.getLogger("radixserve.cli")
 _DEFAULTS = EngineConfig()
@@ -118,6 +119,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     add("--disable-radix-cache", action="store_true", help="no prefix caching (a baseline)")
     add("--disable-jump-forward", action="store_true", help="decode a grammar's forced text")
     add_cache_flags(serve)
+    add_spec_flags(serve)
     add(
         "--preemption-mode",
         choices=PREEMPTION_MODES,
@@ -305,6 +307,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         cuda_graph_max_bs=args.cuda_graph_max_bs,
         disable_jump_forward=args.disable_jump_forward,
         **cache_fields(args),
+        **spec_fields(args),
         preemption_mode=args.preemption_mode,
         enable_priority_scheduling=args.enable_priority_scheduling,
         tp_size=args.tp_size,
