@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from radixserve import Engine
+from radixserve.models.tiny_lora import write_tiny_lora
 from radixserve.runtime.sampler import Sampler
 from radixserve.runtime.sampling_batch_info import SamplingBatchInfo
 from radixserve.runtime.schedule_batch import ScheduleBatch
@@ -42,15 +43,22 @@ def repetitive_prompts(seed: int) -> list[list[int]]:
     ]
 
 
-def run(model: Path, prompts: list[list[int]], **config: Any) -> Any:
+def run(
+    model: Path, prompts: list[list[int]], loras: list[str | None] | None = None, **config: Any
+) -> Any:
     """The first prompt alone, then all together with a sampled one, twice (the second round
-    drafts from the tree too); the KV integrity checked after each."""
+    drafts from the tree too); the KV integrity checked after each. ``loras``: each prompt's
+    adapter (the sampled one runs under the first's)."""
     with Engine(str(model), dtype="float32", max_total_tokens=2048, **config) as engine:
         outs = []
+        first = loras[0] if loras else None
+        every = [*loras, first] if loras else None
         for _ in range(2):
-            outs.append([engine.generate(input_ids=prompts[0], sampling_params=GREEDY)])
-            params = [GREEDY] * len(prompts) + [SAMPLED]
-            outs.append(engine.generate(input_ids=[*prompts, prompts[0]], sampling_params=params))
+            outs.append(
+                [engine.generate(input_ids=prompts[0], sampling_params=GREEDY, lora_path=first)]
+            )
+            batch, params = [*prompts, prompts[0]], [GREEDY] * len(prompts) + [SAMPLED]
+            outs.append(engine.generate(input_ids=batch, sampling_params=params, lora_path=every))
             engine.check_integrity()
         return outs, engine.get_stats()
 
@@ -203,3 +211,29 @@ def test_greedy_rows_accept_exactly_the_argmax() -> None:
     out = accept_drafts(Sampler(), logits, _Verify(drafts), info)  # type: ignore[arg-type]
     assert out.tokens == [[1, 0, 2]] and out.num_accepted == [2]
     assert isinstance(ScheduleBatch([]).drafts, list)
+
+
+def test_tensor_parallel_verify_equals_one_rank(tiny_llama_dir: Path) -> None:
+    """tp=2 (two gloo processes) with drafts gives the greedy tokens of tp=1 without: the
+    verify forward reaches the other rank as its own kind."""
+    prompts = repetitive_prompts(11)
+    plain, _ = run(tiny_llama_dir, prompts)
+    spec, stats = run(tiny_llama_dir, prompts, speculative_algorithm="NGRAM", tp_size=2)
+    assert greedy_ids(spec) == greedy_ids(plain)
+    assert stats["num_spec_accepted_tokens"] > 0
+
+
+def test_lora_requests_draft_under_their_adapter(tmp_path: Path, tiny_llama_dir: Path) -> None:
+    """Requests under different LoRA adapters (and the base) in one verify batch give the
+    tokens of decoding without drafts."""
+    adapters = {
+        name: str(write_tiny_lora(tiny_llama_dir, tmp_path / name, r=8, seed=seed))
+        for name, seed in (("a", 1), ("b", 2))
+    }
+    prompts = repetitive_prompts(13)
+    loras: list[str | None] = ["a", "b", None]
+    config = dict(lora_paths=adapters)
+    plain, _ = run(tiny_llama_dir, prompts, loras, **config)
+    spec, stats = run(tiny_llama_dir, prompts, loras, speculative_algorithm="NGRAM", **config)
+    assert greedy_ids(spec) == greedy_ids(plain)
+    assert stats["num_spec_accepted_tokens"] > 0
