@@ -23,7 +23,7 @@ TOOL_CALL_PARSERS = ("qwen25", "qwen", "llama3", "mistral")  # SGLang's --tool-c
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConstants:
-    """SGLang's scheduling constants (seed 004), all overridable."""
+    """SGLang's scheduling constants (docs/design.md, "Scheduling"), all overridable."""
 
     in_batch_prefix_caching_check_threshold: int = 32
     in_batch_prefix_caching_deprioritize_threshold: int = 32
@@ -37,7 +37,7 @@ class SchedulerConstants:
     # Anti-starvation aging of the cache-aware policies (beyond SGLang; policy/schedule_policy.py).
     # By passes (0: off): a request overtaken in this many passes goes first.
     max_skipped_passes: int = 0
-    # By admissions (0: off; the default since issue #32): a request found waiting behind N
+    # By admissions (0: off; on by default): a request found waiting behind N
     # others goes first once N times this many requests have been admitted since (FCFS would
     # have admitted it after N)
     aging_work_factor: float = 2.0

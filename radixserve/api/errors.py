@@ -8,9 +8,8 @@ Status codes:
 - 413 ``request_too_large``: a body over ``--max-request-bytes`` (``radixserve.api.access.guard``);
 - 408 ``request_timeout``: a request body slower than ``--request-body-timeout`` or
   ``--min-request-body-rate`` (``radixserve.launch.connections``; the connection closes);
-- 404 ``model_not_found``: a ``model`` the server does not serve. DESIGN.md section 8 lists
-  unknown model names under 400; we answer 404 as OpenAI and vLLM do, so the official clients
-  raise ``NotFoundError`` as they would against those;
+- 404 ``model_not_found``: a ``model`` the server does not serve, as OpenAI and vLLM answer, so
+  the official clients raise ``NotFoundError`` as they would against those;
 - 503 ``service_unavailable``: the scheduler process is gone (the log says why);
 - 500 ``server_error``: a bug;
 - 499 (no body): the client disconnected before the response (its request was aborted).

@@ -232,7 +232,7 @@ def trace_tokens(sessions: list[Session]) -> int:
 
 # the default shapes; flags override any field
 MULTITURN_SHAPES: dict[str, dict[str, Any]] = {
-    # chat-like (PERF-NOTES: HF recompute 40.4 s, HF with KV carried 24.4 s)
+    # chat-like: 64-token user turns, 32-token answers
     "a": dict(conversations=8, turns=4, user_len=(64, 64), answer_len=(32, 32), parallel=8),
     # SGLang's multi_turn_chat defaults (short answers: prefill dominates), fewer conversations
     "b": dict(conversations=4, turns=4, user_len=(256, 512), answer_len=(4, 8), parallel=4),

@@ -1,4 +1,4 @@
-"""KVTier: a second, larger and slower store of KV pages under the device pool (issue #16).
+"""KVTier: a second, larger and slower store of KV pages under the device pool (docs/kv_tier.md).
 
 A tier is a paged pool of its own, ``storage[layer, 0 | 1 (K | V), slot, kv_head, head_dim]``,
 with its own allocator. :meth:`KVTier.write` copies the K and V of some pool slots into tier

@@ -1,4 +1,4 @@
-"""ForwardBatch: what one model forward computes, in the vocabulary of DESIGN.md section 6.
+"""ForwardBatch: what one model forward computes (docs/design.md, "Model execution").
 
 Memory contract (who writes what):
 

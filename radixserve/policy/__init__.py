@@ -1,6 +1,6 @@
 """Scheduling policy: the order of the waiting queue, admission to prefill, preemption choice.
 
-One pass of the scheduler decides, then commits (seed 004; DESIGN.md section 5)::
+One pass of the scheduler decides, then commits (docs/design.md, "Scheduling")::
 
     ordering = policy.calc_priority(waiting_queue)               # order; matches as data
     plan = PrefillAdder(admission_config, kv, running, ratio, max_new_reqs).plan(

@@ -1,4 +1,4 @@
-"""DFS-weight ordering (seed 004 section 5): serve the requests of one radix branch together.
+"""DFS-weight ordering (SGLang's ``_sort_by_dfs_weight``): one radix branch's requests together.
 
 The weight of a tree node is the number of waiting requests whose match ends at the node or
 below it. A depth-first walk from the root visits heavier children first and emits a node's own

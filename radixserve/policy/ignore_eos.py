@@ -1,4 +1,4 @@
-"""The stricter admission check for ``ignore_eos`` requests (seed 004 section 9).
+"""The stricter admission check for ``ignore_eos`` requests (SGLang's ``add_one_req_ignore_eos``).
 
 An ``ignore_eos`` request always decodes all of its ``max_new_tokens``, so the usual estimate
 (running requests reserve ``new_token_ratio`` of their remaining budget) may be too optimistic.

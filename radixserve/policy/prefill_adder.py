@@ -1,4 +1,5 @@
-"""PrefillAdder: which waiting requests join this pass's prefill batch (seed 004 sections 6-9).
+"""PrefillAdder: which waiting requests join this pass's prefill batch (SGLang's ``PrefillAdder``,
+``python/sglang/srt/managers/schedule_policy.py``; docs/design.md, "Scheduling").
 
 Built once per scheduling pass from the frozen :class:`AdmissionConfig` and the pass's state.
 It decides; it never allocates, frees or evicts, and writes no KV field of a request. What it
@@ -76,12 +77,12 @@ class PrefillAdder:
         ``matches``: the policy's matches of this pass; a request without one is matched just
         before it is offered. A refused request may preempt running ones (priority scheduling);
         the loop stops at the first request that is refused and cannot preempt, so no request
-        overtakes a refused one. ``deprioritized`` (``Ordering.deprioritized``): once something
-        is admitted, these wait for the next pass, when the prefix they share with an admitted
-        request is cached (seed 004 section 4). SGLang only moves them to the back, so with
-        room they join the same batch and recompute it. ``gate(req, admitted)``: may ``req``
-        join the requests admitted so far (the runtime's LoRA adapters per batch)? The pass
-        stops at the first it refuses, as at any refusal.
+        overtakes a refused one. ``deprioritized`` (``Ordering.deprioritized``): once something is
+        admitted, these wait for the next pass, when the prefix they share with an admitted request
+        is cached (in-batch prefix deprioritization). SGLang only moves them to the back, so with
+        room they join the same batch and recompute it. ``gate(req, admitted)``: may ``req`` join
+        the requests admitted so far (the runtime's LoRA adapters per batch)? The pass stops at the
+        first it refuses, as at any refusal.
         """
         has_chunked_req = chunked_req is not None
         matches = matches or {}

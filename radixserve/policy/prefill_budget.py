@@ -1,4 +1,4 @@
-"""PrefillBudget: the token and slot budgets of one admission pass (seed 004 sections 6 and 10)."""
+"""PrefillBudget: the token and slot budgets of one admission pass (SGLang's ``PrefillAdder``)."""
 
 from __future__ import annotations
 

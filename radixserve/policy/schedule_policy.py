@@ -44,7 +44,8 @@ class Ordering:
 
 
 class SchedulePolicy:
-    """Orders the waiting queue once per scheduling pass (SGLang's ``SchedulePolicy``, seed 004).
+    """Orders the waiting queue once per scheduling pass (SGLang's ``SchedulePolicy``;
+    docs/design.md, "Scheduling").
 
     Policies: ``fcfs`` (default: by arrival time), ``lof`` (largest ``max_new_tokens`` first),
     ``random`` (seeded), and the cache-aware ``lpm`` (longest cached prefix first),
@@ -80,7 +81,7 @@ class SchedulePolicy:
       counts in ``req.skipped_passes`` the passes in which a later-arriving request was
       admitted while ``req`` kept waiting; a request that reached B is aged. Under pressure a
       pass admits many requests, so the bound is loose in time, and where it binds it costs
-      throughput (B = 8 was the default before issue #32's measurements).
+      throughput (``benchmarks/README.md``, "Schedule policies", measures B = 8).
 
     ``constants.without_aging()`` turns both off: SGLang's LPM and DFS-weight.
     """

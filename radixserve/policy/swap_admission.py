@@ -1,4 +1,5 @@
-"""Whether a swapped-out request can come back now: vLLM V0's OK / LATER / NEVER (seeds 002-003).
+"""Whether a swapped-out request can come back now: vLLM V0's OK / LATER / NEVER (its
+``BlockSpaceManager.can_swap_in``, ``vllm/core/block_manager.py``).
 
 A request preempted or retracted in swap mode (``preemption_mode="swap"``) waits with its KV in
 the tier. When it is offered again, it needs pool slots for that KV (the load-back), for what it

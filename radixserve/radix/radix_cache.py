@@ -36,7 +36,7 @@ def _cat(values: list[torch.Tensor]) -> torch.Tensor:
 
 
 class RadixCache:
-    """The prefix cache of DESIGN.md section 4. Implements :class:`PrefixCache`.
+    """The prefix cache of docs/design.md, "The radix cache contract" (:class:`PrefixCache`).
 
     Sizes are kept incrementally: ``evictable_size`` counts pool tokens of unlocked nodes,
     ``protected_size`` of locked ones. ``_leaves`` are the nodes the pool's eviction may take:

@@ -5,10 +5,10 @@ One step reads like the data flow::
     aborts -> pick the next batch (prefill if admission allows, else decode) -> run it
            -> process results (append tokens, stop, cache, free)
 
-With overlap scheduling (DESIGN.md section 7) the forward of batch N runs in the model worker's
-thread while this thread prepares batch N+1 and then processes N's results (``overlap_step``
-beside ``normal_step``). A request finished in N may still sit in N+1: its token there is
-dropped and its KV is released once N+1 is done, never twice.
+With overlap scheduling (docs/design.md, "Overlap scheduling") the forward of batch N runs in the
+model worker's thread while this thread prepares batch N+1 and then processes N's results
+(``overlap_step`` beside ``normal_step``). A request finished in N may still sit in N+1: its token
+there is dropped and its KV is released once N+1 is done, never twice.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""SpecDecoder: the scheduler's speculative decoding (docs/speculative.md, DESIGN.md section 17).
+"""SpecDecoder: the scheduler's speculative decoding (docs/speculative.md; docs/design.md,
+"Speculative decoding").
 
 Each decode step it is asked for drafts (:meth:`SpecDecoder.propose`): for every running
 request, up to ``speculative_num_draft_tokens - 1`` tokens from the request's own text or the

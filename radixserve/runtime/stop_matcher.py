@@ -1,9 +1,9 @@
 """StopMatcher: one request's stop strings as an Aho-Corasick automaton, fed text as it streams.
 
-Checking each stop string against the text after every token costs O(number of stop strings)
-per token (issue #15: 10,000 stop strings stalled every client). The automaton reads each new
-character once, whatever the number of stop strings: a step is one dict lookup, plus failure
-links amortised over the text. Building it is linear in the stop strings' total length.
+Checking each stop string against the text after every token costs O(number of stop strings) per
+token, so 10,000 stop strings on one request would stall every client. The automaton reads each new
+character once, whatever the number of stop strings: a step is one dict lookup, plus failure links
+amortised over the text. Building it is linear in the stop strings' total length.
 
 It carries its state between ``feed`` calls, so a stop string split across tokens (or across
 detokenizer outputs) is found, and ``held_len`` says how much of the text's end could still

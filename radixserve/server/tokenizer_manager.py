@@ -1,4 +1,5 @@
-"""TokenizerManager: the HTTP process's side of the server (DESIGN.md section 2, step 1).
+"""TokenizerManager: the HTTP process's side of the server (docs/design.md, "One request,
+end to end", step 1).
 
 It tokenizes (``prompts``) and validates (``validator``) requests (``ValueError``: HTTP 400),
 sends them to the scheduler and awaits their outputs per ``rid``: one asyncio reader task takes

@@ -60,13 +60,13 @@ def apply(base: EngineConfig, point: dict[str, str]) -> EngineConfig:
     return dataclasses.replace(base, **changes)
 
 
-PASS_AGING_BOUND = 8  # aging=passes: the bound in passes that was the default before issue #32
+PASS_AGING_BOUND = 8  # aging=passes: the bound in passes that benchmarks/README.md measures
 
 
 def aging_constants(base: SchedulerConstants, value: str) -> SchedulerConstants:
     """``base`` with the anti-starvation aging of ``aging=VALUE``: ``on`` (the default, by
-    admissions), ``off`` (SGLang's LPM and DFS-weight) or ``passes`` (by passes, 8: the
-    default before issue #32)."""
+    admissions), ``off`` (SGLang's LPM and DFS-weight) or ``passes`` (by passes, 8:
+    ``PASS_AGING_BOUND``)."""
     if value == "on":
         default = SchedulerConstants()
         return dataclasses.replace(

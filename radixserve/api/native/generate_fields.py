@@ -1,5 +1,5 @@
 """The fields of SGLang's ``GenerateReqInput`` that ``/generate`` takes without a behaviour of
-its own: what SGLang's clients, router and gateway send (issue #29).
+its own: what SGLang's clients, router and gateway send.
 
 :class:`~radixserve.api.native.protocol.GenerateReqInput` declares the fields radixserve implements.
 Every other field of SGLang's ``GenerateReqInput`` (as of sglang 0.5.23) is in
