@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU-kernel checks and figures of issue #12 on a lent machine with an AVX-512 CPU (run from
+# The CPU kernels' checks and figures on a lent machine with an AVX-512 CPU (run from
 # the repository root there, with that machine's python3 and torch; see benchmarks/README.md).
 #
 #   bash benchmarks/device_cpu.sh info test ab bench16 ...   # stages, in the order given

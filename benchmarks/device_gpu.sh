@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue #27 on a lent GPU machine, in one call of under 10 minutes, from the repository root
-# (see benchmarks/README.md, "The CUDA path"):
+# The GPU checks and figures on a lent GPU machine, in one call of under 10 minutes, from the
+# repository root (see benchmarks/README.md, "The CUDA path"):
 #
 #   bash benchmarks/device_gpu.sh                  # all: install info jit tests split idle bench
 #   bash benchmarks/device_gpu.sh bench            # benchmarks only: install info jit split bench
@@ -24,7 +24,7 @@
 #   with overlap off, launched from the worker thread, or on the stream (overlap-<shape>.json).
 # profile: where a decode step's time goes (torch profiler, benchmarks/gpu/profile_decode.py):
 #   the default step, then with FlashInfer's full plan at each replay, also with the indptrs
-#   built on the device (the step before session 13), and with no CUDA graphs.
+#   built on the device (each plan then copies them back: a sync), and with no CUDA graphs.
 # aot: the kernels the jit stage built, packed into $OUT/flashinfer-aot.tar.xz.NN: carried back
 #   in .jit/, install puts them where FlashInfer loads them without compiling (saves the jit
 #   stage's minutes on the next machine).

@@ -38,7 +38,7 @@ HIDDEN, INTER, VOCAB, LAYERS = 896, 4864, 151936, 24
 
 
 def compiled_mul_sum() -> Route:
-    """torch.compile of the broadcast multiply-reduce (the inductor route in PERF-NOTES)."""
+    """torch.compile of the broadcast multiply-reduce (inductor's generated reduction)."""
 
     @torch.compile(dynamic=False)
     def mul_sum(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -137,8 +137,9 @@ class OurSide:
         torch_linear: bool,
         device: str = "cpu",
     ) -> None:
-        # +int8: weight-only int8; +eager: no CUDA graphs; on FlashInfer, the baselines of
-        # session 16's changes: +fullplan (a graph replay's full plan), +paged (no prefill split)
+        # +int8: weight-only int8; +eager: no CUDA graphs; on FlashInfer, the baselines of the
+        # fast graph plan and the prefill split: +fullplan (a graph replay's full plan), +paged
+        # (one paged pass, no prefill split)
         dtype, *options = config.split("+")
         if not set(options) <= set(OPTIONS):
             raise ValueError(f"unknown options in {config!r}: {', '.join(OPTIONS)} exist")

@@ -1,9 +1,9 @@
 """Radix operations per second, before and after, in one run: a multi-turn-chat trace replayed
 through RadixCache (match, lock, insert, unlock, evict) as the scheduler passes it.
 
-Four runs of the same operations: the tree at ``--rev`` (default: where issue #11 started) and
-the current tree, each with list keys (what the scheduler passed before #11) and with int32-array
-keys (``Req.fill_ids`` after #11). The old tree is exported from git (``git archive``) into a
+Four runs of the same operations: the tree at ``--rev`` (default 4470cc1, a tree that took list
+keys) and the current tree, each with list keys and with int32-array keys (``Req.fill_ids``,
+what the scheduler passes). The old tree is exported from git (``git archive``) into a
 temp dir and every run is a subprocess importing ``radixserve`` from its own tree; runs
 alternate, each one ``--repeat`` times, and the fastest counts. The matched length of every
 match must be identical in all four. ``--events`` adds a fifth: the current tree with KV events

@@ -1,4 +1,4 @@
-"""How long a GPU would sit idle behind radixserve's scheduler (issue #27, Part 1 step 2).
+"""How long a GPU would sit idle behind radixserve's scheduler.
 
 The scheduler process runs for real: ``SchedulerLoop.run_once`` (the zmq poll for requests,
 ``Scheduler.step`` with its policy, admission, KV bookkeeping and batch building, output
@@ -15,7 +15,7 @@ launches it (``thread``, the default); on, launched from the scheduler thread it
 CUDA stream (``stream``, ``--overlap-launch stream``). ``--launch-ms`` is the host's time to
 launch a step (a CUDA graph's replay and its plan), spent holding the GIL. ``idle`` is the share of the window's wall time when no forward was running: with
 overlap off it is the whole CPU time of a step; with overlap on the scheduler prepares step N+1
-while N runs, and only what it cannot hide shows. Target (issue #27): under 5% at B = 64 and
+while N runs, and only what it cannot hide shows. The target: under 5% at B = 64 and
 256 with overlap on, on the Llama-3-8B shape. On the 0.5B shape a step is ~0.33 ms: no Python
 scheduler hides its time there; the figure to watch is the CPU time per step.
 
@@ -232,7 +232,7 @@ class Variant:
         return f"{self.launch}{' sync' if self.sync else ''}"
 
 
-# overlap off; the worker thread waiting for each step (before session 10); the thread
+# overlap off; the worker thread waiting for each step (for comparison); the thread
 # launching only (the CPU's overlap); the scheduler thread launching on the stream (CUDA's)
 VARIANTS = (
     Variant(False),

@@ -1,4 +1,4 @@
-"""The schedule policies side by side on traces where the order matters (issue #32).
+"""The schedule policies side by side on traces where the order matters.
 
 Traces (one-turn requests, closed loop: ``--clients`` clients keep the queue under LPM's and
 HRRN's 128-request FCFS fallback, so the cache-aware policies sort every pass):
@@ -22,8 +22,8 @@ second, its cold ones included).
 Systems (``--systems``, each ``POLICY[+age=N][+wage=F][+il]``): fcfs, lpm, dfs-weight and
 adaptive with their default aging (by admissions, F = 2), hrrn; ``age=N``: aging by N passes
 (``SchedulerConstants.max_skipped_passes``, default 0: off), ``wage=F``: by admissions
-(``aging_work_factor``; ``lpm+age=0+wage=0`` is SGLang's LPM, ``+age=8+wage=0`` the default
-aging before issue #32), and ``+il`` (``+ilmin=N``: keeping at least N tokens of a continuing
+(``aging_work_factor``; ``lpm+age=0+wage=0`` is SGLang's LPM, ``+age=8+wage=0`` aging by
+passes alone), and ``+il`` (``+ilmin=N``: keeping at least N tokens of a continuing
 chunk, default half the chunk) with prefill interleaving (``policy/interleave.py``). Printed
 per trace and system: the virtual wall time, prompt tokens/s, the hit rate, TTFT p99 of each
 class, and each against FCFS (``x fcfs``). ``--real N`` also runs the first N requests of the

@@ -6,7 +6,7 @@ the device's kernel time per step (torch profiler), and so the share of the step
 sits idle waiting for the host; then the profiler's top host and device ops. ``--configs``
 compares ways of stepping in one run: ``+eager`` (no CUDA graphs), ``+fullplan`` (FlashInfer's
 full ``plan`` at each replay instead of the fast one), ``+fullplan+devindptr`` (also the
-indptrs built on the device: the step as it was before session 13). Written to
+indptrs built on the device, so each plan copies them back to the host). Written to
 ``--out`` and printed. On ``--device cpu`` the same measurements (no device column).
 """
 
@@ -58,9 +58,9 @@ def kernel_seconds(prof: profile) -> float:
 
 
 def device_indptrs(inner: Callable[..., PagedKVMetadata]) -> Callable[..., PagedKVMetadata]:
-    """``build_paged_kv_metadata`` as it was before session 13: the indptrs and last page lengths
-    on the device, so each FlashInfer ``plan`` copies them back to the host (a sync per plan).
-    Only with ``+fullplan``: the fast plan takes the host indptr as it is."""
+    """``build_paged_kv_metadata`` with the indptrs and last page lengths moved to the device, so
+    each FlashInfer ``plan`` copies them back to the host (a sync per plan). Only with
+    ``+fullplan``: the fast plan takes the host indptr as it is."""
 
     def build(*args: object, **kwargs: object) -> PagedKVMetadata:
         md = inner(*args, **kwargs)
@@ -77,7 +77,7 @@ def device_indptrs(inner: Callable[..., PagedKVMetadata]) -> Callable[..., Paged
 
 def run(args: argparse.Namespace, config: str, bs: int, lines: list[str]) -> None:
     """One row; ``config`` is model_throughput.py's, and ``+devindptr`` (with ``+fullplan``)
-    the indptrs built on the device, as before session 13."""
+    the indptrs built on the device (``device_indptrs``)."""
     options = config.split("+")
     if "devindptr" in options:
         if "fullplan" not in options:
