@@ -1,6 +1,6 @@
 """``radixserve serve --kv-tier-path``: a server stopped with SIGTERM writes its tier's index,
 and the next server on the same directory serves the first request's prefix from the tier; a
-page whose bytes changed in between is dropped and computed again (issue #28, item 2)."""
+page whose bytes changed in between is dropped and computed again."""
 
 from __future__ import annotations
 

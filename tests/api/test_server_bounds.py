@@ -1,5 +1,5 @@
-"""A server with small bounds. ``--max-queued-requests`` (issue #28, item 4): beyond the bound a new request gets 429 with
-``Retry-After`` in OpenAI's error shape, the official client sees its ``RateLimitError``, the
+"""A server with small bounds. ``--max-queued-requests``: beyond the bound a new request gets 429
+with ``Retry-After`` in OpenAI's error shape, the official client sees its ``RateLimitError``, the
 queued requests run in their order, and the pool is whole afterwards."""
 
 from __future__ import annotations

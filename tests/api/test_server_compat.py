@@ -259,7 +259,7 @@ def test_separate_reasoning_without_a_reasoning_parser_is_a_400(http: httpx.Clie
 
 
 def test_the_fields_sglangs_router_adds_are_accepted(http: httpx.Client) -> None:
-    """sglang-router forwards every /generate with these set (as seen through it: #29)."""
+    """sglang-router forwards every /generate with these set (as seen through it)."""
     routed = {"model": "whatever", "background": False, "no_logs": False}
     routed |= {"return_bytes": False, "return_entropy": False}
     body = {"text": "def f():", "sampling_params": {"max_new_tokens": 2}}

@@ -41,7 +41,7 @@ def test_block_draw_refuses_an_empty_range() -> None:
 
 
 def _shared_prefix_per_token(spec: SharedPrefixSpec, low: int, high: int) -> list[Session]:
-    """The generator as it was before the block draw: one ``randrange`` per token."""
+    """The per-token generator the block draw must equal: one ``randrange`` per token."""
     rng = random.Random(spec.seed)
 
     def ids(n: int) -> list[int]:

@@ -193,9 +193,9 @@ def test_the_index_brings_the_tier_tree_back_after_a_restart(tmp_path: Path, ps:
 
 @pytest.mark.parametrize("ps", [1, 4])
 def test_a_changed_page_drops_its_node_and_what_hangs_under_it(tmp_path: Path, ps: int) -> None:
-    """Issue #28, item 2: a page whose bytes changed between the stop and the restart fails its
-    checksum; its node and the nodes under it are not restored (their slots stay free), the
-    others are, with their exact K/V."""
+    """A page whose bytes changed between the stop and the restart fails its checksum; its node and
+    the nodes under it are not restored (their slots stay free), the others are, with their exact
+    K/V."""
     old = Server(tmp_path, ps)
     a, ab, c = _keys(ps)
     old.cache(ab)

@@ -158,8 +158,9 @@ def test_lock_then_recheck_rejects_a_request_whose_own_lock_makes_it_not_fit() -
 def test_ignore_eos_admission(
     running_ignores_eos: bool, new_ignores_eos: bool, admitted: bool
 ) -> None:
-    """Seed 004 section 9: with ratio 0.5 the usual check passes (110 < 200 - 10 - 99 * 0.5); an
-    ignore_eos request next to an ignore_eos runner needs 2 * 100 tokens more than the 180 free."""
+    """SGLang's ignore_eos admission: with ratio 0.5 the usual check passes
+    (110 < 200 - 10 - 99 * 0.5); an ignore_eos request next to an ignore_eos runner needs
+    2 * 100 tokens more than the 180 free."""
     tree, alloc = pool(200)
     runner = running_req(alloc, 10, 1, max_new=100)
     runner.sampling_params.ignore_eos = running_ignores_eos

@@ -58,7 +58,7 @@ def test_random_is_seeded() -> None:
 
 
 def test_lpm_seed_example_longest_prefix_first() -> None:
-    """Seed 004 section 3: sort by -len(prefix_indices)."""
+    """SGLang's ``_sort_by_longest_prefix``: sort by -len(prefix_indices)."""
     tree, alloc = pool(256)
     shared = tail(1000, 40)
     cache_tokens(tree, alloc, shared)
@@ -76,7 +76,7 @@ def test_lpm_seed_example_longest_prefix_first() -> None:
 
 
 def test_dfs_weight_seed_example() -> None:
-    """Seed 004 section 5: root -> [A] (R1, R2, R3) and [B] (R4); DFS gives R1, R2, R3, R4."""
+    """SGLang's DFS-weight: root -> [A] (R1, R2, R3) and [B] (R4); DFS gives R1, R2, R3, R4."""
     tree, alloc = pool(256)
     a, b = tail(100, 16), tail(400, 16)
     cache_tokens(tree, alloc, a)

@@ -1,6 +1,6 @@
-"""Issue #15, defects 3 and 8: a dead child ends the server (non-zero, within seconds, after
-answering what was in flight with 503, the log saying why); SIGTERM under load drains: every
-stream ends with an error event or ``[DONE]``, no traceback, no process left behind."""
+"""Faults: a dead child ends the server (non-zero, within seconds, after answering what was in
+flight with 503, the log saying why); SIGTERM under load drains: every stream ends with an error
+event or ``[DONE]``, no traceback, no process left behind."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Issue #15, defect 1 and the disconnect storm: a request that fans out into many scheduler
-requests is capped and never stalls the HTTP process; clients that vanish at random points
-leave no request running and no KV slot held."""
+"""Fan-out and the disconnect storm: a request that fans out into many scheduler requests is capped
+and never stalls the HTTP process; clients that vanish at random points leave no request running and
+no KV slot held."""
 
 from __future__ import annotations
 

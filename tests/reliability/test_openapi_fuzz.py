@@ -1,6 +1,6 @@
-"""Issue #15, defect 9 and the fuzzing harness: schemathesis generates requests from the
-server's own ``/openapi.json`` (valid ones and, for bodies, invalid ones); the server must
-answer every one without a 5xx, with a status code the document declares."""
+"""The fuzzing harness: schemathesis generates requests from the server's own ``/openapi.json``
+(valid ones and, for bodies, invalid ones); the server must answer every one without a 5xx, with a
+status code the document declares."""
 
 from __future__ import annotations
 

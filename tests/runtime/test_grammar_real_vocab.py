@@ -4,8 +4,8 @@ vocabulary of 151,936 rows; Llama 3.1: 128,256 ids, 256 reserved special tokens)
 The property: every token a request's mask allows, its matcher accepts, at every step of a
 random walk through random grammars that spell added tokens' texts (``<think>``,
 ``<tool_call>``, ``<|im_end|>``, ``<|python_tag|>``), multi-byte characters and JSON; no id
-past the tokenizer is ever allowed. A disagreement killed the server (issue #26): Qwen3's
-``<think>`` was allowed as one token that its matcher refused."""
+past the tokenizer is ever allowed. A disagreement would end the request: Qwen3's ``<think>``
+allowed as one token by the mask and refused by the matcher, for instance."""
 
 from __future__ import annotations
 

@@ -120,9 +120,9 @@ def test_kv_copied_from_another_run_is_never_served(engine_model_dir, hf_greedy,
 def test_a_copy_corrupted_while_running_is_recomputed(
     engine_model_dir, hf_greedy, tmp_path
 ) -> None:
-    """Issue #28, item 2: ``kv.bin`` overwritten under a running engine (after the first round
-    was evicted to it): the load-back checks each page's checksum, drops the corrupt copies and
-    computes the prompts again; every output still equals HF's."""
+    """``kv.bin`` overwritten under a running engine (after the first round was evicted to it): the
+    load-back checks each page's checksum, drops the corrupt copies and computes the prompts again;
+    every output still equals HF's."""
     batch = prompts(4)
     expected = [hf_greedy(p, MAX_NEW) for p in batch]
     tier = tmp_path / "tier"

@@ -1,4 +1,4 @@
-"""``max_queued_requests`` in the scheduler (issue #28, item 4; the server's 429:
+"""``max_queued_requests`` in the scheduler (the server's 429:
 tests/api/test_server_bounds.py)."""
 
 from __future__ import annotations

@@ -105,8 +105,8 @@ def test_stress_small_pool(engine_model_dir, overlap: str) -> None:
 
 @pytest.mark.parametrize("launch", [None, "thread", "stream"])
 def test_where_an_overlapped_batch_is_launched(engine_model_dir, launch: str | None) -> None:
-    """``--overlap-launch``: the worker thread (the default, DESIGN.md section 7 on the CPU), or
-    the scheduler thread itself (``stream``)."""
+    """``--overlap-launch``: the worker thread (the default; docs/design.md, "Overlap scheduling"),
+    or the scheduler thread itself (``stream``)."""
     options = {} if launch is None else {"overlap_launch": launch}
     config = EngineConfig(model_path=str(engine_model_dir), dtype="float32", **options)
     scheduler = Scheduler(config)

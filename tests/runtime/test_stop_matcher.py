@@ -1,5 +1,5 @@
-"""StopMatcher against a naive oracle (random stop sets, text fed in random pieces), and the
-issue #15 load: 10,000 distinct 9-character stop strings."""
+"""StopMatcher against a naive oracle (random stop sets, text fed in random pieces), and a hostile
+load: 10,000 distinct 9-character stop strings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Speed work must not change what the simulator computes (issue #17's sim speed task).
+"""Speed work must not change what the simulator computes.
 
 Each case runs a fixed-seed simulation and hashes everything it produced: every record's
 send, first-token and completion times on the virtual clock (exact float reprs), its replica,
@@ -42,16 +42,16 @@ CASES: dict[str, dict[str, object]] = {
     "multiturn-fcfs-dp2-power-of-two": dict(
         trace="multi", kv=900, policy="fcfs", dp=2, router="power_of_two", chunk=64
     ),
-    # prefill interleaving (the default since issue #32; the cases above predate it and pin
-    # the scheduler without it): chunks of 64 with short turns queued behind them
+    # prefill interleaving (on by default; the cases above pin the scheduler without it):
+    # chunks of 64 with short turns queued behind them
     "multiturn-fcfs-chunk64-interleaved": dict(
         trace="multi", kv=900, policy="fcfs", chunk=64, interleave=True
     ),
     "multiturn-hrrn-chunk64-interleaved": dict(
         trace="multi", kv=900, policy="hrrn", chunk=64, interleave=True
     ),
-    # the cases above pin LPM's and DFS-weight's aging by passes (8), their default until issue
-    # #32 made aging by admissions (factor 2) the default: these pin that one
+    # the cases above pin LPM's and DFS-weight's aging by passes (8); these pin aging by
+    # admissions (factor 2), the default
     "shared-dfs-roomy-aging-by-admissions": dict(
         trace="shared", kv=40000, policy="dfs-weight", aging="admissions"
     ),
