@@ -1,4 +1,4 @@
-"""Fail when a source file grows past the size STYLE.md asks for (split by concept before 400)."""
+"""Fail when a source file grows past ``LIMIT`` lines: split it by concept before then."""
 
 from __future__ import annotations
 

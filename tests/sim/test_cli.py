@@ -129,7 +129,7 @@ def test_bad_sim_flags_exit_2(
 
 
 def test_aging_sweep_values() -> None:
-    """``aging=``: on (the default, by admissions), off (SGLang's orders), passes (the old one)."""
+    """``aging=``: on (the default, by admissions), off (SGLang's orders), passes (by 8 passes)."""
     from radixserve.config import SchedulerConstants
     from radixserve.sim.sweep import aging_constants
 
