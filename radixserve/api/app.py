@@ -1,7 +1,8 @@
 """The FastAPI application: every door's routes over one :class:`TokenizerManager`.
 
 The routers: SGLang's native ``/generate`` and ``/abort_request`` (``api/native``), OpenAI's
-``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` (``api/openai``), the server's
+``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` (``api/openai``), Anthropic's
+``/v1/messages`` (``api/anthropic``, onto the chat pipeline), the server's
 own routes (``api/operator``: ``/health``, ``/health_generate``, model and server info,
 ``/get_load``, ``/metrics``, ``/flush_cache``, the cache page, the LoRA routes), and the docs
 (``/docs``, ``/redoc``, ``/openapi.json``) unless ``disable_docs``. Each route declares who may
@@ -21,6 +22,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from radixserve.api.access.guard import RequestGuard
 from radixserve.api.access.routes import RouteTable
 from radixserve.api.access.tenants import Tenants
+from radixserve.api.anthropic.messages import error_body as anthropic_error
+from radixserve.api.anthropic.routes import ERROR_PREFIX as ANTHROPIC_PREFIX
+from radixserve.api.anthropic.routes import anthropic_router
 from radixserve.api.errors import UnhandledErrors, install_error_handlers
 from radixserve.api.native.routes import native_router
 from radixserve.api.native.serving import NativeServing
@@ -62,6 +66,7 @@ def create_app(
     native = NativeServing(RequestBuilder(tm, tenants, config), config.reasoning_parser)
     for router in (
         health_router(tm),
+    chat = ChatServing(tm, config)
         native_router(tm, tenants, native),
         openai_router(tm, config),
         info_router(tm, config, tenants, metrics),
@@ -70,7 +75,7 @@ def create_app(
         lora_router(tm),
     ):
         app.include_router(router)
-    install_error_handlers(app)
+    install_error_handlers(app, {ANTHROPIC_PREFIX: anthropic_error})
     install_openapi(app)
     app.add_middleware(JSONBodyMiddleware)
     routes, limit = RouteTable.of(app), config.max_request_bytes

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -91,14 +92,15 @@ def to_api_error(exc: BaseException) -> APIError:
 
 def error_response(exc: BaseException) -> JSONResponse:
     err = to_api_error(exc)
-    headers = {"WWW-Authenticate": "Bearer"} if err.status_code == 401 else None
+    return JSONResponse(openai_shape(err), status_code=err.status_code, headers=_headers(err))
+
+
+def _headers(err: APIError) -> dict[str, str] | None:
+    if err.status_code == 401:
+        return {"WWW-Authenticate": "Bearer"}
     if err.status_code == 429:
-        headers = {"Retry-After": str(RETRY_AFTER_S)}
-    return JSONResponse(
-        error_body(err.message, err.type, err.param, err.code),
-        status_code=err.status_code,
-        headers=headers,
-    )
+        return {"Retry-After": str(RETRY_AFTER_S)}
+    return None
 
 
 # a union's branch that the value does not even have the type of: noise beside the real error
@@ -169,24 +171,38 @@ class UnhandledErrors:
                 await response(scope, receive, send)
 
 
-def install_error_handlers(app: FastAPI) -> None:
+ErrorShape = Callable[[APIError], dict[str, Any]]
+
+
+def openai_shape(err: APIError) -> dict[str, Any]:
+    return error_body(err.message, err.type, err.param, err.code)
+
+
+def install_error_handlers(app: FastAPI, shapes: Mapping[str, ErrorShape] | None = None) -> None:
+    """Every error a route raises, answered in its protocol's shape: ``shapes`` maps a path
+    prefix to its door's (Anthropic's under ``/v1/messages``); OpenAI's otherwise."""
+    prefixes = sorted((shapes or {}).items(), key=lambda kv: -len(kv[0]))
+
+    def respond(request: Request, err: APIError, headers: Any = None) -> JSONResponse:
+        path = request.url.path
+        shape = next((f for prefix, f in prefixes if path.startswith(prefix)), openai_shape)
+        return JSONResponse(shape(err), status_code=err.status_code, headers=headers)
+
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return JSONResponse(error_body(message, param=param), status_code=400)
+        return respond(request, APIError(message, 400, param=param))
 
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         detail = str(exc.detail)
         if isinstance(exc.__cause__, RecursionError):  # FastAPI's json.loads of the body
             detail = TOO_DEEP_BODY
-        return JSONResponse(
-            error_body(detail, kind),
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
-        )
+        err = APIError(detail, exc.status_code, kind)
+        return respond(request, err, getattr(exc, "headers", None))
 
     async def on_error(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(exc)
+        err = to_api_error(exc)
+        return respond(request, err, _headers(err))
 
     async def on_disconnect(request: Request, exc: Exception) -> Response:
         return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody is there to read it

@@ -31,6 +31,14 @@ ROUTES: dict[tuple[str, str], tuple[str, Any]] = {
         TENANT,
         {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
     ),
+    ("POST", "/v1/messages"): (
+        TENANT,
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+    ),
+    ("POST", "/v1/messages/count_tokens"): (
+        TENANT,
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    ),
     ("GET", "/v1/models"): (TENANT, None),
     ("GET", "/get_model_info"): (TENANT, None),
     ("GET", "/model_info"): (TENANT, None),

@@ -2,7 +2,8 @@
 
 In order, each answered in OpenAI's error shape:
 
-1. the API key (401), on every route but those declared open (``api/access/routes.py``): the
+1. the API key (401; ``Authorization: Bearer``, or Anthropic's ``x-api-key``), on every route
+   but those declared open (``api/access/routes.py``): the
    docs and ``/openapi.json`` too, and before a byte of the body is read, so an
    unauthenticated client costs nothing. Routes declared ``query_key`` (the cache page) also
    take it as ``?api_key=``, for a browser. The key names the request's tenant
@@ -50,7 +51,11 @@ class RequestGuard:
         headers = dict(scope["headers"])
         facts = self.routes.facts(scope.get("method", "GET"), scope["path"])
         if self.tenants.required and facts.access != Access.OPEN:
-            who = self._bearer(headers.get(b"authorization", b"")) or self._query_key(scope, facts)
+            who = (
+                self._bearer(headers.get(b"authorization", b""))
+                or self._api_key_header(headers)
+                or self._query_key(scope, facts)
+            )
             if who is None:
                 await _reply(
                     send,
@@ -100,6 +105,11 @@ class RequestGuard:
     def _bearer(self, header: bytes) -> tuple[str, bool] | None:
         scheme, _, token = header.partition(b" ")
         return self.tenants.resolve(token.strip()) if scheme.lower() == b"bearer" else None
+
+    def _api_key_header(self, headers: dict[bytes, bytes]) -> tuple[str, bool] | None:
+        """Anthropic's clients send the key as ``x-api-key``."""
+        token = headers.get(b"x-api-key")
+        return self.tenants.resolve(token.strip()) if token else None
 
     def _query_key(self, scope: Scope, facts: RouteFacts) -> tuple[str, bool] | None:
         if scope.get("method") != "GET" or not facts.query_key:

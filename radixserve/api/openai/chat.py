@@ -19,6 +19,7 @@ chunk with empty ``choices`` and the usage; then ``data: [DONE]``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -71,12 +72,24 @@ class ChatServing(OpenAIServing):
         raw = (body.regex, body.json_schema, body.ebnf)
         return self.think_end_id if self._thinks(body) and raw == (None, None, None) else None
 
-    def _reasoner(self, body: ChatCompletionRequest) -> ReasoningParser | None:
+    def reasoner(self, body: ChatCompletionRequest) -> ReasoningParser | None:
         if self.reasoning_parser is None or not (self._thinks(body) and body.separate_reasoning):
             return None
         return ReasoningParser.create(self.reasoning_parser)
 
     async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
+        call = await self.open(body, raw)
+        if body.stream:
+            events = self._stream(call.base_id, body, call.plan, call.group, call.requests)
+            return event_stream(call.group, events)
+        results = await collect_all(call.group, call.requests)
+        response = self.response(call.base_id, body, call.plan, call.requests, results)
+        return JSONResponse(dump(response))
+
+    async def open(self, body: ChatCompletionRequest, raw: Request) -> ChatCall:
+        """The chat pipeline up to its running requests: the adapter, the bounds, the tools'
+        plan, the prompt through the template, the requests (each door that speaks chat in
+        other words, such as Anthropic's Messages, converts its body and calls this)."""
         adapter = self.adapter_of(body, body.model)
         self.check_common(body, 1, "n")
         if body.max_tokens is not None and body.max_completion_tokens is not None:
@@ -84,12 +97,8 @@ class ChatServing(OpenAIServing):
         max_tokens, param = body.max_completion_tokens, "max_completion_tokens"
         if max_tokens is None:
             max_tokens, param = body.max_tokens, "max_tokens"
-        try:
-            plan = plan_tools(body, self.tool_call_parser)
-        except ValueError as exc:
-            where = "tool_choice" if body.tools else grammar_param(body)
-            raise APIError(str(exc), param=where) from None
-        prompt = await self._render(body, plan)
+        plan = self.plan(body)
+        prompt = await self.render(body, plan)
         base_id = f"chatcmpl-{self.tm.new_rid()}"
         top = None
         if body.logprobs:
@@ -111,12 +120,17 @@ class ChatServing(OpenAIServing):
             lora_name=adapter,
         )
         group = await open_requests(self.tm, requests, raw.is_disconnected)
-        if body.stream:
-            return event_stream(group, self._stream(base_id, body, plan, group, requests))
-        results = await collect_all(group, requests)
-        return JSONResponse(dump(self._response(base_id, body, plan, requests, results)))
+        return ChatCall(base_id, plan, requests, group)
 
-    async def _render(self, body: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
+    def plan(self, body: ChatCompletionRequest) -> ToolPlan:
+        """The request's tools: what the template renders, the grammar, the parser."""
+        try:
+            return plan_tools(body, self.tool_call_parser)
+        except ValueError as exc:
+            where = "tool_choice" if body.tools else grammar_param(body)
+            raise APIError(str(exc), param=where) from None
+
+    async def render(self, body: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
         """The prompt's ids: the messages and tools through the chat template."""
         try:
             return await self.tm.prompts.apply_chat_template(
@@ -131,7 +145,7 @@ class ChatServing(OpenAIServing):
         except Exception as exc:  # a template that raises (e.g. a role order it rejects)
             raise APIError(f"the chat template failed: {exc}", param="messages") from None
 
-    def _response(
+    def response(
         self,
         base_id: str,
         body: ChatCompletionRequest,
@@ -142,7 +156,7 @@ class ChatServing(OpenAIServing):
         """The whole answer: each choice's thinking, content and tool calls."""
         choices = []
         for i, r in enumerate(results):
-            reasoner = self._reasoner(body)
+            reasoner = self.reasoner(body)
             reasoning, text = (None, r.text) if reasoner is None else reasoner.parse(r.text)
             content, calls = plan.parse(text)
             message = ChatMessageOut(
@@ -186,7 +200,7 @@ class ChatServing(OpenAIServing):
         chunk = _Chunker(base_id, self.created(), self.served_name(requests))
         results = [RequestResult(r) for r in requests]
         streams = [plan.stream() for _ in requests]
-        split = [ReasoningStream(self._reasoner(body)) for _ in requests]
+        split = [ReasoningStream(self.reasoner(body)) for _ in requests]
         for i in range(len(requests)):
             yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
         async for i, out in group.events():
@@ -222,6 +236,16 @@ class ChatServing(OpenAIServing):
         reason = "tool_calls" if calls else finish
         out.append(chunk(ChatStreamChoice(index=i, delta=DeltaMessage(), finish_reason=reason)))
         return out
+
+
+@dataclass(frozen=True)
+class ChatCall:
+    """A chat request running: its id, its tools' plan, its requests and their group."""
+
+    base_id: str
+    plan: ToolPlan
+    requests: list[GenerateRequest]
+    group: OpenRequests
 
 
 class _Chunker:

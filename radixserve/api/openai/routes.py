@@ -24,10 +24,9 @@ from radixserve.runtime.default_model import DESCRIPTION as DEFAULT_MODEL_DESCRI
 from radixserve.server.tokenizer_manager import TokenizerManager
 
 
-def openai_router(tm: TokenizerManager, config: ServerConfig) -> APIRouter:
+def openai_router(tm: TokenizerManager, config: ServerConfig, chat: ChatServing) -> APIRouter:
     router = APIRouter()
     completions = CompletionServing(tm, config)
-    chat = ChatServing(tm, config)
 
     @router.post("/v1/completions", responses={**ok_body(CompletionResponse, True), **NOT_FOUND})
     async def v1_completions(body: CompletionRequest, raw: Request) -> Response:

@@ -1,0 +1,184 @@
+"""The chat pipeline's result in Anthropic's words: a whole ``message``, or its stream of events
+(``message_start``, each content block's ``content_block_start`` / ``_delta`` / ``_stop``,
+``message_delta``, ``message_stop``), and errors in Anthropic's shape.
+
+Content blocks come in the order a model writes them: its ``thinking`` (with
+``--reasoning-parser``), its ``text``, then each ``tool_use`` whole (a stream sends a call's
+``input`` as one ``input_json_delta`` once the call is parsed). ``usage`` counts the cached part
+of the prompt as ``cache_read_input_tokens`` and the rest as ``input_tokens``, as Anthropic
+does.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from radixserve.api.errors import APIError
+from radixserve.api.formats.reasoning import ReasoningStream
+from radixserve.api.formats.tool_calls import ParsedCall
+from radixserve.api.openai.bodies import ChatCompletionResponse
+from radixserve.api.openai.chat import ChatCall
+from radixserve.server.result import RequestResult
+from radixserve.types import FinishKind, FinishReason
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def error_body(err: APIError) -> dict[str, Any]:
+    """An error in Anthropic's shape."""
+    kind = ERROR_TYPES.get(err.status_code, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+def event(kind: str, data: dict[str, Any]) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"
+
+
+def error_event(err: APIError) -> str:
+    return event("error", {"error": error_body(err)["error"]})
+
+
+def message_id() -> str:
+    return f"msg_{uuid.uuid4().hex[:24]}"
+
+
+def stop_reason(reason: FinishReason | None, has_calls: bool) -> tuple[str, str | None]:
+    """``(stop_reason, stop_sequence)`` of a finished choice."""
+    if has_calls:
+        return "tool_use", None
+    if reason is not None and reason.kind == FinishKind.LENGTH:
+        return "max_tokens", None
+    if reason is not None and reason.kind == FinishKind.STOP_STR:
+        return "stop_sequence", str(reason.matched)
+    return "end_turn", None
+
+
+def usage(result: RequestResult) -> dict[str, int]:
+    cached = result.cached_tokens
+    return {
+        "input_tokens": result.prompt_tokens - cached,
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+        "output_tokens": result.completion_tokens,
+    }
+
+
+def tool_use(call: ParsedCall) -> dict[str, Any]:
+    try:
+        arguments = json.loads(call.arguments)
+    except json.JSONDecodeError:
+        arguments = {"arguments": call.arguments}
+    return {
+        "type": "tool_use",
+        "id": f"toolu_{uuid.uuid4().hex[:24]}",
+        "name": call.name,
+        "input": arguments if isinstance(arguments, dict) else {"value": arguments},
+    }
+
+
+def message(chat: ChatCompletionResponse, result: RequestResult, model: str) -> dict[str, Any]:
+    """The whole answer: the chat response's one choice as content blocks."""
+    choice = chat.choices[0]
+    content: list[dict[str, Any]] = []
+    if choice.message.reasoning_content:
+        thinking = choice.message.reasoning_content
+        content.append({"type": "thinking", "thinking": thinking, "signature": ""})
+    if choice.message.content:
+        content.append({"type": "text", "text": choice.message.content})
+    for call in choice.message.tool_calls or []:
+        parsed = ParsedCall(call["function"]["name"], call["function"]["arguments"])
+        content.append(tool_use(parsed))
+    reason, sequence = stop_reason(result.finish_reason, bool(choice.message.tool_calls))
+    return {
+        "id": message_id(),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": usage(result),
+    }
+
+
+async def stream(call: ChatCall, split: ReasoningStream, model: str) -> AsyncIterator[str]:
+    """The events of one streamed message (see the module doc)."""
+    result = RequestResult(call.requests[0])
+    blocks = _Blocks()
+    tools = call.plan.stream()
+    start: dict[str, Any] = {
+        "id": message_id(),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": result.prompt_tokens, "output_tokens": 0},
+    }
+    yield event("message_start", {"message": start})
+    async for _, out in call.group.events():
+        result.add(out)
+        final = out.output.finish_reason is not None
+        thinking, answer = split.feed(out.text, final)
+        if thinking:
+            yield from_list(
+                blocks.delta("thinking", {"type": "thinking_delta", "thinking": thinking})
+            )
+        text = tools.feed(answer)
+        if text:
+            yield from_list(blocks.delta("text", {"type": "text_delta", "text": text}))
+    text, calls = tools.finish()
+    if text:
+        yield from_list(blocks.delta("text", {"type": "text_delta", "text": text}))
+    for parsed in calls:
+        block = tool_use(parsed)
+        partial = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        yield from_list(blocks.open({**block, "input": {}}) + blocks.delta("tool_use", partial))
+    yield from_list(blocks.close())
+    reason, sequence = stop_reason(result.finish_reason, bool(calls))
+    delta = {"delta": {"stop_reason": reason, "stop_sequence": sequence}}
+    yield event("message_delta", {**delta, "usage": usage(result)})
+    yield event("message_stop", {})
+
+
+def from_list(events: list[str]) -> str:
+    return "".join(events)
+
+
+class _Blocks:
+    """The content blocks of a stream: one open at a time, numbered as they open."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.kind: str | None = None
+
+    def open(self, block: dict[str, Any]) -> list[str]:
+        out = self.close()
+        self.index += 1
+        self.kind = block["type"]
+        return out + [event("content_block_start", {"index": self.index, "content_block": block})]
+
+    def delta(self, kind: str, delta: dict[str, Any]) -> list[str]:
+        out = []
+        if self.kind != kind:
+            empty = {"thinking": {"thinking": "", "signature": ""}, "text": {"text": ""}}
+            out = self.open({"type": kind, **empty.get(kind, {})})
+        return out + [event("content_block_delta", {"index": self.index, "delta": delta})]
+
+    def close(self) -> list[str]:
+        if self.kind is None:
+            return []
+        self.kind = None
+        return [event("content_block_stop", {"index": self.index})]

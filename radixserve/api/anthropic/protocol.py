@@ -1,0 +1,211 @@
+"""Anthropic's Messages API bodies (``POST /v1/messages``, ``/v1/messages/count_tokens``), and
+their conversion into the chat route's request: the one pipeline renders, runs and parses.
+
+- ``system`` (a string or text blocks) is the chat's system message;
+- a message's content is a string or blocks: ``text``; ``tool_use`` (an assistant's call,
+  its ``input`` the arguments); ``tool_result`` (a user's answer to a call: a ``tool`` message
+  of that call's id); ``thinking`` / ``redacted_thinking`` (an assistant's earlier thinking,
+  dropped as Anthropic does when it renders a past turn); ``image`` and ``document`` blocks are
+  refused (a text model);
+- ``tools`` (``name``, ``description``, ``input_schema``) are chat's function tools;
+  ``tool_choice`` ``auto``, ``any`` (chat's ``required``), ``tool`` (a named function) and
+  ``none``;
+- ``stop_sequences``, ``max_tokens`` and (sent as extra fields by clients that no longer
+  offer them) ``temperature``, ``top_p``, ``top_k`` are the sampling fields; ``thinking`` and
+  Anthropic's service hints are accepted without effect; ``container`` and ``output_config``
+  are refused. Unknown fields are a 400 naming them, as on every route.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from radixserve.api.openai.protocol import ChatCompletionRequest
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Echoed(BaseModel):
+    """A block a client sends back as its own client read it from a response: the fields a
+    newer client adds to it (``caller``, ``toolset_name``, ...) are taken and ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextBlock(_Echoed):
+    type: Literal["text"]
+    text: str
+    cache_control: dict[str, Any] | None = None
+    citations: list[Any] | None = None
+
+
+class ToolUseBlock(_Echoed):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+    cache_control: dict[str, Any] | None = None
+
+
+class ToolResultBlock(_Strict):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] = ""
+    is_error: bool = False
+    cache_control: dict[str, Any] | None = None
+
+
+class ThinkingBlock(_Echoed):
+    type: Literal["thinking", "redacted_thinking"]
+    thinking: str | None = None
+    signature: str | None = None
+    data: str | None = None
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
+
+
+class Message(_Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class AnthropicTool(_Strict):
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    type: Literal["custom"] | None = None
+    cache_control: dict[str, Any] | None = None
+
+
+class ToolChoice(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class CountTokensRequest(_Strict):
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: dict[str, Any] | None = None
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The conversation as the chat route's messages."""
+        out: list[dict[str, Any]] = []
+        if self.system:
+            out.append({"role": "system", "content": _text(self.system)})
+        for message in self.messages:
+            out += _chat_messages(message)
+        return out
+
+    def chat_fields(self) -> dict[str, Any]:
+        """Tools and the tool choice as the chat route's."""
+        fields: dict[str, Any] = {}
+        if self.tools:
+            fields["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.input_schema,
+                    },
+                }
+                for t in self.tools
+            ]
+        if self.tool_choice is not None and self.tools:
+            fields["tool_choice"] = _tool_choice(self.tool_choice)
+        return fields
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=0)
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = None
+    top_k: int | None = None
+    # accepted and without effect here: routing, placement and accounting hints of Anthropic's
+    # service, and prompt caching (every prompt is cached by prefix already)
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    cache_control: dict[str, Any] | None = None
+    inference_geo: str | None = None
+    speed: str | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
+    diagnostics: Any = None
+    # refused when set: a server-side code container, output formats
+    container: Any = None
+    output_config: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> MessagesRequest:
+        for name in ("container", "output_config"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} is not supported by this server")
+        return self
+
+    def to_chat(self) -> ChatCompletionRequest:
+        """The same request in the chat route's words (validated there, as every chat)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": self.chat_messages(),
+            "max_tokens": self.max_tokens,
+            **self.chat_fields(),
+        }
+        for name, value in (
+            ("stop", self.stop_sequences),
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("top_k", self.top_k),
+        ):
+            if value is not None:
+                body[name] = value
+        return ChatCompletionRequest.model_validate(body)
+
+
+def _text(content: str | list[TextBlock]) -> str:
+    return content if isinstance(content, str) else "".join(b.text for b in content)
+
+
+def _chat_messages(message: Message) -> list[dict[str, Any]]:
+    """One Anthropic message as chat messages: tool results become ``tool`` messages (in
+    their order), an assistant's calls its ``tool_calls``; thinking is dropped."""
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    out: list[dict[str, Any]] = []
+    text: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            text.append(block.text)
+        elif isinstance(block, ToolUseBlock):
+            arguments = json.dumps(block.input, ensure_ascii=False)
+            function = {"name": block.name, "arguments": arguments}
+            calls.append({"id": block.id, "type": "function", "function": function})
+        elif isinstance(block, ToolResultBlock):
+            content = _text(block.content)
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": content})
+    if text or calls or not out:
+        own: dict[str, Any] = {"role": message.role, "content": "".join(text)}
+        if calls:
+            own["tool_calls"] = calls
+        out.append(own)
+    return out
+
+
+def _tool_choice(choice: ToolChoice) -> Any:
+    if choice.type == "tool":
+        if not choice.name:
+            raise ValueError("tool_choice of type tool needs the tool's name")
+        return {"type": "function", "function": {"name": choice.name}}
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type]

@@ -1,0 +1,121 @@
+"""Anthropic's Messages API through the official ``anthropic`` client, unchanged, against a real
+server (``compat_server``: a template that renders tools): one pipeline with the chat route
+(the same prompt and text), tools forced and streamed, a tool result's turn hitting the cache,
+``count_tokens``, errors in Anthropic's shape, ``x-api-key`` on a keyed server."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import anthropic
+import httpx
+import jsonschema
+import openai
+import pytest
+from keyed_harness import A, KeyedServer
+from serving_harness import Server
+from test_server_tools import MODEL, WEATHER
+
+pytestmark = pytest.mark.timeout(180)
+TOOLS: list[Any] = [{"name": "get_weather", "description": "the weather", "input_schema": WEATHER}]
+FORCED: Any = {"type": "tool", "name": "get_weather"}
+
+
+@pytest.fixture
+def claude(compat_server: Server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=compat_server.url, api_key="unused", max_retries=0)
+
+
+def _system() -> str:
+    return f"You are agent {uuid.uuid4().hex}."  # a prompt of its own: no other test's cache
+
+
+def test_one_pipeline_with_the_chat_route(claude: anthropic.Anthropic, oai: openai.OpenAI) -> None:
+    system, question = _system(), "Say something."
+    msg = claude.messages.create(
+        model=MODEL,
+        system=system,
+        messages=[{"role": "user", "content": question}],
+        max_tokens=8,
+        extra_body={"temperature": 0},  # this client's create() no longer takes it
+    )
+    chat = oai.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+        max_tokens=8,
+        temperature=0,
+    )
+    assert msg.type == "message" and msg.role == "assistant"
+    assert msg.content[0].type == "text" and msg.content[0].text == chat.choices[0].message.content
+    used = msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0)
+    assert used == chat.usage.prompt_tokens and msg.usage.output_tokens == 8
+    assert msg.stop_reason == "max_tokens"
+    counted = claude.messages.count_tokens(
+        model=MODEL, system=system, messages=[{"role": "user", "content": question}]
+    )
+    assert counted.input_tokens == used
+
+
+def test_a_forced_tool_call_and_its_result(claude: anthropic.Anthropic) -> None:
+    messages: list[Any] = [{"role": "user", "content": "Weather in Paris for 2 days?"}]
+    kwargs: Any = dict(model=MODEL, system=_system(), tools=TOOLS, tool_choice=FORCED)
+    msg = claude.messages.create(**kwargs, messages=messages, max_tokens=128)
+    assert msg.stop_reason == "tool_use"
+    call = next(b for b in msg.content if b.type == "tool_use")
+    assert call.name == "get_weather" and call.id
+    jsonschema.validate(call.input, WEATHER)
+    # the agent's next turn: the call and its result; the first turn's prompt is a cache hit
+    messages += [
+        {"role": "assistant", "content": [block.model_dump() for block in msg.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}],
+        },
+    ]
+    again = claude.messages.create(**{**kwargs, "tool_choice": {"type": "auto"}},
+                                   messages=messages, max_tokens=4)  # fmt: skip
+    assert (again.usage.cache_read_input_tokens or 0) >= msg.usage.input_tokens - 3
+
+
+def test_a_streamed_tool_call(claude: anthropic.Anthropic) -> None:
+    messages: Any = [{"role": "user", "content": "Weather in Oslo for 1 day?"}]
+    with claude.messages.stream(
+        model=MODEL,
+        system=_system(),
+        tools=TOOLS,
+        tool_choice=FORCED,
+        messages=messages,
+        max_tokens=128,
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "content_block_start" in kinds and "message_delta" in kinds
+    call = next(b for b in final.content if b.type == "tool_use")
+    jsonschema.validate(call.input, WEATHER)
+    assert final.stop_reason == "tool_use" and final.usage.output_tokens > 0
+
+
+def test_errors_take_anthropics_shape(claude: anthropic.Anthropic, compat_server: Server) -> None:
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(model=MODEL, messages=[], max_tokens=4)
+    assert caught.value.body["type"] == "error"  # type: ignore[index]
+    assert caught.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    raw = httpx.post(f"{compat_server.url}/v1/messages", json={"model": MODEL}, timeout=30)
+    assert raw.status_code == 400 and raw.json()["type"] == "error"
+
+
+def test_x_api_key_names_the_tenant(keyed_server: KeyedServer) -> None:
+    client = anthropic.Anthropic(base_url=keyed_server.url, api_key=A, max_retries=0)
+    model = client.models.list().data[0].id if hasattr(client, "models") else None
+    assert model
+    msg = client.messages.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert msg.usage.output_tokens == 2
+    wrong = anthropic.Anthropic(base_url=keyed_server.url, api_key="nope", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        wrong.messages.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
