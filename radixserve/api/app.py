@@ -28,6 +28,7 @@ from radixserve.api.anthropic.routes import anthropic_router
 from radixserve.api.errors import UnhandledErrors, install_error_handlers
 from radixserve.api.native.routes import native_router
 from radixserve.api.native.serving import NativeServing
+from radixserve.api.openai.chat import ChatServing
 from radixserve.api.openai.routes import openai_router
 from radixserve.api.openapi import install_openapi
 from radixserve.api.operator.dashboard import dashboard_router
@@ -64,11 +65,12 @@ def create_app(
     app = FastAPI(title="radixserve", lifespan=_lifespan(tm, config), **docs)  # type: ignore[arg-type]
     tenants = Tenants.of(config)
     native = NativeServing(RequestBuilder(tm, tenants, config), config.reasoning_parser)
+    chat = ChatServing(tm, config)
     for router in (
         health_router(tm),
-    chat = ChatServing(tm, config)
         native_router(tm, tenants, native),
-        openai_router(tm, config),
+        openai_router(tm, config, chat),
+        anthropic_router(chat),
         info_router(tm, config, tenants, metrics),
         flush_router(tm),
         dashboard_router(tm, tenants),
