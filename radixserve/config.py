@@ -315,6 +315,8 @@ class ServerConfig:
     min_request_body_rate: float = 500.0
     max_batch_sub_requests: int = 1024  # prompts x n of one request; 400 past it
     max_stop_strings: int = 256  # OpenAI allows 4; SGLang users send more; 400 past it
+    # the Responses API's stored responses, all tenants together (least recently used out)
+    max_stored_responses: int = 4096
     disable_docs: bool = False  # no /docs, /redoc, /openapi.json
     # on SIGTERM: in-flight requests may finish for this long, then are aborted (closing event)
     graceful_shutdown_timeout_s: float = 5.0
@@ -345,7 +347,12 @@ class ServerConfig:
             raise ValueError("request_body_timeout_s must be > 0")
         if self.min_request_body_rate < 0:
             raise ValueError("min_request_body_rate must be >= 0")
-        for name in ("max_request_bytes", "max_batch_sub_requests", "max_stop_strings"):
+        for name in (
+            "max_request_bytes",
+            "max_batch_sub_requests",
+            "max_stop_strings",
+            "max_stored_responses",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.tool_call_parser not in (None, *TOOL_CALL_PARSERS):

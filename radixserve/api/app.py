@@ -2,7 +2,8 @@
 
 The routers: SGLang's native ``/generate`` and ``/abort_request`` (``api/native``), OpenAI's
 ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` (``api/openai``), Anthropic's
-``/v1/messages`` (``api/anthropic``, onto the chat pipeline), the server's
+``/v1/messages`` (``api/anthropic``) and the Responses API (``api/responses``), both onto the
+chat pipeline, the server's
 own routes (``api/operator``: ``/health``, ``/health_generate``, model and server info,
 ``/get_load``, ``/metrics``, ``/flush_cache``, the cache page, the LoRA routes), and the docs
 (``/docs``, ``/redoc``, ``/openapi.json``) unless ``disable_docs``. Each route declares who may
@@ -36,6 +37,8 @@ from radixserve.api.operator.lora import lora_router
 from radixserve.api.operator.routes import flush_router, health_router, info_router
 from radixserve.api.operator.tenant_metrics import MetricsByTenant
 from radixserve.api.request_builder import RequestBuilder
+from radixserve.api.responses.routes import responses_router
+from radixserve.api.responses.store import ResponseStore
 from radixserve.config import ServerConfig
 from radixserve.server.tokenizer_manager import TokenizerManager
 
@@ -71,6 +74,7 @@ def create_app(
         native_router(tm, tenants, native),
         openai_router(tm, config, chat),
         anthropic_router(chat),
+        responses_router(chat, tenants, ResponseStore(config.max_stored_responses)),
         info_router(tm, config, tenants, metrics),
         flush_router(tm),
         dashboard_router(tm, tenants),

@@ -252,6 +252,13 @@ def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
         help="most stop strings in one request; 400 past it",
     )
     add(
+        "--max-stored-responses",
+        type=int,
+        default=defaults.max_stored_responses,
+        help="stored responses of the Responses API (previous_response_id), every tenant's "
+        "together; the least recently used go first",
+    )
+    add(
         "--graceful-shutdown-timeout",
         type=float,
         default=defaults.graceful_shutdown_timeout_s,
@@ -332,6 +339,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         max_request_bytes=args.max_request_bytes,
         max_batch_sub_requests=args.max_batch_sub_requests,
         max_stop_strings=args.max_stop_strings,
+        max_stored_responses=args.max_stored_responses,
         graceful_shutdown_timeout_s=args.graceful_shutdown_timeout,
         disable_docs=args.disable_docs,
     )

@@ -39,6 +39,9 @@ ROUTES: dict[tuple[str, str], tuple[str, Any]] = {
         TENANT,
         {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
     ),
+    ("POST", "/v1/responses"): (TENANT, {"model": "m", "input": "hi", "max_output_tokens": 1}),
+    ("GET", "/v1/responses/{response_id}"): (TENANT, None),
+    ("DELETE", "/v1/responses/{response_id}"): (TENANT, None),
     ("GET", "/v1/models"): (TENANT, None),
     ("GET", "/get_model_info"): (TENANT, None),
     ("GET", "/model_info"): (TENANT, None),
@@ -103,7 +106,7 @@ def assert_no_secret(text: str, where: str) -> None:
 def test_http_matrix(keyed_server: KeyedServer, who: str | None) -> None:
     with httpx.Client(base_url=keyed_server.url, headers=bearer(who), timeout=60) as client:
         for (method, path), (access, body) in ROUTES.items():
-            url = path.replace("{name}", "dashboard.js")
+            url = path.replace("{name}", "dashboard.js").replace("{response_id}", "resp_none")
             resp = client.request(method, url, json=body)
             where = f"{method} {path} as {who}"
             if access == OPEN:

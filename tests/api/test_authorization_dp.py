@@ -42,7 +42,8 @@ def test_matrix_through_the_gateway(dp_keyed: Server, who: str | None) -> None:
                 body = {**body, "model": name}  # the gateway routes by model
             if isinstance(body, dict) and path == "/v1/chat/completions":
                 body = {**body, "model": name}
-            resp = client.request(method, path.replace("{name}", "dashboard.js"), json=body)
+            url = path.replace("{name}", "dashboard.js").replace("{response_id}", "resp_none")
+            resp = client.request(method, url, json=body)
             where = f"{method} {path} as {who} through the gateway"
             assert_no_secret(resp.text, where)
             if path in GATEWAY_PUBLIC:

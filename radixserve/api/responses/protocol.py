@@ -1,0 +1,153 @@
+"""OpenAI's Responses API body (``POST /v1/responses``) and its conversion into the chat route's
+request: the one pipeline renders, runs and parses.
+
+- ``input``: a string (one user message) or items: messages (``role`` and ``content``, a
+  string or ``input_text`` / ``output_text`` parts), ``function_call`` (an earlier call of the
+  model's) and ``function_call_output`` (its result: a ``tool`` message of that call id);
+  ``reasoning`` items are dropped, as the chat route drops earlier thinking;
+- ``instructions``: the system message (not carried to a chained response, as OpenAI does);
+- ``previous_response_id``: the stored conversation before ``input`` (``store.py``);
+- function ``tools`` and ``tool_choice``; ``text.format`` (``json_schema``, ``json_object``,
+  ``text``) as chat's ``response_format``; ``max_output_tokens``, ``temperature``, ``top_p``.
+
+Fields OpenAI's service alone can honour (hosted tools, background runs, stored prompts,
+conversations) are a 400 naming them; hints without effect here are accepted.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from radixserve.api.openai.protocol import ChatCompletionRequest
+
+REFUSED = ("background", "conversation", "prompt", "image", "context_management", "max_tool_calls")
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    input: str | list[dict[str, Any]] = Field(default_factory=list)
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    parallel_tool_calls: bool = True
+    stream: bool = False
+    store: bool = True
+    metadata: dict[str, str] | None = None
+    # accepted without effect here
+    include: list[str] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: str | None = None
+    service_tier: str | None = None
+    truncation: str | None = None
+    stream_options: dict[str, Any] | None = None
+    top_logprobs: int | None = None
+    moderation: Any = None
+    access_programs: Any = None
+    # refused when set (REFUSED)
+    background: bool | None = None
+    conversation: Any = None
+    prompt: Any = None
+    image: Any = None
+    context_management: Any = None
+    max_tool_calls: int | None = None
+
+    @model_validator(mode="after")
+    def _refuse(self) -> ResponsesRequest:
+        for name in REFUSED:
+            if getattr(self, name) not in (None, False):
+                raise ValueError(f"{name} is not supported by this server")
+        for tool in self.tools or []:
+            if tool.get("type") != "function":
+                raise ValueError(f"only function tools are served, not {tool.get('type')!r}")
+        return self
+
+    def input_messages(self) -> list[dict[str, Any]]:
+        """``input`` as the chat route's messages."""
+        if isinstance(self.input, str):
+            return [{"role": "user", "content": self.input}]
+        return [m for item in self.input for m in _item_messages(item)]
+
+    def to_chat(self, history: list[dict[str, Any]]) -> ChatCompletionRequest:
+        """The request in the chat route's words, after ``history`` (a stored conversation)."""
+        system = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        body: dict[str, Any] = {"messages": system + history + self.input_messages()}
+        if self.model is not None:
+            body["model"] = self.model
+        for name, value in (
+            ("max_tokens", self.max_output_tokens),
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+        ):
+            if value is not None:
+                body[name] = value
+        if self.tools:
+            body["tools"] = [_chat_tool(tool) for tool in self.tools]
+            if self.tool_choice is not None:
+                body["tool_choice"] = _tool_choice(self.tool_choice)
+        fmt = (self.text or {}).get("format")
+        if fmt and fmt.get("type") != "text":
+            body["response_format"] = _response_format(fmt)
+        return ChatCompletionRequest.model_validate(body)
+
+
+def _item_messages(item: dict[str, Any]) -> list[dict[str, Any]]:
+    kind = item.get("type", "message")
+    if kind == "message":
+        return [{"role": item["role"], "content": _content_text(item.get("content", ""))}]
+    if kind == "function_call":
+        call = {"name": item["name"], "arguments": item.get("arguments", "{}")}
+        tool_call = {"id": item["call_id"], "type": "function", "function": call}
+        return [{"role": "assistant", "content": None, "tool_calls": [tool_call]}]
+    if kind == "function_call_output":
+        output = item.get("output", "")
+        text = output if isinstance(output, str) else json.dumps(output)
+        return [{"role": "tool", "tool_call_id": item["call_id"], "content": text}]
+    if kind == "reasoning":
+        return []
+    raise ValueError(f"input items of type {kind!r} are not supported")
+
+
+def _content_text(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") not in ("input_text", "output_text", "text"):
+            raise ValueError(f"content parts of type {part.get('type')!r} are not supported")
+        parts.append(part.get("text", ""))
+    return "".join(parts)
+
+
+def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: str | dict[str, Any]) -> Any:
+    if isinstance(choice, str):
+        return choice
+    if choice.get("type") == "function" and choice.get("name"):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise ValueError(f"tool_choice {choice!r} is not supported")
+
+
+def _response_format(fmt: dict[str, Any]) -> dict[str, Any]:
+    kind: Literal["json_schema", "json_object"] = fmt["type"]
+    if kind == "json_object":
+        return {"type": "json_object"}
+    schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+    return {"type": "json_schema", "json_schema": schema}

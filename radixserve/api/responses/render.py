@@ -1,0 +1,205 @@
+"""The chat pipeline's result in the Responses API's words: the ``response`` object (its
+``output`` items: ``reasoning`` with ``--reasoning-parser``, the assistant ``message``, each
+``function_call``) and, streamed, OpenAI's events in the order its client reads them:
+``response.created``, ``response.in_progress``, then per item ``response.output_item.added``,
+(a message's ``response.content_part.added``, ``response.output_text.delta`` ...,
+``response.output_text.done``, ``response.content_part.done``; a call's
+``response.function_call_arguments.delta`` / ``.done``), ``response.output_item.done``, and
+``response.completed`` (with ``status: incomplete`` when the length limit cut it: the official
+client's stream helper ends on that event alone)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from radixserve.api.formats.reasoning import ReasoningStream
+from radixserve.api.formats.tool_calls import ParsedCall
+from radixserve.api.openai.chat import ChatCall
+from radixserve.api.responses.protocol import ResponsesRequest
+from radixserve.server.result import RequestResult
+from radixserve.types import FinishKind
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def message_item(text: str, item_id: str, status: str = "completed") -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": status,
+        "role": "assistant",
+        "content": [part],
+    }
+
+
+def call_item(call: ParsedCall, item_id: str | None = None) -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": item_id or new_id("fc"),
+        "call_id": new_id("call"),
+        "name": call.name,
+        "arguments": call.arguments,
+        "status": "completed",
+    }
+
+
+def reasoning_item(text: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}]
+    return {"type": "reasoning", "id": new_id("rs"), "summary": [], "content": content}
+
+
+def response_body(
+    body: ResponsesRequest,
+    response_id: str,
+    model: str,
+    output: list[dict[str, Any]],
+    result: RequestResult | None,
+) -> dict[str, Any]:
+    """The response object (``result`` None: still in progress)."""
+    cut = result is not None and result.finish_reason is not None
+    cut = cut and result.finish_reason.kind == FinishKind.LENGTH  # type: ignore[union-attr]
+    status = "in_progress" if result is None else ("incomplete" if cut else "completed")
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "model": model,
+        "output": output,
+        "instructions": body.instructions,
+        "previous_response_id": body.previous_response_id,
+        "tools": body.tools or [],
+        "tool_choice": body.tool_choice or "auto",
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "max_output_tokens": body.max_output_tokens,
+        "text": body.text or {"format": {"type": "text"}},
+        "store": body.store,
+        "metadata": body.metadata or {},
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "error": None,
+        "usage": None if result is None else usage(result),
+    }
+
+
+def usage(result: RequestResult) -> dict[str, Any]:
+    return {
+        "input_tokens": result.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": result.cached_tokens},
+        "output_tokens": result.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+    }
+
+
+def output_items(
+    reasoning: str | None, content: str | None, calls: list[ParsedCall]
+) -> list[dict[str, Any]]:
+    out = [reasoning_item(reasoning)] if reasoning else []
+    if content:
+        out.append(message_item(content, new_id("msg")))
+    return out + [call_item(call) for call in calls]
+
+
+class _Stream:
+    """One streamed response: its events numbered in order, its output items as they close."""
+
+    def __init__(self) -> None:
+        self.number = -1
+        self.output: list[dict[str, Any]] = []
+        self.message: dict[str, Any] | None = None  # the open message item
+        self.text = ""
+
+    def emit(self, kind: str, **data: Any) -> str:
+        self.number += 1
+        payload = {"type": kind, "sequence_number": self.number, **data}
+        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    def item(self, item: dict[str, Any], arguments: bool = False) -> list[str]:
+        """A whole item: added (in progress), a call's arguments (``arguments``), done."""
+        index = len(self.output)
+        self.output.append(item)
+        opening = {**item, "status": "in_progress"}
+        out = [self.emit("response.output_item.added", output_index=index, item=opening)]
+        if arguments:
+            args = {"item_id": item["id"], "output_index": index}
+            text = item["arguments"]
+            out.append(self.emit("response.function_call_arguments.delta", **args, delta=text))
+            out.append(self.emit("response.function_call_arguments.done", **args, arguments=text))
+        return out + [self.emit("response.output_item.done", output_index=index, item=item)]
+
+    def text_delta(self, delta: str) -> list[str]:
+        out = []
+        if self.message is None:
+            self.message = message_item("", new_id("msg"), "in_progress")
+            index = len(self.output)
+            self.output.append(self.message)
+            added = {**self.message, "content": []}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            out.append(self.emit("response.output_item.added", output_index=index, item=added))
+            out.append(self.emit("response.content_part.added", **self._at(), part=part))
+        self.text += delta
+        return out + [
+            self.emit("response.output_text.delta", **self._at(), delta=delta, logprobs=[])
+        ]
+
+    def close_message(self) -> list[str]:
+        if self.message is None:
+            return []
+        done, at = message_item(self.text, self.message["id"]), self._at()
+        self.output[at["output_index"]] = done
+        return [
+            self.emit("response.output_text.done", **at, text=self.text, logprobs=[]),
+            self.emit("response.content_part.done", **at, part=done["content"][0]),
+            self.emit("response.output_item.done", output_index=at["output_index"], item=done),
+        ]
+
+    def _at(self) -> dict[str, Any]:
+        assert self.message is not None
+        index = self.output.index(self.message)
+        return {"item_id": self.message["id"], "output_index": index, "content_index": 0}
+
+
+async def stream(
+    call: ChatCall,
+    body: ResponsesRequest,
+    split: ReasoningStream,
+    model: str,
+    response_id: str,
+    done: list[dict[str, Any]],
+) -> AsyncIterator[str]:
+    """The events of one streamed response; the finished response object is appended to
+    ``done`` (for the store)."""
+    out, result, tools = _Stream(), RequestResult(call.requests[0]), call.plan.stream()
+    started = response_body(body, response_id, model, [], None)
+    yield out.emit("response.created", response=started)
+    yield out.emit("response.in_progress", response=started)
+    thought = False
+    async for _, output in call.group.events():
+        result.add(output)
+        _, answer = split.feed(output.text, output.output.finish_reason is not None)
+        if not thought and split.had_thinking and (answer or output.output.finish_reason):
+            thought = True  # the thinking is whole: its item comes first
+            for event in out.item(reasoning_item(split.reasoning)):
+                yield event
+        for event in out.text_delta(delta) if (delta := tools.feed(answer)) else []:
+            yield event
+    rest, calls = tools.finish()
+    events = (out.text_delta(rest) if rest else []) + out.close_message()
+    for parsed in calls:
+        events += out.item(call_item(parsed), arguments=True)
+    for event in events:
+        yield event
+    final = response_body(body, response_id, model, out.output, result)
+    done.append(final)
+    # the status says whether it was cut; the event is always the one the official client's
+    # stream helper ends on
+    yield out.emit("response.completed", response=final)

@@ -1,0 +1,113 @@
+"""OpenAI's Responses API: ``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}``
+(a tenant's; a stored response is its tenant's alone), a thin door onto the chat pipeline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from radixserve.api.access.routes import Access, declare
+from radixserve.api.access.tenants import Tenants
+from radixserve.api.errors import APIError
+from radixserve.api.formats.reasoning import ReasoningStream
+from radixserve.api.openai.chat import ChatServing
+from radixserve.api.openai.protocol import ChatCompletionRequest
+from radixserve.api.responses import render
+from radixserve.api.responses.protocol import ResponsesRequest
+from radixserve.api.responses.store import ResponseStore, StoredResponse
+from radixserve.api.streaming import collect_all, event_stream, openai_error_event
+
+
+def responses_router(chat: ChatServing, tenants: Tenants, store: ResponseStore) -> APIRouter:
+    router = APIRouter()
+
+    def stored(raw: Request, response_id: str) -> StoredResponse:
+        found = store.get(tenants.scope(raw.state), response_id)
+        if found is None:
+            raise APIError(f"no response {response_id!r} is stored", 404, code="not_found")
+        return found
+
+    @router.post("/v1/responses")
+    async def create_response(body: ResponsesRequest, raw: Request) -> Response:
+        history = (
+            stored(raw, body.previous_response_id).conversation if body.previous_response_id else []
+        )
+        request = _to_chat(body, history)
+        call = await chat.open(request, raw)
+        model, response_id = chat.served_name(call.requests), render.new_id("resp")
+        split = ReasoningStream(chat.reasoner(request))
+
+        def keep(final: dict[str, Any]) -> None:
+            if body.store:
+                turn = _assistant_turn(final["output"])
+                conversation = [*history, *body.input_messages(), *turn]
+                store.put(tenants.scope(raw.state), StoredResponse(final, conversation))
+
+        if body.stream:
+            done: list[dict[str, Any]] = []
+            events = render.stream(call, body, split, model, response_id, done)
+            return event_stream(call.group, _after(events, done, keep), openai_error_event, None)
+        results = await collect_all(call.group, call.requests)
+        answer = chat.response(call.base_id, request, call.plan, call.requests, results)
+        message = answer.choices[0].message
+        calls = [
+            render.ParsedCall(c["function"]["name"], c["function"]["arguments"])
+            for c in message.tool_calls or []
+        ]
+        output = render.output_items(message.reasoning_content, message.content, calls)
+        final = render.response_body(body, response_id, model, output, results[0])
+        keep(final)
+        return JSONResponse(final)
+
+    @router.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str, raw: Request) -> dict[str, Any]:
+        return stored(raw, response_id).body
+
+    @router.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str, raw: Request) -> dict[str, Any]:
+        stored(raw, response_id)
+        store.delete(tenants.scope(raw.state), response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    return declare(router, Access.TENANT)
+
+
+async def _after(events: Any, done: list[dict[str, Any]], keep: Any) -> Any:
+    async for event in events:
+        yield event
+    if done:
+        keep(done[0])
+
+
+def _assistant_turn(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A response's output as the chat messages a chained request renders after it."""
+    text = "".join(
+        part["text"] for item in output if item["type"] == "message" for part in item["content"]
+    )
+    calls = [
+        {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]},
+        }
+        for item in output
+        if item["type"] == "function_call"
+    ]
+    turn: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        turn["tool_calls"] = calls
+    return [turn]
+
+
+def _to_chat(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatCompletionRequest:
+    try:
+        return body.to_chat(history)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise APIError(f"{where}: {first['msg']}" if where else first["msg"]) from None
+    except (ValueError, KeyError) as exc:
+        raise APIError(f"input: {exc}") from None

@@ -1,0 +1,98 @@
+"""OpenAI's Responses API through the official ``openai`` client, unchanged, against a real
+server (``compat_server``: a template that renders tools): text, a forced function call and a
+chained ``previous_response_id`` turn whose prompt is a cache hit, streaming, a JSON schema,
+the stored response's GET and DELETE, one tenant's id a 404 to another."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from keyed_harness import A, B, KeyedServer
+from test_server_tools import MODEL, WEATHER
+
+pytestmark = pytest.mark.timeout(180)
+TOOLS: list[Any] = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
+
+
+def _instructions() -> str:
+    return f"You are agent {uuid.uuid4().hex}."  # a prompt of its own: no other test's cache
+
+
+def test_text_then_a_chained_turn_hits_the_cache(oai: openai.OpenAI) -> None:
+    first = oai.responses.create(
+        model=MODEL, instructions=_instructions(), input="Say something.", max_output_tokens=6
+    )
+    assert first.status == "incomplete" and first.output[0].type == "message"
+    assert first.output_text and first.usage.output_tokens == 6
+    chained = oai.responses.create(
+        model=MODEL,
+        instructions=first.instructions,
+        previous_response_id=first.id,
+        input="And again.",
+        max_output_tokens=2,
+    )
+    assert chained.previous_response_id == first.id
+    # the first turn's prompt and answer are rendered again: a radix hit
+    assert chained.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    assert oai.responses.retrieve(first.id).id == first.id
+    oai.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(first.id)
+
+
+def test_a_function_call_and_its_output(oai: openai.OpenAI) -> None:
+    kwargs: Any = dict(model=MODEL, instructions=_instructions(), tools=TOOLS)
+    first = oai.responses.create(
+        **kwargs, input="Weather in Paris?", tool_choice="required", max_output_tokens=128
+    )
+    call = next(item for item in first.output if item.type == "function_call")
+    assert call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    second = oai.responses.create(
+        **kwargs, previous_response_id=first.id, input=[output], max_output_tokens=4
+    )
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 3
+
+
+def test_streamed_events_in_order(oai: openai.OpenAI) -> None:
+    with oai.responses.stream(
+        model=MODEL, instructions=_instructions(), input="Say something.", max_output_tokens=8
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed" and final.status == "incomplete"
+    assert "response.output_text.delta" in kinds and "response.output_item.done" in kinds
+    assert final.output_text and oai.responses.retrieve(final.id).output_text == final.output_text
+
+
+def test_a_json_schema_format(oai: openai.OpenAI) -> None:
+    fmt: Any = {"type": "json_schema", "name": "weather", "schema": WEATHER, "strict": True}
+    resp = oai.responses.create(
+        model=MODEL,
+        instructions=_instructions(),
+        input="Weather as JSON.",
+        text={"format": fmt},
+        max_output_tokens=128,
+    )
+    jsonschema.validate(json.loads(resp.output_text), WEATHER)
+
+
+def test_a_tenants_responses_are_its_own(keyed_server: KeyedServer) -> None:
+    mine = openai.OpenAI(base_url=f"{keyed_server.url}/v1", api_key=A, max_retries=0)
+    theirs = openai.OpenAI(base_url=f"{keyed_server.url}/v1", api_key=B, max_retries=0)
+    model = mine.models.list().data[0].id
+    resp = mine.responses.create(model=model, input="hi", max_output_tokens=2)
+    assert mine.responses.retrieve(resp.id).id == resp.id
+    with pytest.raises(openai.NotFoundError):
+        theirs.responses.retrieve(resp.id)
+    with pytest.raises(openai.NotFoundError):
+        theirs.responses.create(
+            model=model, input="hi", previous_response_id=resp.id, max_output_tokens=2
+        )
