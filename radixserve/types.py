@@ -213,6 +213,7 @@ class Req:
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     input_logprobs: list[float] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
     # prompt + output as int32, grown by doubling: fill_ids is a view of its first seq_len
     _tokens: np.ndarray = field(init=False, repr=False)

@@ -31,6 +31,7 @@ from radixserve.api.native.routes import native_router
 from radixserve.api.native.serving import NativeServing
 from radixserve.api.openai.chat import ChatServing
 from radixserve.api.openai.routes import openai_router
+from radixserve.api.openai.tokenize import tokenize_router
 from radixserve.api.openapi import install_openapi
 from radixserve.api.operator.dashboard import dashboard_router
 from radixserve.api.operator.lora import lora_router
@@ -72,6 +73,7 @@ def create_app(
     for router in (
         health_router(tm),
         native_router(tm, tenants, native),
+        tokenize_router(tm),
         openai_router(tm, config, chat),
         anthropic_router(chat),
         responses_router(chat, tenants, ResponseStore(config.max_stored_responses)),

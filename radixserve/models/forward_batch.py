@@ -55,6 +55,9 @@ class ForwardBatch:
     # EXTEND only, per request: None, or an offset ``s`` inside the request's extend tokens; the
     # runner then also returns log P(token[j + 1] | tokens <= j) for extend offsets j in [s, len - 1)
     input_logprob_start: list[int | None] | None = None
+    # per request, how many top alternatives each of those prompt positions also returns (rank 0
+    # alone reads it: a top-k of logits every rank already has needs no collective)
+    input_top_logprobs_num: list[int] | None = None
     # the LoRA adapters of its requests, as segments of its token rows (None: the base alone)
     lora: LoraBatch | None = None
 

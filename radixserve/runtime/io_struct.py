@@ -73,6 +73,8 @@ class ReqOutput:
     new_logprobs: list[float] = field(default_factory=list)
     new_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     input_logprobs: list[float] | None = None  # prompt-token logprobs, in the first output only
+    # beside them, each position's top alternatives (token id, logprob), when asked
+    input_top_logprobs: list[list[tuple[int, float]]] | None = None
     cached_tokens_tier: int = 0  # the part of ``cached_tokens`` loaded back from the KV tier
     # speculative decoding (SGLang's meta_info): verify steps it drafted in (None: speculation
     # off) and the drafted tokens they accepted, all steps so far

@@ -44,10 +44,13 @@ class LogitsOutput:
     token. ``input_token_logprobs``: for EXTEND batches with
     ``input_logprob_start``, per request ``None`` or a float32 tensor ``[extend_len - 1 - s]``
     holding log P(token[j + 1] | tokens <= j) for extend offsets j = s .. extend_len - 2.
+    ``input_top_logprobs``: beside it, per request ``None`` or (values, ids), each
+    ``[extend_len - 1 - s, k]`` descending, ``k`` its ``input_top_logprobs_num``.
     """
 
     next_token_logits: torch.Tensor
     input_token_logprobs: list[torch.Tensor | None] | None = None
+    input_top_logprobs: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
 
 
 class ModelRunner:
@@ -163,13 +166,19 @@ class ModelRunner:
         starts = batch.input_logprob_start
         if starts is None or all(s is None for s in starts):
             return LogitsOutput(next_token_logits)
-        return LogitsOutput(next_token_logits, self._prompt_logprobs(hidden, batch, ends, starts))
+        return self._prompt_logprobs(next_token_logits, hidden, batch, ends, starts)
 
     def _prompt_logprobs(
-        self, hidden: torch.Tensor, batch: ForwardBatch, ends: list[int], starts: list[int | None]
-    ) -> list[torch.Tensor | None]:
+        self,
+        next_token_logits: torch.Tensor,
+        hidden: torch.Tensor,
+        batch: ForwardBatch,
+        ends: list[int],
+        starts: list[int | None],
+    ) -> LogitsOutput:
         """Per request, log P(token[j + 1] | tokens <= j) for extend offsets j in [s, len - 1),
-        the lm_head run over ``PROMPT_LOGPROB_CHUNK`` rows at a time to bound memory."""
+        and the top ``input_top_logprobs_num`` of each of those positions, the lm_head run over
+        ``PROMPT_LOGPROB_CHUNK`` rows at a time to bound memory."""
         rows: list[int] = []  # token rows of hidden whose next token is scored
         spans: list[tuple[int, int] | None] = []  # per request: (first entry in rows, count)
         for s, n, end in zip(starts, batch.extend_seq_lens_list, ends, strict=True):
@@ -181,11 +190,25 @@ class ModelRunner:
             rows.extend(range(first, end))
         rows_t = to_device(rows, self.device)
         targets = batch.input_ids.index_select(0, rows_t + 1)  # the token each row predicts
+        nums = batch.input_top_logprobs_num or [0] * len(starts)
+        k = min(
+            max((n for n, sp in zip(nums, spans, strict=True) if sp), default=0), self.vocab_size
+        )
         out = torch.empty(len(rows), dtype=torch.float32, device=self.device)
+        top_v = torch.empty(len(rows), k, dtype=torch.float32, device=self.device)
+        top_i = torch.empty(len(rows), k, dtype=torch.int64, device=self.device)
         for i in range(0, len(rows), PROMPT_LOGPROB_CHUNK):
             chunk = slice(i, i + PROMPT_LOGPROB_CHUNK)
             logits = self.model.compute_logits(hidden.index_select(0, rows_t[chunk])).float()
-            out[chunk] = (
-                torch.log_softmax(logits, dim=-1).gather(1, targets[chunk, None]).squeeze(1)
-            )
-        return [None if sp is None else out[sp[0] : sp[0] + sp[1]] for sp in spans]
+            logprobs = torch.log_softmax(logits, dim=-1)
+            out[chunk] = logprobs.gather(1, targets[chunk, None]).squeeze(1)
+            if k:
+                top_v[chunk], top_i[chunk] = logprobs.topk(k, dim=-1)
+        values = [None if sp is None else out[sp[0] : sp[0] + sp[1]] for sp in spans]
+        tops: list[tuple[torch.Tensor, torch.Tensor] | None] = [
+            None
+            if sp is None or not n
+            else (top_v[sp[0] : sp[0] + sp[1], :n], top_i[sp[0] : sp[0] + sp[1], :n])
+            for sp, n in zip(spans, nums, strict=True)
+        ]
+        return LogitsOutput(next_token_logits, values, tops if k else None)

@@ -47,6 +47,8 @@ class BatchResult:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     # prompt-token logprobs computed in this forward, per request (None: none asked)
     input_logprobs: list[list[float] | None] = field(default_factory=list)
+    # beside them, each position's top ``top_logprobs_num`` (token id, logprob), when asked
+    input_top_logprobs: list[list[list[tuple[int, float]]] | None] = field(default_factory=list)
     # a verify's (runtime/spec_verify.py): per request every token it keeps (its accepted
     # drafts, then next_token_ids[i]) and how many drafts those are; empty for other batches
     verified: VerifyResult | None = None
@@ -75,6 +77,8 @@ class BatchResult:
     def collect_input_logprobs(self, req: Req, i: int) -> None:
         if self.input_logprobs and self.input_logprobs[i]:
             req.input_logprobs.extend(self.input_logprobs[i])  # type: ignore[arg-type]
+        if self.input_top_logprobs and self.input_top_logprobs[i]:
+            req.input_top_logprobs.extend(self.input_top_logprobs[i])  # type: ignore[arg-type]
 
 
 class Worker(Protocol):
@@ -177,11 +181,17 @@ class ModelWorker:
             fb.input_ids = self.last_token.index_select(0, fb.req_pool_indices)
         out = self.runner.forward(fb)
         n = len(batch.reqs)
-        result = BatchResult([None] * n, [None] * n, [[] for _ in range(n)], [None] * n)
+        result = BatchResult([None] * n, [None] * n, [[] for _ in range(n)], [None] * n, [None] * n)
         if out.input_token_logprobs is not None:
             for i, lp in enumerate(out.input_token_logprobs):
                 if lp is not None:
                     result.input_logprobs[i] = lp.tolist()
+        for i, top in enumerate(out.input_top_logprobs or []):
+            if top is not None:
+                values, ids = top[0].tolist(), top[1].tolist()
+                result.input_top_logprobs[i] = [
+                    list(zip(t, v, strict=True)) for t, v in zip(ids, values, strict=True)
+                ]
         self._boundary_logprobs(batch, out.next_token_logits, result)
         if info is None:
             return _Launched(result, [], None)
@@ -234,9 +244,15 @@ class ModelWorker:
         """A mid-prompt chunk's last logits predict the next chunk's first token: keep that
         prompt logprob too, so chunking never leaves a hole in ``input_logprobs``."""
         for i, target in enumerate(batch.boundary_targets):
-            if target is not None:
-                lp = float(torch.log_softmax(logits[i], dim=-1)[target])
-                result.input_logprobs[i] = (result.input_logprobs[i] or []) + [lp]
+            if target is None:
+                continue
+            logprobs = torch.log_softmax(logits[i], dim=-1)
+            result.input_logprobs[i] = (result.input_logprobs[i] or []) + [float(logprobs[target])]
+            k = batch.reqs[i].top_logprobs_num if batch.reqs[i].return_logprob else 0
+            if k:
+                top = logprobs.topk(min(k, logprobs.shape[-1]))
+                pairs = list(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+                result.input_top_logprobs[i] = (result.input_top_logprobs[i] or []) + [pairs]
 
 
 def _row(req: Req) -> int:

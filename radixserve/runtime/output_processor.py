@@ -105,4 +105,6 @@ def advance(
     out = make_output(req, req.output_ids[-num_new:] if num_new else [], num_new)
     if is_first and req.logprob_start_len >= 0:
         out.input_logprobs = list(req.input_logprobs)
+        if req.top_logprobs_num:
+            out.input_top_logprobs = list(req.input_top_logprobs)
     return out, jumped

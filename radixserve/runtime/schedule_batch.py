@@ -82,6 +82,9 @@ class ScheduleBatch:
             device,
             input_logprob_start=starts if any(s is not None for s in starts) else None,
         )
+        batch.forward_batch.input_top_logprobs_num = [
+            r.top_logprobs_num if r.return_logprob else 0 for r in reqs
+        ]
         return batch
 
     def decode(self, slots: torch.Tensor, device: torch.device) -> ScheduleBatch:

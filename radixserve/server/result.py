@@ -13,7 +13,9 @@ Engine and by the native HTTP route alike (the frontend parses one shape).
                    "output_token_logprobs": [[logprob, token_id, text | None]],
                    "output_top_logprobs": [[[logprob, token_id, text | None]]],
                    with logprob_start_len >= 0:
-                   "input_token_logprobs": [[logprob | None, token_id, text | None]]}}
+                   "input_token_logprobs": [[logprob | None, token_id, text | None]],
+                   with top_logprobs_num too:
+                   "input_top_logprobs": [None | [[logprob, token_id, text | None]]]}}
 
 A token's text is filled in only when the caller asks (``return_text_in_logprobs``).
 ``cached_tokens`` is the total; ``cached_tokens_details`` splits it as SGLang's hierarchical cache
@@ -46,6 +48,7 @@ class RequestResult:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     input_logprobs: list[float] | None = None
+    input_top_logprobs: list[list[tuple[int, float]]] | None = None
     last: ReqOutput | None = None
 
     def add(self, out: TextOutput) -> None:
@@ -56,6 +59,8 @@ class RequestResult:
         self.top_logprobs.extend(o.new_top_logprobs)
         if o.input_logprobs is not None:
             self.input_logprobs = list(o.input_logprobs)
+        if o.input_top_logprobs is not None:
+            self.input_top_logprobs = list(o.input_top_logprobs)
         self.last = o
 
     @property
@@ -118,6 +123,11 @@ def generate_result(
         ]
         if request.logprob_start_len >= 0:
             meta["input_token_logprobs"] = [lp(v, tid) for v, tid in input_token_logprobs(result)]
+            if request.top_logprobs_num:
+                meta["input_top_logprobs"] = [
+                    None if top is None else [lp(v, tid) for tid, v in top]
+                    for top in input_top_logprobs(result)
+                ]
     if delta is None:
         text, output_ids = result.text, list(result.output_ids)
     else:
@@ -137,6 +147,17 @@ def input_token_logprobs(result: RequestResult) -> list[tuple[float | None, int]
     out: list[tuple[float | None, int]] = [(None, prompt[0])] if start == 0 else []
     out += [(v, prompt[first + j]) for j, v in enumerate(values) if first + j < len(prompt)]
     return out
+
+
+def input_top_logprobs(result: RequestResult) -> list[list[tuple[int, float]] | None]:
+    """Beside :func:`input_token_logprobs`, one entry per prompt token: its position's top
+    ``top_logprobs_num`` (token id, logprob), descending; None for the prompt's first token."""
+    start = result.request.logprob_start_len
+    first = max(start, 1)
+    n = len(result.request.input_ids) - first
+    tops = (result.input_top_logprobs or [])[:n]
+    out: list[list[tuple[int, float]] | None] = [None] if start == 0 else []
+    return out + list(tops)
 
 
 def finish_reason_json(reason: FinishReason | None, request: GenerateRequest) -> Any:

@@ -50,6 +50,8 @@ ROUTES: dict[tuple[str, str], tuple[str, Any]] = {
     ("GET", "/health_generate"): (TENANT, None),
     ("GET", "/get_load"): (TENANT, None),
     ("POST", "/abort_request"): (TENANT, {"rid": "no-such-request"}),
+    ("POST", "/tokenize"): (TENANT, {"prompt": "hi"}),
+    ("POST", "/detokenize"): (TENANT, {"tokens": [1, 2]}),
     ("GET", "/metrics"): (TENANT, None),
     ("GET", "/openapi.json"): (TENANT, None),
     ("GET", "/docs"): (TENANT, None),

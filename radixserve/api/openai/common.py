@@ -27,7 +27,7 @@ from radixserve.api.openai.protocol import OpenAISamplingFields
 from radixserve.api.request_builder import Generation, RequestBuilder
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
-from radixserve.server.result import RequestResult
+from radixserve.server.result import RequestResult, input_token_logprobs, input_top_logprobs
 from radixserve.server.tokenizer_manager import TokenizerManager
 from radixserve.types import FinishReason
 
@@ -83,9 +83,10 @@ class OpenAIServing:
         grammar_after_token: int | None = None,
         state: Any = None,
         lora_name: str | None = None,
+        logprob_start_len: int = -1,
     ) -> list[GenerateRequest]:
         """``n`` requests per prompt, choice index ``i * n + j``; ``top_logprobs`` None: no
-        logprobs; ``grammar``: the output's constraint (None: the body's own, e.g.
+        logprobs; ``logprob_start_len`` 0: the prompt's logprobs too; ``grammar``: the output's constraint (None: the body's own, e.g.
         ``response_format``), which starts after ``grammar_after_token`` when given (the end of
         the thinking); ``state``: the caller (what the guard left). Raises APIError (400) for a
         bad value, naming the field."""
@@ -115,6 +116,7 @@ class OpenAIServing:
                         priority=body.priority,
                         return_logprob=top_logprobs is not None,
                         top_logprobs_num=top_logprobs or 0,
+                        logprob_start_len=logprob_start_len,
                     )
                 )
         try:
@@ -167,19 +169,25 @@ class OpenAIServing:
     def completion_logprobs(
         self,
         ids: list[int],
-        lps: list[float],
-        tops: list[list[tuple[int, float]]],
+        lps: list[float | None],
+        tops: list[list[tuple[int, float]] | None],
         text_offset: int,
     ) -> CompletionLogprobs:
+        """vLLM's legacy logprobs: per token its text, logprob and ``{text: logprob}`` of the
+        token itself then the top alternatives (so up to ``logprobs + 1`` entries, as OpenAI
+        documents); a token with no logprob (an echoed prompt's first) has None for both."""
         out = CompletionLogprobs()
         for k, (tid, lp) in enumerate(zip(ids, lps, strict=False)):
             token = self.tm.prompts.decode_token(tid)
             out.tokens.append(token)
             out.token_logprobs.append(lp)
-            top: dict[str, float] = {}
-            for t, v in tops[k] if k < len(tops) else []:
-                top.setdefault(self.tm.prompts.decode_token(t), v)
-            out.top_logprobs.append(top)
+            if lp is None:
+                out.top_logprobs.append(None)
+            else:
+                top: dict[str, float] = {token: lp}
+                for t, v in (tops[k] if k < len(tops) else None) or []:
+                    top.setdefault(self.tm.prompts.decode_token(t), v)
+                out.top_logprobs.append(top)
             out.text_offset.append(text_offset)
             text_offset += len(token)
         return out
@@ -210,6 +218,19 @@ def grammar_param(body: OpenAISamplingFields) -> str | None:
         if getattr(body, name) is not None:
             return name
     return None
+
+
+def prompt_logprob_slices(result: RequestResult) -> dict[str, Any]:
+    """The logprob lists of ``result``'s prompt (asked with ``logprob_start_len`` 0), in the
+    shape of :func:`choice_logprob_slices`."""
+    entries = input_token_logprobs(result)
+    tops = input_top_logprobs(result) if result.request.top_logprobs_num else []
+    tops += [None] * (len(entries) - len(tops))  # aligned with the output's that follow
+    return {
+        "ids": [tid for _, tid in entries],
+        "lps": [v for v, _ in entries],
+        "tops": tops,
+    }
 
 
 def choice_logprob_slices(result: RequestResult, start: int) -> dict[str, Any]:

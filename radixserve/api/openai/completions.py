@@ -4,11 +4,17 @@ Streaming sends one chunk per output of a choice with its new text; the last chu
 choice carries its ``finish_reason`` (exactly one finish chunk per choice); with
 ``stream_options.include_usage`` a last chunk with empty ``choices`` carries the usage; then
 ``data: [DONE]``.
+
+``echo`` with ``logprobs`` returns the prompt's tokens before the completion's in one logprobs
+object, as vLLM does: the prompt's first token with a None logprob and top, ``text_offset``
+counted from the echoed prompt's start; ``max_tokens: 0`` returns the prompt alone. The prompt's
+logprobs come from the prefill that serves the request (see docs/design.md, "Prompt logprobs").
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -21,7 +27,11 @@ from radixserve.api.openai.bodies import (
     UsageInfo,
     dump,
 )
-from radixserve.api.openai.common import OpenAIServing, choice_logprob_slices
+from radixserve.api.openai.common import (
+    OpenAIServing,
+    choice_logprob_slices,
+    prompt_logprob_slices,
+)
 from radixserve.api.openai.protocol import CompletionRequest
 from radixserve.api.streaming import OpenRequests, collect_all, event_stream, open_requests, sse
 from radixserve.runtime.io_struct import GenerateRequest
@@ -38,8 +48,6 @@ class CompletionServing(OpenAIServing):
             raise APIError("suffix is not supported", param="suffix")
         if body.best_of is not None and body.best_of != body.n:
             raise APIError("best_of must equal n (no server-side ranking)", param="best_of")
-        if body.echo and body.logprobs is not None:
-            raise APIError("echo with logprobs is not supported", param="echo")
         try:
             prompts = await self._prompt_ids(body)
         except ValueError as exc:  # a text that cannot fit the context, refused untokenized
@@ -56,6 +64,7 @@ class CompletionServing(OpenAIServing):
             body.logprobs,
             state=raw.state,
             lora_name=adapter,
+            logprob_start_len=0 if body.echo and body.logprobs is not None else -1,
         )
         echoes = [self.tm.prompts.decode(p) if body.echo else "" for p in prompts]
         group = await open_requests(self.tm, requests, raw.is_disconnected)
@@ -68,7 +77,7 @@ class CompletionServing(OpenAIServing):
             logprobs = None
             if body.logprobs is not None:
                 logprobs = self.completion_logprobs(
-                    **choice_logprob_slices(result, 0), text_offset=len(echo)
+                    **_slices(result, 0, body.echo), text_offset=0 if body.echo else len(echo)
                 )
             choices.append(
                 CompletionChoice(
@@ -133,11 +142,24 @@ class CompletionServing(OpenAIServing):
                 continue
             logprobs = None
             if body.logprobs is not None:
-                offset = len(results[i].text) - len(out.text)
-                slices = choice_logprob_slices(results[i], start)
+                with_prompt = body.echo and start == 0
+                offset = 0 if with_prompt else len(results[i].text) - len(out.text)
+                if body.echo and not with_prompt:
+                    offset += len(echoes[i // body.n])
+                slices = _slices(results[i], start, with_prompt)
                 logprobs = self.completion_logprobs(**slices, text_offset=offset)
             yield chunk(
                 [CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=finish)]
             )
         if body.include_usage:
             yield chunk([], self.usage(results, body.n))
+
+
+def _slices(result: RequestResult, start: int, with_prompt: bool) -> dict[str, Any]:
+    """The logprob lists of a choice's output from ``start`` on, its prompt's first when
+    ``with_prompt`` (an echo)."""
+    out = choice_logprob_slices(result, start)
+    if not with_prompt:
+        return out
+    prompt = prompt_logprob_slices(result)
+    return {key: prompt[key] + out[key] for key in ("ids", "lps", "tops")}
