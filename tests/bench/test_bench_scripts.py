@@ -44,6 +44,9 @@ SCRIPT_ARGS: dict[str, list[str]] = {
     # llama.cpp's sources (convert_hf_to_gguf.py) and its llama-server binary are not on this
     # machine and every sub-command needs one of them: --help only
     "llamacpp.py": ["--help"],
+    "agent_trace.py": [
+        *("--url", "{url}", "--agents", "1", "--turns", "2", "--json", "{out}/agent.json"),
+    ],
     "load.py": [
         *("--url", "{url}", "--clients", "1", "--seconds", "1", "--json", "{out}/load.json"),
         *("--health-p99-ms", "60000"),  # a busy machine must not fail the smoke run
@@ -153,6 +156,7 @@ EXPECTED: dict[str, list[str]] = {
     ],
     "int8_accuracy.py": [r"bfloat16\+int8 vs bf16 over 2 steps: .* greedy token agrees at"],
     "llamacpp.py": [r"\{convert,serve,check\}"],
+    "agent_trace.py": [r"^chat\s+\d+\s+\d\.\d{3}\s+\d\.\d{3}", r"^responses\s+\d+\s+\d\.\d{3}"],
     "load.py": [r"^requests\s+[1-9]", r"^errors\s+0$", r"^integrity_ok\s+True$"],
     "model_throughput.py": [r"^prefill 8 tok\s+\d", r"^decode b=1 ctx=8\s+\d", r"bandwidth bound"],
     "multiturn_chat.py": [r"^radixserve\s+\d", r"^hit rate radixserve: "],
@@ -183,6 +187,7 @@ EXPECTED: dict[str, list[str]] = {
 
 # Files (under the test's tmp_path) the script must leave, non-empty; JSON must parse.
 OUTPUT_FILES: dict[str, list[str]] = {
+    "agent_trace.py": ["agent.json"],
     "load.py": ["load.json"],
     "model_throughput.py": ["throughput.json"],
     "multiturn_chat.py": ["bench/mt.json", "bench/mt.png"],

@@ -1,0 +1,160 @@
+"""An agent's trace against a running server, through the chat route and the Responses API:
+how much of each turn's prompt the radix cache serves, beside the most it could.
+
+    .venv/bin/python benchmarks/agent_trace.py --url http://127.0.0.1:30000 --agents 4 --turns 6
+
+Each agent has a system prompt of its own and a task; every turn the model must call a tool
+(``tool_choice: required``), the trace answers the call with a tool result of ``--result-words``
+words, and the next turn goes on from there:
+
+- ``chat``: each turn re-sends the whole conversation (the system prompt, every call and every
+  result so far) to ``/v1/chat/completions``, as an agent loop does;
+- ``responses``: each turn sends only the new tool result to ``/v1/responses`` with
+  ``previous_response_id``; the server re-renders the stored conversation.
+
+Either way a turn's prompt is the previous turn's prompt and answer plus the new result, so the
+most the cache can serve is everything but the new result (and the first turn, cold): the
+``optimal`` column. ``hit rate`` is cached prompt tokens over prompt tokens as the server
+reports them (``cached_tokens``). The two routes render the same conversation, so their rates
+should agree, and both sit near the optimum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+WORDS = "sunny rain cloudy wind north south pressure humidity front storm calm mild".split()
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+
+
+@dataclass
+class Tally:
+    prompt: int = 0
+    cached: int = 0
+    optimal: int = 0
+
+    def add(self, prompt: int, cached: int, optimal: int) -> None:
+        self.prompt, self.cached, self.optimal = (
+            self.prompt + prompt,
+            self.cached + cached,
+            self.optimal + optimal,
+        )
+
+    def rates(self) -> tuple[float, float]:
+        return self.cached / max(self.prompt, 1), self.optimal / max(self.prompt, 1)
+
+
+def result_text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def chat_agent(client: httpx.Client, model: str, args: argparse.Namespace, tally: Tally) -> None:
+    rng = random.Random(args.seed)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": f"You are agent {uuid.uuid4().hex}."},
+        {"role": "user", "content": "Find the weather of every city you know."},
+    ]
+    seen = 0  # the tokens the previous turn's prompt and answer came to
+    for turn in range(args.turns):
+        body = {"model": model, "messages": messages, "tools": tools, "tool_choice": "required"}
+        reply = _post(client, "/v1/chat/completions", {**body, "max_tokens": args.max_tokens})
+        usage = reply["usage"]
+        prompt = usage["prompt_tokens"]
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        tally.add(prompt, cached, min(seen, prompt) if turn else 0)
+        seen = prompt + usage["completion_tokens"]
+        message = reply["choices"][0]["message"]
+        text = result_text(rng, args.result_words)
+        if not message.get("tool_calls"):  # cut by --max-tokens: the answer is plain text
+            messages.append({"role": "assistant", "content": message["content"] or ""})
+            messages.append({"role": "user", "content": text})
+            continue
+        call = message["tool_calls"][0]
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": text})
+
+
+def responses_agent(
+    client: httpx.Client, model: str, args: argparse.Namespace, tally: Tally
+) -> None:
+    rng = random.Random(args.seed)
+    tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
+    body: dict[str, Any] = {
+        "model": model,
+        "instructions": f"You are agent {uuid.uuid4().hex}.",
+        "tools": tools,
+        "tool_choice": "required",
+        "max_output_tokens": args.max_tokens,
+        "input": "Find the weather of every city you know.",
+    }
+    seen = 0
+    for turn in range(args.turns):
+        reply = _post(client, "/v1/responses", body)
+        usage = reply["usage"]
+        prompt, cached = usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"]
+        tally.add(prompt, cached, min(seen, prompt) if turn else 0)
+        seen = prompt + usage["output_tokens"]
+        call = next((item for item in reply["output"] if item["type"] == "function_call"), None)
+        text = result_text(rng, args.result_words)
+        if call is None:  # cut by --max-tokens: the answer is plain text
+            item: dict[str, Any] = {"role": "user", "content": text}
+        else:
+            item = {"type": "function_call_output", "call_id": call["call_id"], "output": text}
+        body = {**body, "previous_response_id": reply["id"], "input": [item]}
+
+
+def _post(client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    resp = client.post(path, json=body)
+    if resp.status_code != 200:
+        raise SystemExit(f"{path}: {resp.status_code} {resp.text[:300]}")
+    return dict(resp.json())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:30000")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--agents", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--result-words", type=int, default=40)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="write the rates here")
+    args = parser.parse_args(argv)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    rows: dict[str, dict[str, float]] = {}
+    with httpx.Client(base_url=args.url, headers=headers, timeout=600) as client:
+        model = client.get("/v1/models").json()["data"][0]["id"]
+        for name, agent in (("chat", chat_agent), ("responses", responses_agent)):
+            tally = Tally()
+            for _ in range(args.agents):
+                agent(client, model, args, tally)
+            hit, optimal = tally.rates()
+            rows[name] = {"prompt_tokens": tally.prompt, "hit_rate": hit, "optimal": optimal}
+    print(f"{'route':<10} {'prompt tokens':>14} {'hit rate':>9} {'optimal':>8}")
+    for name, row in rows.items():
+        print(
+            f"{name:<10} {row['prompt_tokens']:>14.0f} {row['hit_rate']:>9.3f} {row['optimal']:>8.3f}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"agents": args.agents, "turns": args.turns, "routes": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
