@@ -175,3 +175,29 @@ def test_thinking_and_tool_calls_in_one_answer(oai) -> None:  # type: ignore[no-
     assert (reasoning, content) == (message.reasoning_content, message.content)
     streamed = [(e["name"], json.loads(e["arguments"])) for _, e in sorted(assembled.items())]
     assert streamed == calls
+
+
+def test_the_thinking_is_a_block_and_an_item_on_the_other_doors(qwen3_server: Server) -> None:
+    """Anthropic's ``thinking`` block and the Responses API's ``reasoning`` item come from the
+    chat route's reasoning parser (the format forced by SGLang's ``regex``)."""
+    import anthropic
+    import openai
+
+    claude = anthropic.Anthropic(base_url=qwen3_server.url, api_key="unused", max_retries=0)
+    msg = claude.messages.create(
+        model="qwen3",
+        messages=[{"role": "user", "content": "Think, then answer."}],
+        max_tokens=48,
+        extra_body={"regex": THINK},
+    )
+    assert [block.type for block in msg.content] == ["thinking", "text"]
+    assert re.fullmatch("\\n[a-z]{4}\\n", msg.content[0].thinking), msg.content  # type: ignore[union-attr]
+    oai = openai.OpenAI(base_url=f"{qwen3_server.url}/v1", api_key="unused", max_retries=0)
+    resp = oai.responses.create(
+        model="qwen3",
+        input="Think, then answer.",
+        max_output_tokens=48,
+        extra_body={"regex": THINK},
+    )
+    assert [item.type for item in resp.output] == ["reasoning", "message"]
+    assert re.fullmatch("[a-z ]{1,12}", resp.output_text.strip() or "x"), resp.output_text

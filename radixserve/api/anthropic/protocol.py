@@ -135,6 +135,8 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = None
     # accepted and without effect here: routing, placement and accounting hints of Anthropic's
     # service, and prompt caching (every prompt is cached by prefix already)
+    # SGLang's extension, as on the chat route: the whole output constrained by a regex
+    regex: str | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
     cache_control: dict[str, Any] | None = None
@@ -167,6 +169,7 @@ class MessagesRequest(CountTokensRequest):
             ("temperature", self.temperature),
             ("top_p", self.top_p),
             ("top_k", self.top_k),
+            ("regex", self.regex),
         ):
             if value is not None:
                 body[name] = value

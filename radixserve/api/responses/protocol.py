@@ -44,6 +44,8 @@ class ResponsesRequest(BaseModel):
     stream: bool = False
     store: bool = True
     metadata: dict[str, str] | None = None
+    # SGLang's extension, as on the chat route: the whole output constrained by a regex
+    regex: str | None = None
     # accepted without effect here
     include: list[str] | None = None
     user: str | None = None
@@ -91,6 +93,7 @@ class ResponsesRequest(BaseModel):
             ("max_tokens", self.max_output_tokens),
             ("temperature", self.temperature),
             ("top_p", self.top_p),
+            ("regex", self.regex),
         ):
             if value is not None:
                 body[name] = value
