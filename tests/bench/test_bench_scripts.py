@@ -53,6 +53,16 @@ SCRIPT_ARGS: dict[str, list[str]] = {
     ],
     # no llama.cpp side (--llama-gguf needs llama-server); one radixserve side in float32 and one
     # with int8 weights, one HF side
+    "prompt_logprobs.py": [
+        "--prompt-len",
+        "16",
+        "--repeats",
+        "1",
+        "--hidden-size",
+        "64",
+        "--num-layers",
+        "1",
+    ],
     "model_throughput.py": [
         *("--model-dir", "{model}", "--configs", "float32", "bfloat16+int8"),
         *("--hf-dtypes", "float32", "--batch-sizes", "1", "--prompt-len", "8"),
@@ -158,6 +168,7 @@ EXPECTED: dict[str, list[str]] = {
     "llamacpp.py": [r"\{convert,serve,check\}"],
     "agent_trace.py": [r"^chat\s+\d+\s+\d\.\d{3}\s+\d\.\d{3}", r"^responses\s+\d+\s+\d\.\d{3}"],
     "load.py": [r"^requests\s+[1-9]", r"^errors\s+0$", r"^integrity_ok\s+True$"],
+    "prompt_logprobs.py": [r"hit \+ prompt logprobs:\s+\d"],
     "model_throughput.py": [r"^prefill 8 tok\s+\d", r"^decode b=1 ctx=8\s+\d", r"bandwidth bound"],
     "multiturn_chat.py": [r"^radixserve\s+\d", r"^hit rate radixserve: "],
     "radix_ops.py": [

@@ -8,7 +8,7 @@ choice carries its ``finish_reason`` (exactly one finish chunk per choice); with
 ``echo`` with ``logprobs`` returns the prompt's tokens before the completion's in one logprobs
 object, as vLLM does: the prompt's first token with a None logprob and top, ``text_offset``
 counted from the echoed prompt's start; ``max_tokens: 0`` returns the prompt alone. The prompt's
-logprobs come from the prefill that serves the request (see docs/design.md, "Prompt logprobs").
+logprobs come from the prefill that serves the request (docs/design.md, section 4).
 """
 
 from __future__ import annotations
