@@ -251,13 +251,8 @@ def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
         default=defaults.max_stop_strings,
         help="most stop strings in one request; 400 past it",
     )
-    add(
-        "--max-stored-responses",
-        type=int,
-        default=defaults.max_stored_responses,
-        help="stored responses of the Responses API (previous_response_id), every tenant's "
-        "together; the least recently used go first",
-    )
+    add("--max-stored-responses", type=int, default=defaults.max_stored_responses,
+        help="stored Responses API responses (every tenant's); least recently used out")  # fmt: skip
     add(
         "--graceful-shutdown-timeout",
         type=float,
