@@ -18,6 +18,7 @@ from radixserve.api.errors import APIError
 from radixserve.api.formats.reasoning import ReasoningStream
 from radixserve.api.openai.chat import ChatServing
 from radixserve.api.openai.protocol import ChatCompletionRequest
+from radixserve.api.openapi import NOT_FOUND
 from radixserve.api.streaming import collect_all, event_stream
 
 ERROR_PREFIX = "/v1/messages"
@@ -26,7 +27,7 @@ ERROR_PREFIX = "/v1/messages"
 def anthropic_router(chat: ChatServing) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/messages")
+    @router.post("/v1/messages", responses=NOT_FOUND)
     async def create_message(body: MessagesRequest, raw: Request) -> Response:
         request = _to_chat(body)
         call = await chat.open(request, raw)

@@ -13,8 +13,10 @@ from radixserve.api.access.routes import Access, declare
 from radixserve.api.access.tenants import Tenants
 from radixserve.api.errors import APIError
 from radixserve.api.formats.reasoning import ReasoningStream
+from radixserve.api.formats.tool_calls import ParsedCall
 from radixserve.api.openai.chat import ChatServing
 from radixserve.api.openai.protocol import ChatCompletionRequest
+from radixserve.api.openapi import NOT_FOUND
 from radixserve.api.responses import render
 from radixserve.api.responses.protocol import ResponsesRequest
 from radixserve.api.responses.store import ResponseStore, StoredResponse
@@ -30,7 +32,7 @@ def responses_router(chat: ChatServing, tenants: Tenants, store: ResponseStore) 
             raise APIError(f"no response {response_id!r} is stored", 404, code="not_found")
         return found
 
-    @router.post("/v1/responses")
+    @router.post("/v1/responses", responses=NOT_FOUND)
     async def create_response(body: ResponsesRequest, raw: Request) -> Response:
         history = (
             stored(raw, body.previous_response_id).conversation if body.previous_response_id else []
@@ -54,7 +56,7 @@ def responses_router(chat: ChatServing, tenants: Tenants, store: ResponseStore) 
         answer = chat.response(call.base_id, request, call.plan, call.requests, results)
         message = answer.choices[0].message
         calls = [
-            render.ParsedCall(c["function"]["name"], c["function"]["arguments"])
+            ParsedCall(c["function"]["name"], c["function"]["arguments"])
             for c in message.tool_calls or []
         ]
         output = render.output_items(message.reasoning_content, message.content, calls)
@@ -62,11 +64,11 @@ def responses_router(chat: ChatServing, tenants: Tenants, store: ResponseStore) 
         keep(final)
         return JSONResponse(final)
 
-    @router.get("/v1/responses/{response_id}")
+    @router.get("/v1/responses/{response_id}", responses=NOT_FOUND)
     async def get_response(response_id: str, raw: Request) -> dict[str, Any]:
         return stored(raw, response_id).body
 
-    @router.delete("/v1/responses/{response_id}")
+    @router.delete("/v1/responses/{response_id}", responses=NOT_FOUND)
     async def delete_response(response_id: str, raw: Request) -> dict[str, Any]:
         stored(raw, response_id)
         store.delete(tenants.scope(raw.state), response_id)
