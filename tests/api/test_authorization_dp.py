@@ -32,6 +32,8 @@ def dp_keyed(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     assert_no_secret(server.log(), "the launcher's log")
 
 
+# slow: two workers and the gateway (about 40 s); .ci/run runs them after the default suite
+@pytest.mark.slow
 @pytest.mark.parametrize("who", [None, "a", "b", "admin"])
 def test_matrix_through_the_gateway(dp_keyed: Server, who: str | None) -> None:
     name = model_name(Server(dp_keyed.url, dp_keyed.proc, dp_keyed.log_path, A))
@@ -54,6 +56,7 @@ def test_matrix_through_the_gateway(dp_keyed: Server, who: str | None) -> None:
                 assert resp.status_code == 200, (where, resp.text)
 
 
+@pytest.mark.slow
 def test_each_tenant_keeps_its_cache_through_the_gateway(dp_keyed: Server) -> None:
     name = model_name(Server(dp_keyed.url, dp_keyed.proc, dp_keyed.log_path, A))
     prompt = "A memo of tenant a only, long enough to fill a page or two of the cache: 7 3 9 1"

@@ -176,6 +176,7 @@ def allowing_server(
         yield srv
 
 
+@pytest.mark.slow  # a server of its own (about 20 s); the ids themselves are tested above
 def test_the_flag_reaches_the_chat_route(
     server: Server, allowing_server: Server, tiny_tokenizer: Any
 ) -> None:
