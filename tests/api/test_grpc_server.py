@@ -203,6 +203,7 @@ def test_kv_events_stream_what_a_request_stores(
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
 
 
+@pytest.mark.slow  # a server of its own for one answer (about 8 s)
 def test_without_kv_events_subscribe_is_unimplemented(api_model_dir: Path, tmp_path: Path) -> None:
     port = free_port()
     with serving(["--model", str(api_model_dir), "--grpc-port", str(port)], tmp_path / "s.log"):

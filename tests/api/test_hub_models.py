@@ -62,6 +62,7 @@ def test_a_hub_id_resolves_to_its_cached_snapshot(hf_home: Path, api_model_dir: 
     assert "not a model directory" in _resolve(hf_home, "/no/such/dir").stdout
 
 
+@pytest.mark.slow  # a whole server from a hub cache (about 7 s); the resolution is tested above
 def test_serve_a_hub_id_offline(hf_home: Path, tmp_path: Path) -> None:
     server = start_server(
         ["--model", "acme/tiny-llama", "--revision", "v1", "--max-total-tokens", "4096"],

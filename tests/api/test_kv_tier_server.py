@@ -63,6 +63,7 @@ def _restart(args: list[str], log: Path) -> tuple[list[dict], dict, str]:
     return outs, stats, metrics
 
 
+@pytest.mark.slow  # two servers in turn (about 15 s); the Engine-level tier tests stay fast
 def test_a_restarted_server_hits_its_file_tier_and_recomputes_a_corrupt_node(
     api_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -212,6 +212,7 @@ def test_the_spec_declares_the_real_errors(guarded: Server) -> None:
         assert_error(c.post("/v1/completions", json={"prompt": "x", "max_tokens": "many"}), 400)
 
 
+@pytest.mark.slow  # a server of its own for one flag (about 7 s)
 def test_disable_docs(rel_model_dir: Any, tmp_path: Any) -> None:
     srv = start_server(server_args(rel_model_dir, "--disable-docs"), tmp_path / "log")
     try:

@@ -60,7 +60,11 @@ def alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("child", ["scheduler", "detokenizer"])
+@pytest.mark.parametrize(
+    "child",
+    # one child in the default suite (about 8 s a server); the same watchdog ends either
+    ["scheduler", pytest.param("detokenizer", marks=pytest.mark.slow)],
+)
 def test_a_dead_child_ends_the_server(rel_model_dir: Path, tmp_path: Path, child: str) -> None:
     srv = start_server(server_args(rel_model_dir), tmp_path / "server.log")
     try:
