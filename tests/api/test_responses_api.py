@@ -96,3 +96,19 @@ def test_a_tenants_responses_are_its_own(keyed_server: KeyedServer) -> None:
         theirs.responses.create(
             model=model, input="hi", previous_response_id=resp.id, max_output_tokens=2
         )
+
+
+def test_a_streamed_function_call(oai: openai.OpenAI) -> None:
+    with oai.responses.stream(
+        model=MODEL,
+        instructions=_instructions(),
+        input="Weather in Lima?",
+        tools=TOOLS,
+        tool_choice="required",
+        max_output_tokens=128,
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert "response.function_call_arguments.delta" in kinds and kinds[-1] == "response.completed"
+    call = next(item for item in final.output if item.type == "function_call")
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
