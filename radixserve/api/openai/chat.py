@@ -132,18 +132,7 @@ class ChatServing(OpenAIServing):
 
     async def render(self, body: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
         """The prompt's ids: the messages and tools through the chat template."""
-        try:
-            return await self.tm.prompts.apply_chat_template(
-                [m.to_template_dict() for m in body.messages],
-                tools=plan.tools,
-                add_generation_prompt=body.add_generation_prompt,
-                continue_final_message=body.continue_final_message,
-                **(body.chat_template_kwargs or {}),
-            )
-        except ValueError as exc:
-            raise APIError(str(exc), param="messages") from None
-        except Exception as exc:  # a template that raises (e.g. a role order it rejects)
-            raise APIError(f"the chat template failed: {exc}", param="messages") from None
+        return await render_messages(self.tm, body, plan.tools, body.chat_template_kwargs)
 
     def response(
         self,
@@ -236,6 +225,29 @@ class ChatServing(OpenAIServing):
         reason = "tool_calls" if calls else finish
         out.append(chunk(ChatStreamChoice(index=i, delta=DeltaMessage(), finish_reason=reason)))
         return out
+
+
+async def render_messages(
+    tm: TokenizerManager,
+    body: Any,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """The ids of ``body.messages`` (and ``tools``) through the chat template, as the chat route
+    renders them; ``body`` has ``add_generation_prompt`` and ``continue_final_message``. A 400
+    naming ``messages`` when the template refuses them."""
+    try:
+        return await tm.prompts.apply_chat_template(
+            [m.to_template_dict() for m in body.messages],
+            tools=tools,
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            **(template_kwargs or {}),
+        )
+    except ValueError as exc:
+        raise APIError(str(exc), param="messages") from None
+    except Exception as exc:  # a template that raises (e.g. a role order it rejects)
+        raise APIError(f"the chat template failed: {exc}", param="messages") from None
 
 
 @dataclass(frozen=True)

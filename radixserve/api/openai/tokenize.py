@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from radixserve.api.access.routes import Access, declare
 from radixserve.api.errors import APIError
+from radixserve.api.openai.chat import render_messages
 from radixserve.api.openai.protocol import ChatMessage
 from radixserve.server.tokenizer_manager import TokenizerManager
 
@@ -93,14 +94,4 @@ async def _messages_ids(tm: TokenizerManager, body: TokenizeRequest) -> list[int
             "add_special_tokens with messages is not supported (the chat template writes them)",
             param="add_special_tokens",
         )
-    try:
-        ids = await tm.prompts.apply_chat_template(
-            [m.to_template_dict() for m in body.messages],
-            add_generation_prompt=body.add_generation_prompt,
-            continue_final_message=body.continue_final_message,
-        )
-    except ValueError as exc:
-        raise APIError(str(exc), param="messages") from None
-    except Exception as exc:  # a template that raises (e.g. a role order it rejects)
-        raise APIError(f"the chat template failed: {exc}", param="messages") from None
-    return list(ids)
+    return list(await render_messages(tm, body))
