@@ -25,7 +25,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -88,6 +88,16 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(str(exc), 400)
     logger.error("internal error while serving a request", exc_info=exc)
     return APIError(f"internal server error: {exc!r}", 500, "server_error")
+
+
+def conversion_error(exc: Exception, prefix: str = "") -> APIError:
+    """The 400 of a body another door could not turn into the chat route's request: a
+    validation error names its first field, any other error is said after ``prefix``."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return APIError(f"{where}: {first['msg']}" if where else first["msg"])
+    return APIError(f"{prefix}{exc}")
 
 
 def error_response(exc: BaseException) -> JSONResponse:

@@ -43,7 +43,7 @@ from radixserve.server.io_struct import (
 from radixserve.server.ipc import IpcEndpoints, make_socket
 from radixserve.server.prompt_tokenizer import PromptTokenizer
 from radixserve.server.request_validation import RequestValidator
-from radixserve.server.rid_scope import client_rid
+from radixserve.server.rid_scope import client_rid, scope_of
 
 logger = logging.getLogger(__name__)
 
@@ -249,6 +249,10 @@ class TokenizerManager:
     def abort(self, rid: str | None = None) -> list[str]:
         """Abort one request, or every pending one (``rid`` None); returns the rids aborted."""
         return self.abort_where(lambda r: rid is None or r == rid)
+
+    def num_pending(self, scope: str | None) -> int:
+        """Requests of rid scope ``scope`` (a tenant: ``server/rid_scope.py``) waiting here."""
+        return sum(scope_of(rid) == scope for rid in self.states)
 
     def abort_where(self, match: Callable[[str], bool]) -> list[str]:
         """Abort every pending request whose (scheduler) rid ``match`` takes; their rids."""

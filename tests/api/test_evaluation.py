@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from serving_harness import Server, serving, write_api_model
+from serving_harness import Server, serving
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -20,8 +20,9 @@ PROMPT = "def fibonacci(n):\n    return n if n < 2 else"
 
 
 @pytest.fixture(scope="module")
-def eval_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: object) -> Path:
-    return write_api_model(tmp_path_factory.mktemp("eval-model") / "tiny-eval", tiny_tokenizer)
+def eval_model_dir(api_model_dir: Path) -> Path:
+    """The servers' tiny model (``conftest.api_model_dir``)."""
+    return api_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from urllib.parse import parse_qs
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve.api.access.routes import Access, RouteFacts, RouteTable
-from radixserve.api.access.tenants import Tenants
+from radixserve.api.access.tenants import Caller, Tenants
 from radixserve.api.errors import error_body
 
 _DISCONNECTED = b"\x00disconnected"  # _read_body's answer for a body cut off (compared by identity)
@@ -97,7 +97,7 @@ class RequestGuard:
         await self.app(scope, _replay(body, receive), send)
 
     def _may_operate(self, state: dict[str, object], facts: RouteFacts) -> bool:
-        view = _State(state)
+        view = Caller(state.get("tenant"), bool(state.get("admin")))  # type: ignore[arg-type]
         if self.tenants.is_gateway(view):
             return facts.gateway
         return self.tenants.is_operator(view)
@@ -145,13 +145,6 @@ class RequestGuard:
             "bytes (--max-request-bytes)",
             "request_too_large",
         )
-
-
-class _State:
-    """The guard's scope state read as ``request.state`` is (attributes)."""
-
-    def __init__(self, values: dict[str, object]) -> None:
-        self.__dict__.update(values)
 
 
 def _has_lone_surrogate(body: bytes) -> bool:

@@ -61,6 +61,15 @@ def read_keys_file(path: str | Path) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who calls, as ``request.state`` holds it (the guard) and the gRPC service resolves it:
+    ``tenant`` (None on a server without keys) and ``admin``."""
+
+    tenant: str | None
+    admin: bool
+
+
 @dataclass(frozen=True)
 class Tenants:
     """Keys and the tenants they name; empty: an open server (one anonymous tenant)."""

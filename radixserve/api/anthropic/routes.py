@@ -9,12 +9,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 
 from radixserve.api.access.routes import Access, declare
 from radixserve.api.anthropic import messages
 from radixserve.api.anthropic.protocol import CountTokensRequest, MessagesRequest
-from radixserve.api.errors import APIError
+from radixserve.api.errors import conversion_error
 from radixserve.api.formats.reasoning import ReasoningStream
 from radixserve.api.openai.chat import ChatServing
 from radixserve.api.openai.protocol import ChatCompletionRequest
@@ -55,9 +54,5 @@ def _to_chat(body: MessagesRequest) -> ChatCompletionRequest:
     """The body in the chat route's words; a 400 naming what the chat route refuses."""
     try:
         return body.to_chat()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise APIError(f"{where}: {first['msg']}" if where else first["msg"]) from None
-    except ValueError as exc:
-        raise APIError(str(exc)) from None
+    except ValueError as exc:  # pydantic's ValidationError included
+        raise conversion_error(exc) from None

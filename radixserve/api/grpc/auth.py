@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from radixserve.api.access.tenants import Tenants
+from radixserve.api.access.tenants import Caller, Tenants
 
 # every method of the service, by who may call it: anyone (HealthCheck, as HTTP's /health:
 # gateways probe it without a key), anyone with a key, or an operator; the gateway of
@@ -25,14 +25,6 @@ TENANT_METHODS = frozenset(
     {"Generate", "Abort", "GetModelInfo", "GetServerInfo", "GetLoads", "GetTokenizer", "Embed"}
 )
 GATEWAY_METHODS = frozenset({"SubscribeKvEvents", "FlushCache"})
-
-
-class Caller:
-    """What the HTTP guard leaves in ``request.state``: ``tenant`` and ``admin``."""
-
-    def __init__(self, tenant: str | None, admin: bool) -> None:
-        self.tenant = tenant
-        self.admin = admin
 
 
 def caller(tenants: Tenants, metadata: Any) -> Caller | None:

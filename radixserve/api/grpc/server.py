@@ -39,9 +39,9 @@ from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
-from radixserve.api.access.tenants import Tenants
+from radixserve.api.access.tenants import Caller, Tenants
 from radixserve.api.errors import APIError
-from radixserve.api.grpc.auth import Caller, KeyInterceptor, caller
+from radixserve.api.grpc.auth import KeyInterceptor, caller
 from radixserve.api.grpc.convert import (
     complete_of,
     max_new_tokens_of,
@@ -207,7 +207,7 @@ class SchedulerService(pb_grpc.SglangSchedulerServicer):
         )
 
     def _pending(self, who: Caller) -> int:
-        return sum(scope_of(rid) == self.tenants.scope(who) for rid in self.tm.states)
+        return self.tm.num_pending(self.tenants.scope(who))
 
     async def GetLoads(self, request: Any, context: Any) -> pb.GetLoadsResponse:  # noqa: N802
         """The scheduler's load to an operator and the gateway (its routing reads it); a

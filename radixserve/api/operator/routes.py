@@ -19,7 +19,6 @@ from radixserve.api.operator.tenant_metrics import MetricsByTenant
 from radixserve.api.streaming import collect_all, open_requests
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
-from radixserve.server.rid_scope import scope_of
 from radixserve.server.tokenizer_manager import TokenizerManager
 from radixserve.types import SamplingParams
 
@@ -89,7 +88,7 @@ def info_router(
         """What sglang-router's load-aware policies read (the gateway and operators: the
         scheduler's; a tenant: its own pending requests)."""
         if not (tenants.is_operator(raw.state) or tenants.is_gateway(raw.state)):
-            mine = sum(scope_of(rid) == raw.state.tenant for rid in tm.states)
+            mine = tm.num_pending(raw.state.tenant)
             return {"load": mine, "dp_rank": 0, "num_reqs": mine, "num_waiting_reqs": 0}
         return server_info.load(await tm.get_server_info(check_integrity=False))
 

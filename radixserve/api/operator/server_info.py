@@ -20,7 +20,6 @@ from typing import Any
 
 from radixserve.api.access.tenants import KEY_TENANT_PREFIX
 from radixserve.config import ServerConfig
-from radixserve.server.rid_scope import scope_of
 from radixserve.server.tokenizer_manager import TokenizerManager
 
 
@@ -109,7 +108,7 @@ def tenant_server_info(
     """A tenant's view: the settings, and figures of its own requests only (``usage``, from
     :class:`~radixserve.api.operator.tenant_metrics.MetricsByTenant`); no other tenant's load,
     prompts or cache hits."""
-    pending = sum(scope_of(rid) == tenant for rid in tm.states)
+    pending = tm.num_pending(tenant)
     scheduler = {**usage, "num_pending_reqs": pending, "view": "tenant"}
     return {
         **_shape(tm, config, usage["gen_throughput"], pending, scheduler),

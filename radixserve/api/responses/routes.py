@@ -7,11 +7,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 
 from radixserve.api.access.routes import Access, declare
 from radixserve.api.access.tenants import Tenants
-from radixserve.api.errors import APIError
+from radixserve.api.errors import APIError, conversion_error
 from radixserve.api.formats.reasoning import ReasoningStream
 from radixserve.api.formats.tool_calls import ParsedCall
 from radixserve.api.openai.chat import ChatServing
@@ -107,9 +106,5 @@ def _assistant_turn(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _to_chat(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatCompletionRequest:
     try:
         return body.to_chat(history)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise APIError(f"{where}: {first['msg']}" if where else first["msg"]) from None
-    except (ValueError, KeyError) as exc:
-        raise APIError(f"input: {exc}") from None
+    except (ValueError, KeyError) as exc:  # pydantic's ValidationError included
+        raise conversion_error(exc, "input: ") from None
