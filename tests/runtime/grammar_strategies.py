@@ -9,14 +9,19 @@ import json
 import re
 from typing import Any
 
+from hypothesis import assume
 from hypothesis import strategies as st
+
+from radixserve.runtime.grammar.limits import MAX_REPEAT_COST, repeat_cost
 
 _ATOMS = st.sampled_from(["a", "b", "x", "7", "-", "[a-c]", "[0-9]", "[xyz]", r"\.", " "])
 
 
 @st.composite
 def regexes(draw: st.DrawFn, depth: int = 2, atoms: st.SearchStrategy[str] = _ATOMS) -> str:
-    """A regex over a few atoms: sequences, alternations, ``?`` and bounded repeats."""
+    """A regex over a few atoms: sequences, alternations, ``?`` and bounded repeats, within the
+    edge's limit on bounded repeats (a longer one is refused at submission: see
+    :func:`nested_repeats` for those)."""
     parts = []
     for _ in range(draw(st.integers(1, 4))):
         kind = draw(st.sampled_from(["atom", "atom", "alt", "rep", "opt"] if depth else ["atom"]))
@@ -33,6 +38,7 @@ def regexes(draw: st.DrawFn, depth: int = 2, atoms: st.SearchStrategy[str] = _AT
             parts.append(f"({draw(regexes(depth - 1, atoms))})?")
     pattern = "".join(parts)
     re.compile(pattern)  # the generator's own check: a valid Python regex
+    assume(repeat_cost(pattern) <= MAX_REPEAT_COST)
     return pattern
 
 
