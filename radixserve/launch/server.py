@@ -36,6 +36,7 @@ from radixserve.server.io_struct import SchedulerInfo
 from radixserve.server.ipc import IpcEndpoints
 from radixserve.server.scheduler_process import run_scheduler_process
 from radixserve.server.tokenizer_manager import TokenizerManager
+from radixserve.tokenizer_loader import load_tokenizer
 
 logger = logging.getLogger("radixserve.server")
 
@@ -64,9 +65,13 @@ def launch_server(config: ServerConfig) -> int:
     old_term = signal.signal(signal.SIGTERM, _raise_terminated)
     code = 0
     try:
-        info = _start_children(config, endpoints, children)
+        pipes = _start_children(config, endpoints, children)
+        tokenizer = _early_tokenizer(config)  # while the children load
+        info = _wait_children(config, children, pipes)
         metrics = MetricsByTenant(config.model_name)
-        tm = TokenizerManager(config, endpoints, info, children=children, observer=metrics)
+        tm = TokenizerManager(
+            config, endpoints, info, tokenizer, children=children, observer=metrics
+        )
         app = create_app(tm, config, metrics)
         limits = ConnectionLimits.default(
             config.max_connections,
@@ -107,7 +112,8 @@ def _raise_terminated(signum: int, frame: FrameType | None) -> None:
 
 def _start_children(
     config: ServerConfig, endpoints: IpcEndpoints, children: dict[str, BaseProcess]
-) -> SchedulerInfo:
+) -> dict[str, Connection]:
+    """Start the detokenizer and the scheduler (into ``children``); their ready pipes."""
     ctx = multiprocessing.get_context("spawn")
     model_path = config.engine.model_path
     assert model_path is not None
@@ -130,6 +136,25 @@ def _start_children(
         writer.close()
         children[name], pipes[name] = proc, reader
     logger.info("loading %s in the scheduler process", model_path)
+    return pipes
+
+
+def _early_tokenizer(config: ServerConfig) -> Any:
+    """The tokenizer, loaded here while the children start (a second of CPU off the
+    start-up's critical path); ``None`` if it fails, so that the children's own report of
+    the failure is what the user reads."""
+    assert config.engine.model_path is not None
+    try:
+        return load_tokenizer(config.engine.model_path)
+    except Exception:
+        return None
+
+
+def _wait_children(
+    config: ServerConfig, children: dict[str, BaseProcess], pipes: dict[str, Connection]
+) -> SchedulerInfo:
+    """Wait until every child is ready (:class:`StartupError` if one fails); the scheduler's
+    :class:`SchedulerInfo`."""
     ready = {name: _wait_ready(name, children[name], pipes[name], config) for name in children}
     info = ready["scheduler"]
     assert isinstance(info, SchedulerInfo)

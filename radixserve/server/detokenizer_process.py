@@ -17,6 +17,7 @@ from radixserve.server.ipc import (
     recv_all,
     setup_child_process,
 )
+from radixserve.tokenizer_loader import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +35,7 @@ def run_detokenizer_process(
     tokenizer is loaded, then runs until the parent goes away or SIGTERM."""
     setup_child_process(log_level)
     try:
-        from transformers import AutoTokenizer
-
-        detokenizer = Detokenizer(AutoTokenizer.from_pretrained(tokenizer_path))
+        detokenizer = Detokenizer(load_tokenizer(tokenizer_path))
     except Exception:
         ready.send(f"the detokenizer could not load the tokenizer:\n{traceback.format_exc()}")
         raise

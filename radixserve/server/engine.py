@@ -24,6 +24,7 @@ from radixserve.server.detokenizer import Detokenizer
 from radixserve.server.io_struct import DetokenizeParams, SchedulerInfo, TextOutput
 from radixserve.server.request_validation import RequestValidator
 from radixserve.server.result import RequestResult, TokenText, generate_result
+from radixserve.tokenizer_loader import load_tokenizer
 from radixserve.types import SamplingParams, new_rid
 
 _Call = tuple[Callable[[], Any], Future[Any]]
@@ -46,9 +47,7 @@ class Engine:
             model_path = resolve_model(str(model_path), revision)
         self.config = EngineConfig(model_path=model_path, **config)
         if tokenizer is None and model_path is not None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(model_path)
+            tokenizer = load_tokenizer(model_path)
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(self.config, tokenizer=tokenizer)
         text_tokens = len(tokenizer) if tokenizer is not None else None

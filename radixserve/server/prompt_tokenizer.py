@@ -19,6 +19,7 @@ import asyncio
 from typing import Any
 
 from radixserve.server.content_guard import ContentGuard
+from radixserve.tokenizer_loader import load_tokenizer
 
 LARGE_TEXT_CHARS = 16384
 
@@ -47,9 +48,7 @@ class PromptTokenizer:
         max_context_len: int | None = None,
         allow_special_tokens_in_content: bool = False,
     ) -> PromptTokenizer:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_tokenizer(path)
         return cls(tokenizer, max_context_len, allow_special_tokens_in_content)
 
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:

@@ -45,6 +45,7 @@ from radixserve.server.ipc import (
     setup_child_process,
 )
 from radixserve.server.kv_event_publisher import KVEventPublisher
+from radixserve.tokenizer_loader import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -241,10 +242,8 @@ def run_scheduler_process(
     ``ready`` once the model is loaded, then runs the loop."""
     setup_child_process(log_level)
     try:
-        from transformers import AutoTokenizer
-
         assert config.model_path is not None
-        tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+        tokenizer = load_tokenizer(config.model_path)
         scheduler = Scheduler(config, tokenizer=tokenizer)
     except TierUnavailable as exc:  # a directory taken or unusable: a line, not a traceback
         ready.send(str(exc))

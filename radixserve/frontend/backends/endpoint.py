@@ -31,6 +31,7 @@ from radixserve.frontend.backends.scoring import (
 from radixserve.frontend.chat_template import ChatTemplate
 from radixserve.frontend.errors import BackendError
 from radixserve.frontend.select_methods import ChoiceLogprobs
+from radixserve.tokenizer_loader import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -192,9 +193,7 @@ def _local_tokenizer(model_info: dict[str, Any]) -> Any | None:
     if not isinstance(path, str) or not os.path.isdir(path):
         return None
     try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return load_tokenizer(path, local_files_only=True)
     except Exception as exc:  # a missing or broken tokenizer only costs the template
         logger.warning("cannot load the server's tokenizer from %s: %s", path, exc)
         return None
