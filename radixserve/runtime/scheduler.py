@@ -86,7 +86,8 @@ class Scheduler:
         self.pending_outputs: list[ReqOutput] = []
         self.new_token_ratio = self.constants.init_new_token_ratio
         self.stats = SchedulerStats(clock=clock)
-        self.spec = SpecDecoder.of(config, self.kv, self.max_context_len, self.stats)
+        runner = getattr(worker, "runner", None)  # the cost model measures its steps
+        self.spec = SpecDecoder.of(config, self.kv, self.max_context_len, self.stats, runner)
         self.grammars = GrammarFactory(tokenizer, worker.vocab_size, self.eos_token_ids)
         self.enable_jump_forward = not config.disable_jump_forward
         self.swap = config.preemption_mode == "swap"  # sent-back KV goes to the tier

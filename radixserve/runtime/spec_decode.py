@@ -5,8 +5,9 @@ Each decode step it is asked for drafts (:meth:`SpecDecoder.propose`): for every
 request, up to ``speculative_num_draft_tokens - 1`` tokens from the request's own text or the
 tree's cached sequences in its namespace (``radixserve.spec``), as long as its recent
 acceptance says (``DraftLength``), then as many as the cost model finds worth a wider forward
-(``VerifyCost``). With any, the step is a VERIFY (``ScheduleBatch.verify``): the ``KVManager``
-allocates ``1 + k`` slots per request, the worker keeps the accepted prefix and the model's next
+(``StepCosts``, measured on this machine at start: ``runtime/spec_calibrate.py``). With any,
+the step is a VERIFY (``ScheduleBatch.verify``): the ``KVManager`` allocates ``1 + k`` slots
+per request, the worker keeps the accepted prefix and the model's next
 token (``runtime/spec_verify.py``), and :meth:`SpecDecoder.on_result` frees the rejected drafts'
 KV (``KVManager.trim``) before anything reaches the tree. Without drafts it is a plain decode.
 
@@ -22,16 +23,18 @@ import numpy as np
 
 from radixserve.config import EngineConfig
 from radixserve.runtime.kv_manager import KVManager
+from radixserve.runtime.model_runner import ModelRunner
 from radixserve.runtime.model_worker import BatchResult
 from radixserve.runtime.schedule_batch import ScheduleBatch
 from radixserve.runtime.scheduler_stats import SchedulerStats
+from radixserve.runtime.spec_calibrate import measure_step_costs
 from radixserve.spec import (
     NO_DRAFT,
     DraftLength,
     NgramDrafter,
     NgramParams,
+    StepCosts,
     TreeDraftIndex,
-    VerifyCost,
 )
 from radixserve.types import Req
 
@@ -57,8 +60,14 @@ class SpecDecoder:
     enabled = True
 
     def __init__(
-        self, config: EngineConfig, kv: KVManager, max_context_len: int, stats: SchedulerStats
+        self,
+        config: EngineConfig,
+        kv: KVManager,
+        max_context_len: int,
+        stats: SchedulerStats,
+        runner: ModelRunner | None = None,
     ) -> None:
+        """``runner``: the model whose steps the cost model measures now (``None``: a prior)."""
         self.params = NgramParams(
             min_n=config.speculative_ngram_min_match_window_size,
             max_n=config.speculative_ngram_max_match_window_size,
@@ -71,7 +80,12 @@ class SpecDecoder:
             index = TreeDraftIndex(kv.tree.page_size, p.min_n, p.max_n, p.capacity)
             kv.tree.add_observer(index)
         self.drafter = NgramDrafter(p, index)
-        self.cost = VerifyCost()
+        self.cost = StepCosts.prior()
+        if runner is not None:
+            max_bs = config.speculative_ngram_max_batch_size or config.max_running_requests
+            max_bs = min(max_bs, config.max_running_requests)
+            measured = measure_step_costs(runner, kv, max_bs, max_bs * (p.max_draft + 1))
+            self.cost = measured or self.cost
         self.max_batch_size = config.speculative_ngram_max_batch_size
         self.kv = kv
         self.max_context_len = max_context_len
@@ -79,11 +93,16 @@ class SpecDecoder:
 
     @classmethod
     def of(
-        cls, config: EngineConfig, kv: KVManager, max_context_len: int, stats: SchedulerStats
+        cls,
+        config: EngineConfig,
+        kv: KVManager,
+        max_context_len: int,
+        stats: SchedulerStats,
+        runner: ModelRunner | None = None,
     ) -> SpecDecoder | NoSpec:
         if config.speculative_algorithm is None:
             return NoSpec()
-        return cls(config, kv, max_context_len, stats)
+        return cls(config, kv, max_context_len, stats, runner)
 
     def propose(self, reqs: list[Req], available: int) -> list[np.ndarray] | None:
         """Each request's drafts for the next step (empty where none pays), or ``None`` for a
@@ -97,7 +116,7 @@ class SpecDecoder:
             return None
         drafts = [self._draft(r) for r in reqs]
         gains = [r.spec_state.gains(d.shape[0]) for r, d in zip(reqs, drafts, strict=True)]
-        counts = self.cost.plan(gains)
+        counts = self.cost.plan(gains, [r.seq_len for r in reqs])
         page = self.kv.page_size
         if sum(counts) == 0 or sum(counts) + len(reqs) * (1 + page) > available:
             return None

@@ -4,7 +4,7 @@ Below the runtime and beside ``policy`` and ``models``: it reads token ids and t
 nodes (as an observer), never a model, a pool or a ``Req``.
 """
 
-from radixserve.spec.cost_model import VerifyCost
+from radixserve.spec.cost_model import StepCosts
 from radixserve.spec.drafter import DraftLength, NgramDrafter, NgramParams
 from radixserve.spec.suffix_match import NO_DRAFT, Draft, suffix_match
 from radixserve.spec.tree_index import TreeDraftIndex
@@ -15,7 +15,7 @@ __all__ = [
     "DraftLength",
     "NgramDrafter",
     "NgramParams",
+    "StepCosts",
     "TreeDraftIndex",
-    "VerifyCost",
     "suffix_match",
 ]

@@ -1,59 +1,130 @@
-"""VerifyCost: what one forward costs against the tokens it computes, and how many drafted
+"""StepCosts: what a decode step and a verify step cost on this machine, and which drafted
 tokens are worth verifying.
 
-A step of ``bs`` requests computing ``T`` tokens in all costs ``fixed + per_token * T``: the
-fixed part streams the weights once (a decode at small batch is bound by it), each token adds
-its compute. A plain decode computes ``T = bs`` tokens and yields ``bs``; a verify computes
-``bs + K`` (``K`` drafted tokens) and yields ``bs + G``, ``G`` the drafts it accepts. Draft
-tokens are taken in order of their expected gain (a request's ``j``-th draft is accepted with
-probability ``rate ** j``) while each raises tokens per second::
+A plain decode of ``bs`` requests yields ``bs`` tokens; a verify that computes ``bs + K`` tokens
+(``K`` drafted) yields ``bs + G``, ``G`` the drafts it accepts. Their times come from tables
+measured at start (``runtime/spec_calibrate.py``): a decode against its batch size, a verify
+against the tokens it computes (its linear layers and the lm_head run on every one), each plus
+a cost per token of context its attention reads. Between the measured sizes the tables are
+interpolated, past the last one extended along its last segment.
 
-    (bs + G + g) / (t + per_token) > (bs + G) / t   <=>   g * t > per_token * (bs + G)
-
-So at batch 1 (``t`` is mostly the fixed part) drafts pay from a modest acceptance, and at a
-large batch (``t`` is mostly compute already) only nearly certain ones do, or none.
+:meth:`StepCosts.plan` takes draft tokens in order of their expected gain (a request's
+``j``-th draft is accepted with probability about ``rate ** j``) per the time each adds, and
+keeps the number of them with the most tokens per second, if that beats the plain decode's;
+otherwise none. So at
+batch 1, where a step is mostly streaming the weights once, drafts pay from a modest
+acceptance; at a large batch, where a step is compute already, only nearly certain ones do,
+or none; and a request with a long context, whose every drafted token reads all of it, drafts
+less than a short one.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# per-token over fixed cost of a CPU step: radixserve's decode of the Qwen2.5-0.5B shape in bf16
-# on a 2-core AVX-512 (VNNI) CPU, 2026-11-27, took 59 ms a step at b=1 and 111 ms at b=8. The
-# prior until the machine's own figures are measured
+# The prior until a machine is measured (and for model-free tests): a token's cost 0.14 of a
+# step's fixed cost, radixserve's decode of the Qwen2.5-0.5B shape in bf16 on a 2-core AVX-512
+# (VNNI) CPU (59 ms a step at b=1, 111 ms at b=8)
 DEFAULT_TOKEN_RATIO = 0.14
 
 
+def _interp(sizes: Sequence[int], seconds: Sequence[float], n: float) -> float:
+    """``seconds`` at ``n`` by the table: linear between sizes, along the last segment past
+    the end, the first value below the start."""
+    i = bisect.bisect_left(sizes, n)
+    if i < len(sizes) and sizes[i] == n:
+        return seconds[i]
+    if i == 0:
+        return seconds[0]
+    if i == len(sizes):
+        if len(sizes) == 1:
+            return seconds[0] * n / sizes[0]
+        i -= 1
+    x0, x1, y0, y1 = sizes[i - 1], sizes[i], seconds[i - 1], seconds[i]
+    return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+
+
+def _check_table(name: str, sizes: Sequence[int], seconds: Sequence[float]) -> None:
+    if not sizes or len(sizes) != len(seconds):
+        raise ValueError(f"{name}: one time per size, at least one")
+    if any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)) or sizes[0] < 1:
+        raise ValueError(f"{name}: sizes must be >= 1 and ascending")
+    if any(s <= 0 for s in seconds):
+        raise ValueError(f"{name}: times must be > 0")
+
+
 @dataclass(frozen=True, slots=True)
-class VerifyCost:
-    fixed_s: float = 1.0
-    per_token_s: float = DEFAULT_TOKEN_RATIO
+class StepCosts:
+    """``decode_s[i]``: seconds of a plain decode of ``decode_sizes[i]`` requests;
+    ``verify_s[i]``: of a verify computing ``verify_sizes[i]`` tokens (both over contexts of
+    about one token). ``decode_context_s``: seconds per token of context per request in a
+    decode; ``verify_context_s``: per computed token per token of its context in a verify."""
+
+    decode_sizes: tuple[int, ...]
+    decode_s: tuple[float, ...]
+    verify_sizes: tuple[int, ...]
+    verify_s: tuple[float, ...]
+    decode_context_s: float = 0.0
+    verify_context_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.fixed_s < 0 or self.per_token_s <= 0:
-            raise ValueError("a step's cost needs fixed_s >= 0 and per_token_s > 0")
+        _check_table("decode", self.decode_sizes, self.decode_s)
+        _check_table("verify", self.verify_sizes, self.verify_s)
+        if self.decode_context_s < 0 or self.verify_context_s < 0:
+            raise ValueError("context costs must be >= 0")
 
-    def step_s(self, num_tokens: int) -> float:
-        return self.fixed_s + self.per_token_s * num_tokens
+    @classmethod
+    def prior(cls, token_ratio: float = DEFAULT_TOKEN_RATIO) -> StepCosts:
+        """A step costs ``1 + token_ratio * tokens`` (decode or verify alike), whatever the
+        context."""
+        sizes = (1, 1024)
+        seconds = tuple(1.0 + token_ratio * n for n in sizes)
+        return cls(sizes, seconds, sizes, seconds)
 
-    def plan(self, gains: Sequence[Sequence[float]]) -> list[int]:
-        """Per request, how many of its draft tokens to verify, given each one's expected gain
-        (non-increasing along a request's draft: a token counts only with those before it)."""
+    def decode(self, bs: int, context: int) -> float:
+        """Seconds of a plain decode of ``bs`` requests whose contexts hold ``context``
+        tokens in all."""
+        return _interp(self.decode_sizes, self.decode_s, bs) + self.decode_context_s * context
+
+    def verify(self, tokens: int, context: int) -> float:
+        """Seconds of a verify computing ``tokens`` tokens; ``context``: the sum over them of
+        the tokens each one's attention reads."""
+        return _interp(self.verify_sizes, self.verify_s, tokens) + self.verify_context_s * context
+
+    def plan(self, gains: Sequence[Sequence[float]], contexts: Sequence[int]) -> list[int]:
+        """Per request, how many of its draft tokens to verify, given each one's expected
+        gain (non-increasing along a request's draft: a token counts only with those before
+        it) and each request's context (its tokens so far). All zeros when no choice beats
+        the plain decode."""
         bs = len(gains)
+        if bs == 0:
+            return []
+        # a token's marginal time: the table's slope (about the same for every request) plus
+        # the context its attention reads; tokens go in order of gain per marginal time
+        slope = (self.verify(2 * bs + 1, 0) - self.verify(bs, 0)) / (bs + 1)
+        cost = [max(slope + self.verify_context_s * n, 1e-12) for n in contexts]
         order = sorted(
             ((g, j, i) for i, row in enumerate(gains) for j, g in enumerate(row)),
-            key=lambda c: (-c[0], c[1]),
+            key=lambda c: (-c[0] / cost[c[2]], c[1]),
         )
+        context = sum(contexts)
+        best_rate, best_n = bs / self.decode(bs, context), 0
         counts = [0] * bs
+        taken: list[int] = []
         expected = 0.0
-        t = self.step_s(bs)
         for g, j, i in order:
             if j != counts[i]:
                 continue  # an earlier token of its draft was not taken
-            if g * t <= self.per_token_s * (bs + expected):
-                break  # gains only fall and the bar only rises from here
             counts[i] += 1
+            taken.append(i)
             expected += g
-            t += self.per_token_s
-        return counts
+            context += contexts[i]
+            rate = (bs + expected) / self.verify(bs + len(taken), context)
+            if rate > best_rate:
+                best_rate, best_n = rate, len(taken)
+        plan = [0] * bs
+        for i in taken[:best_n]:
+            plan[i] += 1
+        return plan

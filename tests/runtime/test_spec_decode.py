@@ -237,3 +237,21 @@ def test_lora_requests_draft_under_their_adapter(tmp_path: Path, tiny_llama_dir:
     spec, stats = run(tiny_llama_dir, prompts, loras, speculative_algorithm="NGRAM", **config)
     assert greedy_ids(spec) == greedy_ids(plain)
     assert stats["num_spec_accepted_tokens"] > 0
+
+
+def test_the_cost_model_is_measured_at_start_on_scratch_space(tiny_llama_dir: Path) -> None:
+    """The steps are timed on this machine at start (not the prior), every table grows with
+    its size, and the scratch rows and slots are back in the pools before the first request."""
+    from radixserve.spec import StepCosts
+
+    config = dict(dtype="float32", max_total_tokens=2048, max_running_requests=8)
+    with Engine(str(tiny_llama_dir), speculative_algorithm="NGRAM", **config) as engine:
+        scheduler = engine.scheduler  # type: ignore[attr-defined]
+        cost, kv = scheduler.spec.cost, scheduler.kv
+        assert cost != StepCosts.prior()
+        assert cost.decode_sizes[0] == 1 and cost.verify_sizes[0] == 1
+        for seconds in (cost.decode_s, cost.verify_s):
+            assert list(seconds) == sorted(seconds) and seconds[0] > 0
+        assert kv.allocator.available_size() == kv.capacity
+        assert kv.req_to_token_pool.available_size() == kv.req_to_token_pool.size
+        engine.check_integrity()

@@ -12,7 +12,7 @@ import torch
 
 from radixserve.radix import RadixCache
 from radixserve.radix.kv_events import KVEventRecorder
-from radixserve.spec import NgramDrafter, NgramParams, TreeDraftIndex, VerifyCost, suffix_match
+from radixserve.spec import NgramDrafter, NgramParams, StepCosts, TreeDraftIndex, suffix_match
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -145,8 +145,72 @@ def test_tenant_b_gets_no_draft_from_tenant_a() -> None:
 
 
 def test_cost_model_drafts_at_batch_one_not_at_a_large_batch() -> None:
-    cost = VerifyCost(1.0, 0.14)
+    cost = StepCosts.prior(0.14)
     gains = [0.8**j for j in range(1, 8)]
-    assert cost.plan([gains])[0] >= 3
-    assert cost.plan([gains] * 64) == [0] * 64
-    assert cost.plan([[0.01] * 7]) == [0]
+    assert cost.plan([gains], [100])[0] >= 3
+    assert cost.plan([gains] * 64, [100] * 64) == [0] * 64
+    assert cost.plan([[0.01] * 7], [100]) == [0]
+
+
+def _brute_force(cost: StepCosts, gains: list[list[float]], contexts: list[int]) -> float:
+    """The best tokens per second over every choice of draft lengths (the reference)."""
+    import itertools
+
+    bs, context = len(gains), sum(contexts)
+    best = bs / cost.decode(bs, context)
+    for counts in itertools.product(*(range(len(row) + 1) for row in gains)):
+        if sum(counts):
+            got = bs + sum(sum(row[:c]) for row, c in zip(gains, counts, strict=True))
+            ctx = context + sum(c * n for c, n in zip(counts, contexts, strict=True))
+            best = max(best, got / cost.verify(bs + sum(counts), ctx))
+    return best
+
+
+def _rate(cost: StepCosts, gains: list[list[float]], contexts: list[int], plan: list[int]) -> float:
+    bs, context = len(gains), sum(contexts)
+    if not sum(plan):
+        return bs / cost.decode(bs, context)
+    got = bs + sum(sum(row[:c]) for row, c in zip(gains, plan, strict=True))
+    ctx = context + sum(c * n for c, n in zip(plan, contexts, strict=True))
+    return got / cost.verify(bs + sum(plan), ctx)
+
+
+def test_measured_costs_plan_near_the_best_choice() -> None:
+    """On tables shaped as measured ones are (a flat start, then linear; context costs), the
+    plan's tokens per second come within 3% of the best of every choice, and it never picks
+    drafts that lose to the plain decode."""
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        knee = int(rng.integers(1, 64))
+        sizes = (1, 2, 4, 8, 16, 32, 64, 128)
+        per = float(rng.uniform(0.005, 0.2))
+        seconds = tuple(1.0 + per * max(n - knee, 0) + 0.002 * n for n in sizes)
+        cost = StepCosts(
+            sizes,
+            seconds,
+            sizes,
+            tuple(s * 1.05 for s in seconds),
+            float(rng.uniform(0, 1e-4)),
+            float(rng.uniform(0, 1e-4)),
+        )
+        bs = int(rng.integers(1, 4))
+        gains = [sorted(rng.uniform(0, 1, 3).tolist(), reverse=True) for _ in range(bs)]
+        contexts = rng.integers(1, 8000, bs).tolist()
+        plan = cost.plan(gains, contexts)
+        assert _rate(cost, gains, contexts, plan) >= 0.97 * _brute_force(cost, gains, contexts)
+        assert _rate(cost, gains, contexts, plan) >= bs / cost.decode(bs, sum(contexts))
+
+
+def test_a_long_context_drafts_less() -> None:
+    sizes = (1, 8, 64)
+    cost = StepCosts(sizes, (1.0, 1.05, 1.6), sizes, (1.0, 1.05, 1.6), 1e-5, 1e-5)
+    gains = [0.6**j for j in range(1, 8)]
+    short, long = cost.plan([gains, gains], [100, 20000])
+    assert short > long
+
+
+def test_step_costs_refuse_bad_tables() -> None:
+    with pytest.raises(ValueError):
+        StepCosts((2, 1), (1.0, 2.0), (1,), (1.0,))
+    with pytest.raises(ValueError):
+        StepCosts((1,), (0.0,), (1,), (1.0,))
