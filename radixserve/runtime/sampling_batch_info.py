@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from radixserve.runtime.grammar.bitmask import fill_batch_bitmask
+from radixserve.runtime.grammar.bitmask import fill_batch_bitmask, fill_draft_bitmask
 from radixserve.transfer import to_device, to_device_packed
 from radixserve.types import Req, SamplingParams
 
@@ -66,41 +67,59 @@ class SamplingBatchInfo:
 
     @classmethod
     def from_reqs(
-        cls, reqs: Sequence[Req], vocab_size: int, device: torch.device | str = "cpu"
+        cls,
+        reqs: Sequence[Req],
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+        drafts: Sequence[np.ndarray] | None = None,
     ) -> SamplingBatchInfo:
         """From scheduler requests (their params, prompt, output so far, logprob wishes and
-        grammars: the mask is filled now, on the caller's thread).
+        grammars: the mask is filled now, on the caller's thread). With ``drafts`` (a verify),
+        request ``i`` has ``1 + len(drafts[i])`` rows, row ``j`` as if its first ``j`` drafted
+        tokens were output already (penalties, grammar mask, the step of a seeded draw).
 
         A request whose own parameters cannot be turned into its row fails alone: it gets its
         ``Req.failure`` (the scheduler ends it at its result), its row samples with the
         defaults, and the batch runs on."""
         try:
-            return cls._from_reqs(reqs, vocab_size, device)
+            return cls._from_reqs(reqs, vocab_size, device, drafts)
         except Exception:
-            for r in reqs:  # find the requests at fault, one row each
+            for i, r in enumerate(reqs):  # find the requests at fault, one row each
                 try:
-                    cls._from_reqs([r], vocab_size, device)
+                    cls._from_reqs([r], vocab_size, device, drafts and drafts[i : i + 1])
                 except Exception as exc:
                     r.failure = exc
             if all(r.failure is None for r in reqs):
                 raise  # no single request's: the batch's own failure
             rows = [r if r.failure is None else Req(rid=r.rid, origin_input_ids=[0]) for r in reqs]
-            return cls._from_reqs(rows, vocab_size, device)
+            return cls._from_reqs(rows, vocab_size, device, drafts)
 
     @classmethod
     def _from_reqs(
-        cls, reqs: Sequence[Req], vocab_size: int, device: torch.device | str
+        cls,
+        reqs: Sequence[Req],
+        vocab_size: int,
+        device: torch.device | str,
+        drafts: Sequence[np.ndarray] | None,
     ) -> SamplingBatchInfo:
+        rows: list[Req] = list(reqs)
+        outputs: list[Sequence[int]] = [r.output_ids for r in reqs]
+        if drafts is not None:
+            rows, outputs, steps = _draft_rows(reqs, drafts)
         info = cls.from_params(
-            [r.sampling_params for r in reqs],
-            [r.output_ids for r in reqs],
+            [r.sampling_params for r in rows],
+            outputs,
             vocab_size,
             device,
-            prompt_ids=[r.origin_input_ids for r in reqs],
-            return_logprob=[r.return_logprob for r in reqs],
-            top_logprobs_nums=[r.top_logprobs_num if r.return_logprob else 0 for r in reqs],
+            prompt_ids=[r.origin_input_ids for r in rows],
+            return_logprob=[r.return_logprob for r in rows],
+            top_logprobs_nums=[r.top_logprobs_num if r.return_logprob else 0 for r in rows],
         )
-        info.vocab_mask = fill_batch_bitmask(reqs, vocab_size)
+        if drafts is None:
+            info.vocab_mask = fill_batch_bitmask(reqs, vocab_size)
+        else:
+            info.vocab_mask = fill_draft_bitmask(reqs, drafts, vocab_size)
+            info.steps = steps
         return info
 
     @classmethod
@@ -176,6 +195,30 @@ class SamplingBatchInfo:
             info.presence_penalties = col([p.presence_penalty for p in params])
             info.output_counts = _token_table(output_ids, vocab_size, device, torch.float32)
         return info
+
+
+def _draft_rows(
+    reqs: Sequence[Req], drafts: Sequence[np.ndarray]
+) -> tuple[list[Req], list[Sequence[int]], list[int]]:
+    """A verify's rows: each request once per position; each row's output with the drafted
+    tokens before it (whole lists only when a penalty of the batch counts them), and its
+    length (the step of a seeded draw)."""
+    rows = [r for r, d in zip(reqs, drafts, strict=True) for _ in range(1 + d.shape[0])]
+    steps = [
+        r.output_len + j for r, d in zip(reqs, drafts, strict=True) for j in range(1 + d.shape[0])
+    ]
+    if not any(_counts_tokens(r.sampling_params) for r in reqs):
+        return rows, [()] * len(rows), steps
+    outputs: list[Sequence[int]] = [
+        [*r.output_ids, *d[:j].tolist()]
+        for r, d in zip(reqs, drafts, strict=True)
+        for j in range(1 + d.shape[0])
+    ]
+    return rows, outputs, steps
+
+
+def _counts_tokens(p: SamplingParams) -> bool:
+    return p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 or p.repetition_penalty != 1.0
 
 
 def _bias_table(

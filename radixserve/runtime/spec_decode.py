@@ -11,10 +11,10 @@ per request, the worker keeps the accepted prefix and the model's next
 token (``runtime/spec_verify.py``), and :meth:`SpecDecoder.on_result` frees the rejected drafts'
 KV (``KVManager.trim``) before anything reaches the tree. Without drafts it is a plain decode.
 
-Requests drafted for: every one whose sampling does not depend on its own output. Not (yet):
-a grammar (a draft would need the matcher's word), frequency, presence or repetition penalties
-(each draft position would need the counts of the drafts before it); those decode one token a
-step beside the others. :class:`NoSpec` is the null object when speculation is off.
+Every request drafts: one with a grammar drafts the tokens its grammar accepts (the draft is
+cut at the first it refuses), and each verified position samples under its grammar's state
+and its penalties' counts after the drafts before it (``runtime/spec_verify.py``).
+:class:`NoSpec` is the null object when speculation is off.
 """
 
 from __future__ import annotations
@@ -148,16 +148,12 @@ class SpecDecoder:
                 req.spec_state.update(drafted, accepted)
 
     def _draft(self, req: Req) -> np.ndarray:
-        params = req.sampling_params
-        if (
-            req.grammar is not None
-            or req.failure is not None
-            or params.frequency_penalty != 0.0
-            or params.presence_penalty != 0.0
-            or params.repetition_penalty != 1.0
-        ):
+        if req.failure is not None:
             return NO_DRAFT.tokens
         state: DraftLength = req.spec_state
         room = min(req.max_new_tokens - req.output_len, self.max_context_len - req.seq_len) - 1
         draft = self.drafter.draft(req.fill_ids, req.extra_key, min(state.limit, room))
-        return draft.tokens[: state.want(draft.match_len)]
+        tokens = draft.tokens[: state.want(draft.match_len)]
+        if req.grammar is not None and tokens.shape[0]:  # cut where the grammar refuses
+            tokens = tokens[: req.grammar.draft_masks(tokens.tolist())]
+        return tokens

@@ -12,8 +12,8 @@ then take the argmax: the tokens of decoding without drafts.
 
 ``p_j`` is the sampler's own distribution (``Sampler.probs``: grammar mask, logit bias,
 penalties, temperature, top-k/p, min-p) from the request's parameters at output step
-``output_len + j``; a request whose sampling depends on its own output (penalties) or on a
-grammar is given no drafts (``runtime/spec_decode.py``), so its one row is a plain step.
+``output_len + j``, as if ``d_1 .. d_j`` were output already: the penalties count them, the
+grammar's mask is its state after them (``ReqGrammar.draft_masks``).
 A seeded request draws its numbers from ``(seed, step)`` streams: without drafts its token is
 the one plain decoding would sample.
 """
@@ -32,13 +32,10 @@ ACCEPT_SALT = 0x5EC0_ACCE  # the acceptance draws' own seeded streams
 def verify_sampling_info(
     batch: ScheduleBatch, vocab_size: int, device: torch.device
 ) -> SamplingBatchInfo:
-    """One row per verified token: each request's parameters repeated over its ``1 + k`` rows,
-    row ``j`` at output step ``output_len + j``."""
-    lens = [1 + d.shape[0] for d in batch.drafts]
-    rows = [r for r, n in zip(batch.reqs, lens, strict=True) for _ in range(n)]
-    info = SamplingBatchInfo.from_reqs(rows, vocab_size, device)
-    info.steps = [r.output_len + j for r, n in zip(batch.reqs, lens, strict=True) for j in range(n)]
-    return info
+    """One row per verified token: row ``j`` of a request samples as its output step
+    ``output_len + j`` would after its first ``j`` drafted tokens (their penalties counted,
+    its grammar advanced by them)."""
+    return SamplingBatchInfo.from_reqs(batch.reqs, vocab_size, device, batch.drafts)
 
 
 class VerifyResult:

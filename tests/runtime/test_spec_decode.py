@@ -50,6 +50,7 @@ def run(
     drafts from the tree too); the KV integrity checked after each. ``loras``: each prompt's
     adapter (the sampled one runs under the first's)."""
     with Engine(str(model), dtype="float32", max_total_tokens=2048, **config) as engine:
+        pin_cost_model(engine)
         outs = []
         first = loras[0] if loras else None
         every = [*loras, first] if loras else None
@@ -61,6 +62,16 @@ def run(
             outs.append(engine.generate(input_ids=batch, sampling_params=params, lora_path=every))
             engine.check_integrity()
         return outs, engine.get_stats()
+
+
+def pin_cost_model(engine: Engine) -> None:
+    """The prior cost model instead of the one measured at start: which tokens are drafted
+    then depends on the texts alone, not on how busy the machine was (outputs never do)."""
+    from radixserve.spec import StepCosts
+
+    spec = engine.scheduler.spec  # type: ignore[attr-defined]
+    if spec.enabled:
+        spec.cost = StepCosts.prior()
 
 
 def greedy_ids(outs: Any) -> list[list[list[int]]]:
@@ -102,6 +113,7 @@ def test_ends_and_logprobs_inside_a_draft(tiny_llama_dir: Path) -> None:
         with Engine(
             str(tiny_llama_dir), dtype="float32", max_total_tokens=2048, speculative_algorithm=spec
         ) as engine:
+            pin_cost_model(engine)
             got = []
             for params in cases:
                 outs = engine.generate(
@@ -255,3 +267,92 @@ def test_the_cost_model_is_measured_at_start_on_scratch_space(tiny_llama_dir: Pa
         assert kv.allocator.available_size() == kv.capacity
         assert kv.req_to_token_pool.available_size() == kv.req_to_token_pool.size
         engine.check_integrity()
+
+
+def test_grammars_and_penalties_draft_and_equal_decoding_without_drafts(
+    tiny_llama_dir: Path,
+) -> None:
+    """Requests with a grammar (drafts cut where it refuses; each position masked by its state
+    after the drafts before) and with frequency, presence and repetition penalties (each
+    position counting the drafts before it) draft, and their greedy outputs equal decoding
+    without drafts; a sampled request under a grammar keeps to it."""
+    import re
+
+    cases: list[dict[str, Any]] = [
+        dict(GREEDY, regex="[ab]{6,40}", max_new_tokens=30),
+        dict(GREEDY, regex="(ab|ba|abb){4,20}x?", max_new_tokens=30),
+        dict(GREEDY, frequency_penalty=0.3, presence_penalty=0.2),
+        dict(GREEDY, repetition_penalty=1.3),
+        dict(SAMPLED, regex="[ab]{6,40}", max_new_tokens=30),
+    ]
+    outs = {}
+    for spec in (None, "NGRAM"):
+        with Engine(
+            str(tiny_llama_dir), dtype="float32", max_total_tokens=4096, speculative_algorithm=spec
+        ) as engine:
+            pin_cost_model(engine)
+            prompt = engine.tokenizer.encode("ab ba abba " * 6 + "abba")
+            ids = [prompt] * len(cases)
+            first = engine.generate(input_ids=ids, sampling_params=cases)
+            again = engine.generate(input_ids=ids, sampling_params=cases)  # drafts from the tree
+            engine.check_integrity()
+            outs[spec] = (first, again, engine.get_stats())
+    for plain, drafted in zip(outs[None][:2], outs["NGRAM"][:2], strict=True):
+        for i in range(4):
+            assert drafted[i]["output_ids"] == plain[i]["output_ids"], i
+        for i in (0, 1, 4):
+            assert re.fullmatch(cases[i]["regex"], drafted[i]["text"]), drafted[i]["text"]
+    again = outs["NGRAM"][1]
+    assert all(again[i]["meta_info"].get("spec_verify_ct", 0) > 0 for i in range(4)), [
+        (o["meta_info"], o["text"]) for o in again
+    ]
+    assert outs["NGRAM"][2]["num_spec_accepted_tokens"] > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_draft_masks_are_the_masks_after_each_drafted_token(tiny_tokenizer: Any, seed: int) -> None:
+    """``ReqGrammar.draft_masks`` against a fresh grammar stepped token by token: the same
+    count of accepted draft tokens, the same mask at every position, its own state untouched."""
+    from radixserve.runtime.grammar import ReqGrammar, create_grammar_backend
+    from radixserve.runtime.grammar.bitmask import bitmask_width
+
+    vocab = len(tiny_tokenizer)
+    backend = create_grammar_backend(tiny_tokenizer, vocab, [tiny_tokenizer.eos_token_id or 0])
+    key = ("regex", "(ab|ba|abb){2,9}(x|yz)[0-9]{1,3}")
+    rng = np.random.default_rng(seed)
+
+    def walk(grammar: ReqGrammar, n: int) -> list[int]:
+        tokens = []
+        for _ in range(n):
+            mask = torch.zeros(1, bitmask_width(vocab), dtype=torch.int32)
+            grammar.fill_bitmask(mask, 0)
+            bits = np.unpackbits(mask.numpy().view(np.uint8), count=vocab, bitorder="little")
+            allowed = np.flatnonzero(bits)
+            if grammar.is_terminated() or not len(allowed):
+                break
+            tokens.append(int(rng.choice(allowed)))
+            grammar.accept(tokens[-1])
+        return tokens
+
+    grammar = ReqGrammar(backend.matcher(backend.compile(key)))
+    grammar_output = walk(grammar, 3)
+    # a draft: a valid continuation, then (or not) a random token it may refuse
+    probe = ReqGrammar(backend.matcher(backend.compile(key)))
+    probe.sync_to(grammar_output)
+    draft = walk(probe, 6) + [int(rng.integers(vocab))] * int(rng.integers(0, 2))
+    before = torch.zeros(1, bitmask_width(vocab), dtype=torch.int32)
+    grammar.fill_bitmask(before, 0)
+    masks = torch.zeros(len(draft) + 1, bitmask_width(vocab), dtype=torch.int32)
+    n = grammar.draft_masks(draft, masks, 0)
+    after = torch.zeros_like(before)
+    grammar.fill_bitmask(after, 0)
+    assert torch.equal(before, after) and grammar.num_accepted == len(grammar_output)
+    reference = ReqGrammar(backend.matcher(backend.compile(key)))
+    reference.sync_to(grammar_output)
+    for j in range(n + 1):
+        expected = torch.zeros(1, bitmask_width(vocab), dtype=torch.int32)
+        reference.fill_bitmask(expected, 0)
+        assert torch.equal(masks[j : j + 1], expected), j
+        if j < n:
+            reference.accept(draft[j])
+    assert n == len(draft) or not reference.matcher.accept_token(draft[n])

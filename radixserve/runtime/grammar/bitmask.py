@@ -34,6 +34,27 @@ def fill_batch_bitmask(reqs: Sequence[Req], vocab_size: int) -> torch.Tensor | N
     return bitmask
 
 
+def fill_draft_bitmask(
+    reqs: Sequence[Req], drafts: Sequence[np.ndarray], vocab_size: int
+) -> torch.Tensor | None:
+    """Like :func:`fill_batch_bitmask` for a verify: request ``i`` has ``1 + len(drafts[i])``
+    rows, row ``j`` the mask after its first ``j`` drafted tokens (``ReqGrammar.draft_masks``)."""
+    if all(r.grammar is None for r in reqs):
+        return None
+    rows = sum(1 + d.shape[0] for d in drafts)
+    bitmask = torch.full((rows, bitmask_width(vocab_size)), -1, dtype=torch.int32)
+    row = 0
+    for req, draft in zip(reqs, drafts, strict=True):
+        if req.grammar is not None and req.failure is None:
+            try:
+                req.grammar.draft_masks(draft.tolist(), bitmask, row)
+            except Exception as exc:  # that request fails at its result; the batch runs on
+                req.failure = exc
+                bitmask[row : row + 1 + draft.shape[0]] = -1
+        row += 1 + draft.shape[0]
+    return bitmask
+
+
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """A copy of ``logits`` ``[bs, vocab]`` with ``-inf`` where ``bitmask`` ``[bs, words]``
     has a zero bit (``logits`` itself is not modified: logprobs read the raw logits)."""

@@ -33,18 +33,51 @@ class ReqGrammar:
 
     def accept(self, token: int) -> None:
         """Advance by an emitted token (sampled under this grammar's mask, or forced)."""
+        if self._advance(token) is None:
+            raise AssertionError(f"token {token} was sampled outside its grammar")
+
+    def _advance(self, token: int) -> int | None:
+        """Advance by ``token``: ``None`` if the grammar refuses it (state unchanged), else the
+        tokens the matcher took (0 while the grammar waits)."""
         if self.waiting:
             self.waiting = token != self.after_token
             self.num_accepted += 1
             self.forced = self._compute_forced()
-            return
+            return 0
         if not self.matcher.accept_token(token):
-            raise AssertionError(f"token {token} was sampled outside its grammar")
+            return None
         self.num_accepted += 1
         if self.forced and token == self.forced[0]:
             del self.forced[0]
         else:  # a free choice: what the grammar forces next starts here
             self.forced = self._compute_forced()
+        return 1
+
+    def draft_masks(
+        self, draft: Sequence[int], bitmask: torch.Tensor | None = None, first_row: int = 0
+    ) -> int:
+        """Walk a speculative ``draft`` without keeping it: how many of its leading tokens the
+        grammar accepts in a row. With ``bitmask``, row ``first_row + j`` gets the mask after
+        ``draft[:j]``, for ``j`` up to that count (each verified position's mask). The state
+        afterwards is the state before."""
+        saved = (self.waiting, self.num_accepted, list(self.forced))
+        taken = accepted = 0
+        try:
+            for token in draft:
+                if bitmask is not None:
+                    self.fill_bitmask(bitmask, first_row + accepted)
+                step = self._advance(token)
+                if step is None:
+                    break
+                taken += step
+                accepted += 1
+            if bitmask is not None:
+                self.fill_bitmask(bitmask, first_row + accepted)
+        finally:
+            if taken:
+                self.matcher.rollback(taken)
+            self.waiting, self.num_accepted, self.forced = saved
+        return accepted
 
     def take_forced(self, limit: int) -> list[int]:
         """Jump forward: up to ``limit`` pending forced tokens, accepted now (the caller appends
