@@ -5,10 +5,13 @@ Its next token is a pure function of the tokens so far, so a request's output do
 on how it was batched, chunked, cached, retracted or preempted: a run with a tiny pool must give
 exactly the outputs of a run with a large one.
 
-Given a ``KVCache`` (``fake_scheduler(tier_tokens=...)``, one layer of one value per slot), it
-also plays the KV: each computed position's slot gets :func:`kv_code` of the tokens up to it,
-and every forward checks that the slots of the positions it reads (the cached prefix, loaded
-back from a KV tier or not) hold exactly those codes.
+Given a ``KVCache`` (``fake_scheduler(tier_tokens=...)`` or ``speculative_algorithm=...``, one
+layer of one value per slot), it also plays the KV: each computed position's slot gets
+:func:`kv_code` of the tokens up to it, and every forward checks that the slots of the
+positions it reads (the cached prefix, loaded back from a KV tier or not) hold exactly those
+codes. A VERIFY batch is verified greedily against the same "model": a drafted token is kept
+while it equals the model's token there (so a rejected draft's KV, were it ever cached, would
+fail the check of a later forward).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_worker import BatchResult
 from radixserve.runtime.schedule_batch import ScheduleBatch
 from radixserve.runtime.scheduler import Scheduler
+from radixserve.runtime.spec_verify import VerifyResult
 
 VOCAB = 1000
 
@@ -55,8 +59,11 @@ class FakeWorker:
     """Checks what a real forward relies on, then "samples" :func:`next_token`: every token of
     the sequence has a KV slot in the request's row, and the slots of the batch are distinct."""
 
-    def __init__(self, kv: KVManager, overlap: bool = False) -> None:
+    def __init__(
+        self, kv: KVManager, overlap: bool = False, model: Callable[[list[int]], int] = next_token
+    ) -> None:
         self.kv = kv
+        self.model = model
         self.overlap = overlap
         self.device = torch.device("cpu")
         self.vocab_size = VOCAB
@@ -68,6 +75,8 @@ class FakeWorker:
         fb = batch.forward_batch
         assert fb is not None
         self.num_forwards += 1
+        if batch.is_verify:
+            return self._verify(batch)
         slots = fb.out_cache_loc.tolist()
         assert len(set(slots)) == len(slots) and 0 not in slots, "a slot given twice or slot 0"
         new = set(slots)
@@ -87,9 +96,38 @@ class FakeWorker:
                 tokens.append(0)
                 continue
             # the sequence this forward sees: the request's tokens up to seq_len
-            tokens.append(next_token(req.fill_ids[:seq_len].tolist()))
+            tokens.append(self.model(req.fill_ids[:seq_len].tolist()))
         n = len(batch.reqs)
         return BatchResult(tokens, [None] * n, [[] for _ in range(n)], [None] * n)
+
+    def _verify(self, batch: ScheduleBatch) -> BatchResult:
+        """Each request's last token and drafts computed; the drafts kept while they equal
+        the model's tokens, then the model's next one."""
+        fb = batch.forward_batch
+        assert fb is not None
+        new = set(fb.out_cache_loc.tolist())
+        assert len(new) == fb.num_tokens and 0 not in new, "a slot given twice or slot 0"
+        verified = VerifyResult(len(batch.reqs))
+        for i, req in enumerate(batch.reqs):
+            draft = batch.drafts[i].tolist()
+            seq = [*req.fill_ids.tolist(), *draft]
+            seq_len = int(fb.seq_lens[i])
+            assert seq_len == len(seq), "a verify computes the request's tokens and its drafts"
+            row = self.kv.req_to_token_pool.req_to_token[fb.req_pool_indices[i]][:seq_len]
+            assert bool((row > 0).all()), "a token without a KV slot"
+            self._play_kv(seq, row, new)
+            self.computed[req.rid] = self.computed.get(req.rid, 0) + 1 + len(draft)
+            base = seq_len - len(draft)
+            for j in range(len(draft) + 1):
+                verified.tokens[i].append(self.model(seq[: base + j]))
+                if j == len(draft) or draft[j] != verified.tokens[i][-1]:
+                    break
+            verified.num_accepted[i] = len(verified.tokens[i]) - 1
+        n = len(batch.reqs)
+        last = [ts[-1] for ts in verified.tokens]
+        result = BatchResult(last, [None] * n, [[] for _ in range(n)], [None] * n)
+        result.verified = verified
+        return result
 
     def _play_kv(self, tokens: list[int], row: torch.Tensor, new: set[int]) -> None:
         """Write the codes of the positions computed now; check those read from the cache."""
@@ -136,10 +174,12 @@ def fake_scheduler(
     radix: bool = True,
     overlap: bool = False,
     tier_tokens: int | None = None,
+    model: Callable[[list[int]], int] = next_token,
     **config: object,
 ) -> tuple[Scheduler, FakeWorker]:
-    """A Scheduler over ``capacity`` usable KV slots (whole pages) with a :class:`FakeWorker`;
-    ``tier_tokens``: with a host KV tier of that many tokens under the tree (and a fake KV)."""
+    """A Scheduler over ``capacity`` usable KV slots (whole pages) with a :class:`FakeWorker`
+    running ``model``; ``tier_tokens``: with a host KV tier of that many tokens under the tree
+    (and a fake KV, as with speculative decoding on)."""
     engine_config = EngineConfig(
         page_size=page_size,
         max_running_requests=max_running,
@@ -151,8 +191,10 @@ def fake_scheduler(
     tree: PrefixCache = RadixCache(page_size) if radix else NoPrefixCache(page_size)
     slots = (-(-capacity // page_size) + 1) * page_size
     kv_cache = None
-    if tier_tokens is not None:
+    if tier_tokens is not None or engine_config.speculative_algorithm is not None:
         kv_cache = KVCache(1, slots, 1, 1, torch.float32, "cpu")
+    if tier_tokens is not None:
+        assert kv_cache is not None
         tier = host_tier(TierLayout.of(kv_cache, page_size), tier_tokens)
         tree = TieredRadixCache(page_size, tier, kv_cache, engine_config.kv_tier_write_policy)
     kv = KVManager(
@@ -161,5 +203,5 @@ def fake_scheduler(
         tree,
         kv_cache,
     )
-    worker = FakeWorker(kv, overlap)
+    worker = FakeWorker(kv, overlap, model)
     return Scheduler(engine_config, kv=kv, worker=worker), worker
