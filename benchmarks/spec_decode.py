@@ -9,6 +9,8 @@ Workloads (the known text of each request is its prompt followed by its answer):
 
 - ``a`` code edit: an old version of a real source file (this repository's, from git history)
   in the prompt, then the start of its next version; the answer is the rest of it;
+- ``b`` multi-turn chat: a conversation over a document's paragraphs whose next answer quotes
+  two of them and adds one the conversation has not seen (``docs/kv_tier.md``'s text);
 - ``c`` sent again: a request whose answer the radix tree holds (run once, then timed again);
 - ``d`` prose: a README's text, little repeated, as prompt and answer.
 
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 
 from radixserve import Engine
+from radixserve.models.checkpoint_shapes import write_checkpoint_shaped
 from radixserve.models.tiny import train_tokenizer, write_qwen25_05b_shaped, write_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +47,16 @@ def texts(tokenizer: Any, workload: str, max_new: int) -> tuple[list[int], list[
         head = encode("Old version:\n") + encode(old)[:1200] + encode("\nNew version:\n")
         body = encode(new)
         return head + body[:300], body[300 : 300 + max_new]
+    if workload == "b":
+        paras = [p for p in (ROOT / "docs" / "kv_tier.md").read_text().split("\n\n") if len(p) > 80]
+        notes = "\n\n".join(paras[:6])
+        prompt = (
+            f"User: my notes on the KV tier:\n\n{notes}\n\nAssistant: {paras[1]}\n\n"
+            "User: quote what the notes say about eviction and loading back, then go on.\n\n"
+            "Assistant: "
+        )
+        answer = f"{paras[3]}\n\n{paras[7]}\n\n{paras[2]}"
+        return encode(prompt), encode(answer)[:max_new]
     if workload == "c":
         body = encode((ROOT / "docs" / "structure.md").read_text())
         return body[:600], body[600 : 600 + max_new]
@@ -128,17 +141,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, default=Path("/tmp/radixserve-qwen25-0.5b"))
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--workloads", default="a,c,d")
+    parser.add_argument("--workloads", default="a,b,c,d")
     parser.add_argument("--batch-sizes", default="1")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--num-draft-tokens", type=int, default=8)
+    parser.add_argument(
+        "--shape",
+        default="qwen2.5-0.5b",
+        help="the random model written to --model-dir when it holds none: qwen2.5-0.5b, or a "
+        "real checkpoint's shape with its real tokenizer (qwen3-1.7b, llama3.2-1b, ...)",
+    )
     parser.add_argument("--tiny", action="store_true", help="a tiny model (a smoke run)")
     args = parser.parse_args()
     if not (args.model_dir / "config.json").is_file():
         if args.tiny:
             write_tiny_model(args.model_dir, "qwen2", tokenizer=train_tokenizer())
-        else:
+        elif args.shape == "qwen2.5-0.5b":
             write_qwen25_05b_shaped(args.model_dir)
+        else:
+            write_checkpoint_shaped(args.model_dir, args.shape)
     print("tokens/s at greedy decoding, the text forced by a logit bias (see the module doc)")
     print(f"{'workload':<10}{'bs':>4}{'plain':>10}{'NGRAM':>10}{'speedup':>9}{'accept':>8}")
     for workload in args.workloads.split(","):

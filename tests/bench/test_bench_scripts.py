@@ -115,7 +115,7 @@ SCRIPT_ARGS: dict[str, list[str]] = {
     ],
     "sim_vs_real.py": ["--model", "{model}", "--shapes", "a"],
     "spec_decode.py": [
-        *("--model-dir", "{model}", "--dtype", "float32", "--workloads", "c,d"),
+        *("--model-dir", "{model}", "--dtype", "float32", "--workloads", "b,c,d"),
         *("--max-new-tokens", "12"),
     ],
     # --max-new-tokens stays at its default: every constrained output must be whole JSON
@@ -186,7 +186,11 @@ EXPECTED: dict[str, list[str]] = {
     "sim_speed.py": [r"^20 requests, ", r"^sim fcfs\s+\d"],
     "sim_starvation.py": [r"cold TTFT p99", r"^dfs-weight\s+on\s+\d"],
     "sim_vs_real.py": [r"^shape a: wall real [\d.]+ s, sim [\d.]+ s", r"^sim \(a\)\s+\d"],
-    "spec_decode.py": [r"^c\s+1\s+[\d.]+\s+[\d.]+\s+[\d.]+x", r"^d\s+1\s+[\d.]+"],
+    "spec_decode.py": [
+        r"^b\s+1\s+[\d.]+",
+        r"^c\s+1\s+[\d.]+\s+[\d.]+\s+[\d.]+x",
+        r"^d\s+1\s+[\d.]+",
+    ],
     "structured.py": [
         r"^json, jump-forward\s+decode steps\s+\d+",
         r"^unconstrained\s+decode steps\s+\d+",
