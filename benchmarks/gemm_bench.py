@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    k = CpuKernels.build(EngineConfig().cpu_isa)
+    k = CpuKernels.build(EngineConfig().execution.cpu_isa)
     print(f"variant {k.variant}, {args.threads} threads, weights {'int8' if args.int8 else 'bf16'}")
     print(f"packed GEMM in linear(): {k.gemm} (skinny up to {k.bf16_max_m} / {k.int8_max_m} rows)")
     table = routes(k)

@@ -51,7 +51,7 @@ def compiled_mul_sum() -> Route:
     return route
 
 
-KERNELS = CpuKernels.build(EngineConfig().cpu_isa)
+KERNELS = CpuKernels.build(EngineConfig().execution.cpu_isa)
 
 
 def forced_kernel(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

@@ -144,7 +144,7 @@ class OurSide:
         if not set(options) <= set(OPTIONS):
             raise ValueError(f"unknown options in {config!r}: {', '.join(OPTIONS)} exist")
         quantization = "int8" if "int8" in options else None
-        cfg = EngineConfig(
+        cfg = EngineConfig.from_flat(
             model_path=str(model_dir),
             dtype=dtype,
             device=device,
@@ -504,7 +504,7 @@ def main() -> None:
     assert bw is not None  # only huge pages can be refused
     copy, read = bw
     huge = stream_bandwidth(args.bandwidth_mib << 20, huge=True)
-    variant = _ext.best_variant(EngineConfig().cpu_isa)
+    variant = _ext.best_variant(EngineConfig().execution.cpu_isa)
     flags = sorted(f for f in _ext.cpu_flags() if f.startswith(("avx", "fma", "f16c", "amx")))
     print(
         f"CPU: {platform.processor() or platform.machine()}, ISA flags {' '.join(flags)}; "

@@ -253,7 +253,7 @@ def measure(
 ) -> Row:
     overlap, sync = variant.overlap, variant.sync
     ctx = context + warmup + steps + 8
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         max_running_requests=batch,
         disable_overlap_schedule=not overlap,
         chunked_prefill_size=16384,

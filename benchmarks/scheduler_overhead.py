@@ -97,7 +97,7 @@ def measure(args: argparse.Namespace, overlap: bool) -> dict[str, float]:
     from radixserve.types import SamplingParams
 
     generate_request = import_generate_request()
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         model_path=args.model_path,
         dtype=args.dtype,
         max_total_tokens=max(4096, args.batch * (args.prompt_len + args.steps + 256)),

@@ -159,7 +159,7 @@ TRACES: dict[str, Callable[[argparse.Namespace, int], Trace]] = {
 def engine_config(args: argparse.Namespace, system: str, **extra: Any) -> EngineConfig:
     fields = system_fields(system)
     consts = {k: fields.pop(k) for k in ("max_skipped_passes", "aging_work_factor") if k in fields}
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         max_total_tokens=args.kv_tokens,
         max_running_requests=args.max_running,
         disable_overlap_schedule=True,
@@ -167,9 +167,7 @@ def engine_config(args: argparse.Namespace, system: str, **extra: Any) -> Engine
         **extra,
     )
     if consts:
-        config = dataclasses.replace(
-            config, constants=dataclasses.replace(config.constants, **consts)
-        )
+        config = config.replace(constants=dataclasses.replace(config.admission.constants, **consts))
     return config
 
 
@@ -227,14 +225,16 @@ def real_rows(args: argparse.Namespace, trace: Trace, name: str) -> None:
     from radixserve.sim.calibrate import calibrate
 
     model = str(ensure_bench_model("tiny"))
-    cost = calibrate(EngineConfig(model_path=model, dtype="float32", num_threads=args.threads))
+    cost = calibrate(
+        EngineConfig.from_flat(model_path=model, dtype="float32", num_threads=args.threads)
+    )
     sessions, classes = trace
     open_loop = is_open_loop(sessions)
     clients = REAL_OPEN_LOOP_CLIENTS if open_loop else args.clients
     rows = []
     for system in args.real_systems.split(","):
         config = engine_config(args, system, model_path=model, dtype="float32")
-        config = dataclasses.replace(config, num_threads=args.threads)
+        config = config.replace(num_threads=args.threads)
         engine = Engine(model, **_fields(config))
         try:
             records, wall, _ = run_sessions(EngineClient(engine), sessions, clients, system)
@@ -256,10 +256,7 @@ def real_rows(args: argparse.Namespace, trace: Trace, name: str) -> None:
 
 
 def _fields(config: EngineConfig) -> dict[str, Any]:
-    skip = {"model_path"}
-    return {
-        f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in skip
-    }
+    return {k: v for k, v in config.flat().items() if k != "model_path"}
 
 
 def main() -> None:

@@ -42,7 +42,7 @@ def main() -> None:
     )
     sessions = shared_prefix_sessions(spec, 3, 32000)
     t1 = time.perf_counter()
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         max_total_tokens=args.kv_tokens,
         schedule_policy=args.policy,
         max_running_requests=args.max_running,

@@ -13,7 +13,6 @@ same trace; printed: p99 TTFT of cold and of hot requests and the hit rate, LPM 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 
 import numpy as np
@@ -64,14 +63,14 @@ def main() -> None:
         ("dfs-weight", True),
         ("hrrn", True),
     ):
-        config = EngineConfig(
+        config = EngineConfig.from_flat(
             max_total_tokens=args.kv_tokens,
             schedule_policy=policy,
             max_running_requests=32,
             disable_overlap_schedule=True,
         )
         if not aging:
-            config = dataclasses.replace(config, constants=config.constants.without_aging())
+            config = config.replace(constants=config.admission.constants.without_aging())
         result = Simulation(SimOptions(config, cost, parallel=args.clients), sessions).run()
         ttft: dict[bool, list[float]] = {True: [], False: []}  # cold -> TTFTs
         for r in result.records:

@@ -13,7 +13,6 @@ the Engine's KV pool size. Printed: wall time and hit rate of both, and their di
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 
 import torch
@@ -42,7 +41,9 @@ def main() -> None:
     low, high = token_range(model)
     torch.set_num_threads(args.threads)
     print(f"load average at start: {os.getloadavg()}")
-    cost = calibrate(EngineConfig(model_path=model, dtype=args.dtype, num_threads=args.threads))
+    cost = calibrate(
+        EngineConfig.from_flat(model_path=model, dtype=args.dtype, num_threads=args.threads)
+    )
     print(f"cost model: {cost.to_json()}")
     rows = []
     for shape in args.shapes.split(","):
@@ -65,9 +66,7 @@ def main() -> None:
             engine.shutdown()
         real = bench_summarize(f"real ({shape})", records, wall, {"server_stats": stats})
         real.update(stats or {})
-        config = dataclasses.replace(
-            EngineConfig(max_total_tokens=kv_tokens), disable_overlap_schedule=True
-        )
+        config = EngineConfig.from_flat(max_total_tokens=kv_tokens, disable_overlap_schedule=True)
         opts = SimOptions(config, cost, parallel=spec.parallel, token_range=(low, high))
         sim = summarize(f"sim ({shape})", Simulation(opts, from_bench_sessions(sessions)).run())
         rows += [real, sim]

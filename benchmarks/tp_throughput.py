@@ -65,7 +65,7 @@ def engine_figures(
 def _collective_rank(rank: int, port: int, shapes: list[tuple[str, int, int, str]], q: Any) -> None:
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=datetime.timedelta(60))
-    group = make_groups(EngineConfig(tp_size=2), rank, store).group
+    group = make_groups(EngineConfig.from_flat(tp_size=2), rank, store).group
     results = {}
     for name, rows, cols, kind in shapes:
         x = torch.randn(rows, cols)

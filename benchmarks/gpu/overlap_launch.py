@@ -63,7 +63,7 @@ def main() -> None:
     ensure_shaped_model(args.model_dir, args.model_shape, args.device)
     max_bs = max(args.batches)
     ctx = args.context + args.warmup + args.steps + 8
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         model_path=str(args.model_dir),
         dtype=args.dtype,
         device=args.device,

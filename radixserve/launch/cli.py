@@ -73,7 +73,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     add(
         "--schedule-policy",
         choices=SCHEDULE_POLICIES,
-        default=_DEFAULTS.schedule_policy,
+        default=_DEFAULTS.admission.schedule_policy,
         help="waiting-queue order: fcfs, lof (longest output first), random; cache-aware lpm "
         "(longest prefix match), dfs-weight, hrrn (highest response ratio: work done since "
         "a request arrived over its uncached tokens) and adaptive (lpm while the queue does not "
@@ -82,7 +82,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     add(
         "--chunked-prefill-size",
         type=int,
-        default=_DEFAULTS.chunked_prefill_size,
+        default=_DEFAULTS.admission.chunked_prefill_size,
         help="most prompt tokens one prefill step computes per request; <= 0 disables chunking",
     )
     add(
@@ -97,7 +97,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     add(
         "--max-running-requests",
         type=int,
-        default=_DEFAULTS.max_running_requests,
+        default=_DEFAULTS.admission.max_running_requests,
         help="most requests in the running batch",
     )
     add(
@@ -123,7 +123,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     add(
         "--preemption-mode",
         choices=PREEMPTION_MODES,
-        default=_DEFAULTS.preemption_mode,
+        default=_DEFAULTS.admission.preemption_mode,
         help="a preempted or retracted request's KV: cached and recomputed where evicted, or "
         "swapped to the tier and back (needs a tier)",
     )
@@ -135,7 +135,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     add(
         "--overlap-launch",
         choices=OVERLAP_LAUNCHES,
-        default=_DEFAULTS.overlap_launch,
+        default=_DEFAULTS.execution.overlap_launch,
         help="with overlap: launch each batch from a worker thread, or from the scheduler thread "
         "on the device's stream (asynchronous on CUDA only)",
     )
@@ -174,7 +174,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     add(
         "--tp-size",
         type=int,
-        default=_DEFAULTS.tp_size,
+        default=_DEFAULTS.parallel.tp_size,
         help="tensor parallelism: split the model over this many processes (gloo on CPU, NCCL "
         "on CUDA: one GPU each); see docs/tensor_parallel.md",
     )
@@ -286,7 +286,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
             raise ValueError(f"--model {exc}") from None
         if args.served_model_name is None and is_hub_id(args.model):
             args.served_model_name = args.model  # as SGLang: the name the client asked for
-    engine = EngineConfig(
+    engine = EngineConfig.from_flat(
         model_path=model_path,
         dtype=args.dtype,
         quantization=args.quantization,
@@ -372,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if dp.dp_size > 1:
         return data_parallel.serve_data_parallel(config, dp)
-    if config.engine.node_rank > 0:  # this machine only runs its tensor-parallel ranks
+    if config.engine.parallel.node_rank > 0:  # this machine only runs its tensor-parallel ranks
         from radixserve.runtime.tp_ranks import run_node
         from radixserve.runtime.tp_worker import run_tp_worker
 

@@ -38,7 +38,7 @@ def add_cache_flags(serve: argparse.ArgumentParser) -> None:
         "--kv-tier-write-policy",
         dest="kv_tier_write_policy",
         choices=KV_TIER_WRITE_POLICIES,
-        default=_DEFAULTS.kv_tier_write_policy,
+        default=_DEFAULTS.kv_tier.kv_tier_write_policy,
         help="copy KV to the tier when the pool evicts it (write_back) or when it is cached",
     )
     add(

@@ -30,7 +30,7 @@ def add_lora_flags(serve: argparse.ArgumentParser) -> None:
     add(
         "--max-loras-per-batch",
         type=int,
-        default=_DEFAULTS.max_loras_per_batch,
+        default=_DEFAULTS.lora.max_loras_per_batch,
         help="most distinct adapters in one batch (the base model not counted)",
     )
     add(
@@ -43,7 +43,7 @@ def add_lora_flags(serve: argparse.ArgumentParser) -> None:
     add(
         "--max-lora-rank",
         type=int,
-        default=_DEFAULTS.max_lora_rank,
+        default=_DEFAULTS.lora.max_lora_rank,
         help="the largest adapter rank accepted",
     )
 
@@ -60,7 +60,7 @@ def lora_fields(args: argparse.Namespace) -> dict[str, Any]:
 def check_lora_paths(config: EngineConfig) -> None:
     """Read every ``--lora-paths`` adapter before a process starts: ``ValueError`` naming the
     first that cannot be served (``serve`` prints it as one line and exits 2)."""
-    for name, path in config.lora_paths:
+    for name, path in config.lora.lora_paths:
         try:
             check_adapter(path, config)
         except ValueError as exc:

@@ -23,25 +23,25 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
     add(
         "--speculative-num-draft-tokens",
         type=int,
-        default=_DEFAULTS.speculative_num_draft_tokens,
+        default=_DEFAULTS.speculative.speculative_num_draft_tokens,
         help="tokens a request computes in one verify: its last one and up to this minus one drafts",
     )
     add(
         "--speculative-ngram-min-match-window-size",
         type=int,
-        default=_DEFAULTS.speculative_ngram_min_match_window_size,
+        default=_DEFAULTS.speculative.speculative_ngram_min_match_window_size,
         help="the shortest run of latest tokens a draft's match needs",
     )
     add(
         "--speculative-ngram-max-match-window-size",
         type=int,
-        default=_DEFAULTS.speculative_ngram_max_match_window_size,
+        default=_DEFAULTS.speculative.speculative_ngram_max_match_window_size,
         help="the longest run of latest tokens a match compares",
     )
     add(
         "--speculative-ngram-capacity",
         type=int,
-        default=_DEFAULTS.speculative_ngram_capacity,
+        default=_DEFAULTS.speculative.speculative_ngram_capacity,
         help="tokens of the radix cache's sequences the draft index holds",
     )
     add(

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import logging
 import multiprocessing
 import signal
@@ -32,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 
 from radixserve.config import ServerConfig
+from radixserve.kv_events_config import KVEventsConfig
 from radixserve.launch.dp_waits import RouterLog, free_ports, wait_healthy, wait_router_ready
 from radixserve.launch.gateway_keys import gateway_access
 
@@ -153,21 +153,19 @@ def worker_server_configs(
     out = []
     if grpc_ports is not None and config.engine.kv_events_config is None:
         loopback = [f"tcp://127.0.0.1:{p}" for p in free_ports(len(ports))]
-        configs = [json.dumps({"publisher": "zmq", "endpoint": e, "bind": True}) for e in loopback]
+        configs = [KVEventsConfig(publisher="zmq", endpoint=e, bind=True) for e in loopback]
     else:
         configs = None
     for i, port in enumerate(ports):
-        engine = dataclasses.replace(config.engine, num_threads=threads, dp_rank=i)
+        engine = config.engine.replace(num_threads=threads, dp_rank=i)
         events = engine.kv_events
         if events is not None:  # SGLang's ports: the endpoints' plus the rank
-            engine = dataclasses.replace(
-                engine, kv_events_config=events.for_rank(i).model_dump_json()
-            )
-        if engine.kv_tier_path is not None:
-            tier_path = str(Path(engine.kv_tier_path) / f"dp{i}")
-            engine = dataclasses.replace(engine, kv_tier_path=tier_path)
+            engine = engine.replace(kv_events_config=events.for_rank(i))
+        if engine.kv_tier.kv_tier_path is not None:
+            tier_path = str(Path(engine.kv_tier.kv_tier_path) / f"dp{i}")
+            engine = engine.replace(kv_tier_path=tier_path)
         if configs is not None:  # (a port each: nothing to offset)
-            engine = dataclasses.replace(engine, kv_events_config=configs[i])
+            engine = engine.replace(kv_events_config=configs[i])
         grpc_port = grpc_ports[i] if grpc_ports is not None else None
         out.append(
             dataclasses.replace(

@@ -130,7 +130,7 @@ def _start_children(
             name=f"radixserve-{name}",
             # a daemonic process may not start children: the tensor-parallel ranks are the
             # scheduler's (it stops them; _stop_children stops it however this process ends)
-            daemon=not (name == "scheduler" and config.engine.tp_size > 1),
+            daemon=not (name == "scheduler" and config.engine.parallel.tp_size > 1),
         )
         proc.start()
         writer.close()

@@ -22,9 +22,9 @@ def cpu_kernels_for(config: EngineConfig) -> CpuKernels:
     if torch.device(config.device).type != "cpu":
         return TORCH_ONLY
     return CpuKernels.build(
-        config.cpu_isa,
-        dense=not config.disable_cpu_linear_kernel,
-        attention=not config.disable_cpu_attention_kernel,
+        config.execution.cpu_isa,
+        dense=not config.execution.disable_cpu_linear_kernel,
+        attention=not config.execution.disable_cpu_attention_kernel,
     )
 
 

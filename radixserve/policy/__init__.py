@@ -3,7 +3,7 @@
 One pass of the scheduler decides, then commits (docs/design.md, "Scheduling")::
 
     ordering = policy.calc_priority(waiting_queue)               # order; matches as data
-    plan = PrefillAdder(admission_config, kv, running, ratio, max_new_reqs).plan(
+    plan = PrefillAdder(config.admission, kv, running, ratio, max_new_reqs).plan(
         waiting_queue, ordering.matches, ordering.deprioritized, chunked_req)
     kv.alloc_extend(plan.admitted)                                # the KVManager commits
 
@@ -12,7 +12,6 @@ matches against the tree, and the adder only takes the tentative locks that its 
 The tree never sees a ``Req``: requests' fields are passed to it.
 """
 
-from radixserve.policy.admission_config import AdmissionConfig
 from radixserve.policy.prefill_adder import PrefillAdder
 from radixserve.policy.prefill_budget import AddReqResult, KVView, PrefillBudget
 from radixserve.policy.prefill_plan import Admission, PrefillPlan
@@ -24,7 +23,6 @@ __all__ = [
     "SORT_KEYS",
     "AddReqResult",
     "Admission",
-    "AdmissionConfig",
     "KVView",
     "Ordering",
     "PrefillAdder",

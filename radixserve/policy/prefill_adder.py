@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from radixserve.policy.admission_config import AdmissionConfig
+from radixserve.config import AdmissionConfig
 from radixserve.policy.ignore_eos import ReqState, ignore_eos_fits, req_state
 from radixserve.policy.interleave import interleave
 from radixserve.policy.preemption import outranks, victim_order

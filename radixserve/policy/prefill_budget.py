@@ -6,7 +6,7 @@ import enum
 from collections.abc import Sequence
 from typing import Protocol
 
-from radixserve.policy.admission_config import AdmissionConfig
+from radixserve.config import AdmissionConfig
 from radixserve.policy.preemption import freeable_tokens
 from radixserve.radix.base import PrefixCache
 from radixserve.types import Req
@@ -52,7 +52,7 @@ class PrefillBudget:
       of the requests admitted this pass (no decode tokens for a truncated chunk).
     - ``cur_rem_tokens = available + evictable - inputs admitted``: memory needed right now.
     - ``rem_input_tokens`` starts at ``max_prefill_tokens``, ``rem_chunk_tokens`` at
-      ``chunked_prefill_size`` (None: no chunking); ``free_slots`` at ``max_new_reqs``.
+      ``chunk_size`` (None: no chunking); ``free_slots`` at ``max_new_reqs``.
     - A preemption victim is credited its ``freeable_tokens``, its reservation and its slot.
     """
 
@@ -64,12 +64,12 @@ class PrefillBudget:
         new_token_ratio: float,
         max_new_reqs: int,
     ) -> None:
-        self.page_size = config.page_size
+        self.page_size = kv.tree.page_size
         self.kv = kv
         self.new_token_ratio = new_token_ratio
         self.clip_max_new_tokens = config.constants.clip_max_new_tokens
         self.rem_input_tokens = config.max_prefill_tokens
-        self.rem_chunk_tokens = config.chunked_prefill_size
+        self.rem_chunk_tokens = config.chunk_size
         self.free_slots = max_new_reqs
         self._total_offset = float(sum(self.reserved(r) for r in running_reqs))
         self._cur_offset = 0.0

@@ -88,12 +88,13 @@ class SchedulePolicy:
 
     @classmethod
     def from_engine_config(cls, config: EngineConfig, tree_cache: PrefixCache) -> SchedulePolicy:
+        admission = config.admission
         return cls(
-            config.schedule_policy,
+            admission.schedule_policy,
             tree_cache,
-            config.constants,
-            enable_priority_scheduling=config.enable_priority_scheduling,
-            schedule_low_priority_values_first=config.schedule_low_priority_values_first,
+            admission.constants,
+            enable_priority_scheduling=admission.enable_priority_scheduling,
+            schedule_low_priority_values_first=admission.schedule_low_priority_values_first,
             seed=config.random_seed,
         )
 

@@ -37,11 +37,11 @@ class KVLayout:
         if config.model_path is None:
             raise ValueError("the engine needs config.model_path (a local checkpoint directory)")
         mc = ModelConfig.from_dir(config.model_path)
-        check_tp_shapes(mc, config.tp_size)
+        check_tp_shapes(mc, config.parallel.tp_size)
         kernels = cpu_kernels if cpu_kernels is not None else cpu_kernels_for(config)
         return cls(
             mc.num_layers,
-            local_num_kv_heads(mc.num_kv_heads, config.tp_size),
+            local_num_kv_heads(mc.num_kv_heads, config.parallel.tp_size),
             mc.head_dim,
             model_dtype(config, kernels),
             torch.device(config.device),
@@ -58,7 +58,9 @@ class KVLayout:
             self.dtype,
             self.device,
         )
-        rows = ReqToTokenPool(config.max_running_requests, self.max_context_len, self.device)
+        rows = ReqToTokenPool(
+            config.admission.max_running_requests, self.max_context_len, self.device
+        )
         return kv_cache, rows
 
 

@@ -45,7 +45,7 @@ def check_adapter(path: str, config: EngineConfig) -> None:
     if config.model_path is None:
         raise ValueError("no model to read a LoRA adapter for")
     model = ModelConfig.from_dir(config.model_path)
-    load_adapter(path, model, torch.float32, torch.device("cpu"), config.max_lora_rank)
+    load_adapter(path, model, torch.float32, torch.device("cpu"), config.lora.max_lora_rank)
 
 
 @dataclass(slots=True)
@@ -82,8 +82,8 @@ class LoraManager:
     @classmethod
     def of(cls, config: EngineConfig, loader: AdapterLoader | None) -> LoraManager:
         """The manager of ``config``'s LoRA fields, serving its ``lora_paths`` already."""
-        manager = cls(loader, config.max_loras_per_batch, config.max_loaded_loras)
-        for name, path in config.lora_paths:
+        manager = cls(loader, config.lora.max_loras_per_batch, config.lora.max_loaded_loras)
+        for name, path in config.lora.lora_paths:
             manager.load(name, path)
         return manager
 

@@ -71,8 +71,8 @@ class ModelRunner:
         of the model to load; default: all of it."""
         if config.model_path is None:
             raise ValueError("ModelRunner needs config.model_path (a local checkpoint directory)")
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        if config.execution.num_threads:
+            torch.set_num_threads(config.execution.num_threads)
         if cpu_kernels is None:
             cpu_kernels = cpu_kernels_for(config)
         self.config = config
@@ -96,7 +96,7 @@ class ModelRunner:
         self.req_to_token_pool = req_to_token_pool
         self.max_context_len = req_to_token_pool.max_context_len
         self.attn_backend = create_attention_backend(
-            config.attention_backend,
+            config.execution.attention_backend,
             self.model.attention_spec,
             self.kv_cache,
             self.req_to_token_pool,
@@ -112,12 +112,14 @@ class ModelRunner:
         """Decode graphs where they apply: CUDA, FlashInfer, one rank, not disabled."""
         if (
             self.device.type != "cuda"
-            or config.disable_cuda_graph
+            or config.execution.disable_cuda_graph
             or self.tp_ranks is not None
             or not isinstance(self.attn_backend, FlashInferBackend)
         ):
             return None
-        max_bs = min(config.cuda_graph_max_bs or 256, config.max_running_requests)
+        max_bs = min(
+            config.execution.cuda_graph_max_bs or 256, config.admission.max_running_requests
+        )
         return CudaGraphRunner(
             self.model, self.attn_backend, max_bs, self.max_context_len, self.device
         )
@@ -141,7 +143,7 @@ class ModelRunner:
         cannot apply to this model; ``runtime/lora_manager.py`` calls it)."""
         if self.tp_ranks is not None:
             raise ValueError("LoRA adapters are not served with tensor parallelism (tp_size > 1)")
-        max_rank = self.config.max_lora_rank
+        max_rank = self.config.lora.max_lora_rank
         return load_adapter(path, self.model_config, self.dtype, self.device, max_rank)
 
     @torch.inference_mode()

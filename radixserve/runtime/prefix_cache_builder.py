@@ -32,27 +32,33 @@ def build_prefix_cache(config: EngineConfig, kv_cache: KVCache) -> PrefixCache:
     if config.disable_radix_cache:
         return NoPrefixCache(config.page_size)
     events = KVEventRecorder(config.page_size) if config.kv_events is not None else None
-    if not config.kv_tier_enabled:
+    if not config.kv_tier.enabled:
         return RadixCache(config.page_size, events)
     layout = TierLayout.of(kv_cache, config.page_size)
-    tier_bytes = config.kv_tier_bytes or TIER_RATIO * kv_cache.num_slots * layout.bytes_per_token
+    tier_bytes = (
+        config.kv_tier.kv_tier_bytes or TIER_RATIO * kv_cache.num_slots * layout.bytes_per_token
+    )
     num_tokens = tier_bytes // layout.bytes_per_token
     if num_tokens < 2 * config.page_size:
         raise ValueError(f"a KV tier of {tier_bytes} bytes holds no page of this model's KV")
     reopened = False
     tier: KVTier
-    if config.kv_tier_path is not None:
-        tier, reopened = file_tier(config.kv_tier_path, layout, num_tokens, model_key(config))
+    if config.kv_tier.kv_tier_path is not None:
+        tier, reopened = file_tier(
+            config.kv_tier.kv_tier_path, layout, num_tokens, model_key(config)
+        )
     else:
         tier = host_tier(layout, num_tokens, pin_memory=kv_cache.device.type == "cuda")
-    tree = TieredRadixCache(config.page_size, tier, kv_cache, config.kv_tier_write_policy, events)
+    tree = TieredRadixCache(
+        config.page_size, tier, kv_cache, config.kv_tier.kv_tier_write_policy, events
+    )
     restored = restore_index(tree) if reopened else 0
     logger.info(
         "KV tier %s: %d tokens (%.2f GB), %s; %d tokens restored",
         tier.name,
         tier.capacity,
         tier.capacity * layout.bytes_per_token / 1e9,
-        config.kv_tier_write_policy,
+        config.kv_tier.kv_tier_write_policy,
         restored,
     )
     return tree

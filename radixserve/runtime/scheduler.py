@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from radixserve.config import EngineConfig
-from radixserve.policy import AdmissionConfig, PrefillAdder, PrefillPlan, SchedulePolicy
+from radixserve.policy import PrefillAdder, PrefillPlan, SchedulePolicy
 from radixserve.runtime.grammar import GrammarFactory
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.kv_manager import KVManager
@@ -58,7 +58,7 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.clock = clock
-        self.constants = config.constants
+        self.constants = config.admission.constants
         self.tokenizer = tokenizer
         if worker is None:
             kv, worker = build_model_worker(config, kv)
@@ -73,9 +73,9 @@ class Scheduler:
         self.limits = RequestLimits(
             self.max_context_len,
             kv.capacity - config.page_size - self.constants.ignore_eos_reserve_tokens,
-            config.max_queued_requests,
+            config.admission.max_queued_requests,
         )
-        self.admission = AdmissionConfig.from_engine_config(config)
+        self.admission = config.admission
         self.policy = SchedulePolicy.from_engine_config(config, self.kv.tree)
         self.waiting: list[Req] = []
         self.running = ScheduleBatch([])
@@ -90,7 +90,7 @@ class Scheduler:
         self.spec = SpecDecoder.of(config, self.kv, self.max_context_len, self.stats, runner)
         self.grammars = GrammarFactory(tokenizer, worker.vocab_size, self.eos_token_ids)
         self.enable_jump_forward = not config.disable_jump_forward
-        self.swap = config.preemption_mode == "swap"  # sent-back KV goes to the tier
+        self.swap = config.admission.preemption_mode == "swap"  # sent-back KV goes to the tier
         self.loras = loras or LoraManager.of(config, None)
 
     # ---- requests in -----------------------------------------------------------------------
@@ -158,7 +158,7 @@ class Scheduler:
             # waiting requests can match them (overlap resumes with the next decode)
             self.sync()
         if self.chunked_req is not None:
-            if self.config.kv_tier_write_policy == "write_through":
+            if self.config.kv_tier.kv_tier_write_policy == "write_through":
                 self.sync()  # the tier copies what is cached: the chunk in flight first
             self.kv.cache_unfinished(self.chunked_req)
         batch = self._get_prefill_batch()
@@ -171,10 +171,12 @@ class Scheduler:
         if not self.waiting and self.chunked_req is None:
             return None
         max_new_reqs = (
-            self.config.max_running_requests - len(self.running) - (self.chunked_req is not None)
+            self.config.admission.max_running_requests
+            - len(self.running)
+            - (self.chunked_req is not None)
         )
         # a full batch admits no one, unless a more urgent request may preempt its way in
-        may_enter = self.chunked_req is not None or self.config.enable_priority_scheduling
+        may_enter = self.chunked_req is not None or self.config.admission.enable_priority_scheduling
         if max_new_reqs <= 0 and not may_enter:
             return None
         ordering = self.policy.calc_priority(

@@ -69,10 +69,10 @@ class SpecDecoder:
     ) -> None:
         """``runner``: the model whose steps the cost model measures now (``None``: a prior)."""
         self.params = NgramParams(
-            min_n=config.speculative_ngram_min_match_window_size,
-            max_n=config.speculative_ngram_max_match_window_size,
-            max_draft=config.speculative_num_draft_tokens - 1,
-            capacity=config.speculative_ngram_capacity,
+            min_n=config.speculative.speculative_ngram_min_match_window_size,
+            max_n=config.speculative.speculative_ngram_max_match_window_size,
+            max_draft=config.speculative.speculative_num_draft_tokens - 1,
+            capacity=config.speculative.speculative_ngram_capacity,
         )
         p = self.params
         index = None
@@ -82,11 +82,14 @@ class SpecDecoder:
         self.drafter = NgramDrafter(p, index)
         self.cost = StepCosts.prior()
         if runner is not None:
-            max_bs = config.speculative_ngram_max_batch_size or config.max_running_requests
-            max_bs = min(max_bs, config.max_running_requests)
+            max_bs = (
+                config.speculative.speculative_ngram_max_batch_size
+                or config.admission.max_running_requests
+            )
+            max_bs = min(max_bs, config.admission.max_running_requests)
             measured = measure_step_costs(runner, kv, max_bs, max_bs * (p.max_draft + 1))
             self.cost = measured or self.cost
-        self.max_batch_size = config.speculative_ngram_max_batch_size
+        self.max_batch_size = config.speculative.speculative_ngram_max_batch_size
         self.kv = kv
         self.max_context_len = max_context_len
         self.stats = stats
@@ -100,7 +103,7 @@ class SpecDecoder:
         stats: SchedulerStats,
         runner: ModelRunner | None = None,
     ) -> SpecDecoder | NoSpec:
-        if config.speculative_algorithm is None:
+        if config.speculative.speculative_algorithm is None:
             return NoSpec()
         return cls(config, kv, max_context_len, stats, runner)
 

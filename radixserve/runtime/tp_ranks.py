@@ -79,20 +79,20 @@ def rank_config(config: EngineConfig, rank: int) -> EngineConfig:
 
 
 def _per_node(config: EngineConfig) -> int:
-    return config.tp_size // config.nnodes
+    return config.parallel.tp_size // config.parallel.nnodes
 
 
 def store_address(config: EngineConfig) -> tuple[str, int]:
     """Where the ranks meet: ``dist_init_addr`` across machines, else loopback (port 0: any)."""
-    if config.nnodes == 1:
+    if config.parallel.nnodes == 1:
         return "127.0.0.1", 0
-    host, _, port = (config.dist_init_addr or "").rpartition(":")
+    host, _, port = (config.parallel.dist_init_addr or "").rpartition(":")
     return host.strip("[]"), int(port)
 
 
 def gloo_hostname(config: EngineConfig) -> str:
     """The address gloo listens on: the one this machine reaches node 0 from."""
-    if config.nnodes == 1:
+    if config.parallel.nnodes == 1:
         return "127.0.0.1"
     host = store_address(config)[0]
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -102,7 +102,10 @@ def gloo_hostname(config: EngineConfig) -> str:
 
 def make_groups(config: EngineConfig, rank: int, store: Any) -> RankGroups:
     """Join the backends of the group (blocks until every rank has joined)."""
-    size, timeout = config.tp_size, datetime.timedelta(seconds=config.tp_timeout_s)
+    size, timeout = (
+        config.parallel.tp_size,
+        datetime.timedelta(seconds=config.parallel.tp_timeout_s),
+    )
     control_opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     control_opts._timeout = _CONTROL_WAIT
     hostname = gloo_hostname(config)
@@ -151,7 +154,7 @@ class TensorParallelRanks:
     def start(cls, config: EngineConfig, entry: RankEntry) -> TensorParallelRanks:
         """Spawn ranks ``1 .. tp_size - 1``, each running ``entry`` (``run_tp_worker``: the
         caller hands it in, since that process imports this module), and join the groups."""
-        size = config.tp_size
+        size = config.parallel.tp_size
         host, port = store_address(config)
         store = dist.TCPStore(
             host,
@@ -234,7 +237,7 @@ def _wait_nodes(store: Any, config: EngineConfig, expected: str) -> None:
     """Until every other machine has reported ``expected`` through the store (its error text
     raises ``TPStartupError``)."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    for node in range(1, config.nnodes):
+    for node in range(1, config.parallel.nnodes):
         while not store.check([f"node{node}/{expected}"]):
             if store.check([f"node{node}/error"]):
                 error = store.get(f"node{node}/error").decode()
@@ -248,10 +251,10 @@ def run_node(config: EngineConfig, entry: RankEntry) -> int:
     """Node ``node_rank`` > 0: start this machine's ranks, report their handshake to node 0
     through the store, then wait. The exit code: 0 when node 0 stopped them, else 1."""
     host, port = store_address(config)
-    first = config.node_rank * _per_node(config)
+    first = config.parallel.node_rank * _per_node(config)
     logger.info(
         "tensor-parallel node %d: ranks %d-%d, joining %s:%d",
-        config.node_rank,
+        config.parallel.node_rank,
         first,
         first + _per_node(config) - 1,
         host,
@@ -260,13 +263,13 @@ def run_node(config: EngineConfig, entry: RankEntry) -> int:
     store = dist.TCPStore(
         host,
         port,
-        config.tp_size,
+        config.parallel.tp_size,
         is_master=False,
         timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
     )
     procs: list[BaseProcess] = []
     pipes: list[Connection] = []
-    prefix = f"node{config.node_rank}"
+    prefix = f"node{config.parallel.node_rank}"
     old_term = signal.signal(signal.SIGTERM, lambda signum, frame: _stop(procs))
     try:
         _spawn(config, entry, range(first, first + _per_node(config)), (host, port), procs, pipes)
@@ -278,7 +281,7 @@ def run_node(config: EngineConfig, entry: RankEntry) -> int:
             time.sleep(0.5)
     except Exception:
         store.set(f"{prefix}/error", traceback.format_exc())
-        logger.exception("tensor-parallel node %d failed", config.node_rank)
+        logger.exception("tensor-parallel node %d failed", config.parallel.node_rank)
     finally:
         _stop(procs)
         signal.signal(signal.SIGTERM, old_term)

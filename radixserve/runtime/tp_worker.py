@@ -57,7 +57,7 @@ def run_tp_worker(
     client = dist.TCPStore(
         store[0],
         store[1],
-        config.tp_size,
+        config.parallel.tp_size,
         is_master=False,
         timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
     )

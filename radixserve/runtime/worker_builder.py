@@ -21,14 +21,19 @@ def build_model_worker(
     cpu_kernels = cpu_kernels_for(config)  # the dtype of pools and model depends on it
     kv = kv or KVManager.build(config, KVLayout.from_config(config, cpu_kernels))
     assert kv.kv_cache is not None, "a model worker needs the KV buffers"
-    ranks = TensorParallelRanks.start(config, run_tp_worker) if config.tp_size > 1 else None
+    ranks = (
+        TensorParallelRanks.start(config, run_tp_worker) if config.parallel.tp_size > 1 else None
+    )
     try:
         runner = ModelRunner(config, kv.kv_cache, kv.req_to_token_pool, cpu_kernels, tp_ranks=ranks)
     except BaseException:
         if ranks is not None:
             ranks.shutdown()
         raise
-    overlap = not config.disable_overlap_schedule
+    overlap = not config.execution.disable_overlap_schedule
     return kv, ModelWorker(
-        runner, config.max_running_requests, overlap=overlap, launch=config.overlap_launch
+        runner,
+        config.admission.max_running_requests,
+        overlap=overlap,
+        launch=config.execution.overlap_launch,
     )

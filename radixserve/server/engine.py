@@ -31,7 +31,8 @@ _Call = tuple[Callable[[], Any], Future[Any]]
 
 
 class Engine:
-    """``Engine(model_path, **config)``: any :class:`EngineConfig` field as a keyword;
+    """``Engine(model_path, **config)``: any :class:`EngineConfig` field by its flat name
+    (``max_running_requests=8``, ``tp_size=2``: :meth:`EngineConfig.from_flat`);
     ``model_path`` a checkpoint directory or a hub id (``ORG/NAME``, ``revision``: its
     branch, tag or commit), resolved through huggingface_hub's cache."""
 
@@ -45,7 +46,7 @@ class Engine:
     ) -> None:
         if model_path is not None:
             model_path = resolve_model(str(model_path), revision)
-        self.config = EngineConfig(model_path=model_path, **config)
+        self.config = EngineConfig.from_flat(model_path=model_path, **config)
         if tokenizer is None and model_path is not None:
             tokenizer = load_tokenizer(model_path)
         self.tokenizer = tokenizer

@@ -130,9 +130,9 @@ class SchedulerInfo:
         return cls(
             max_context_len=scheduler.max_context_len,
             max_total_tokens=int(scheduler.get_stats()["max_total_tokens"]),
-            max_running_requests=scheduler.config.max_running_requests,
+            max_running_requests=scheduler.config.admission.max_running_requests,
             vocab_size=scheduler.worker.vocab_size,
             eos_token_ids=tuple(sorted(scheduler.eos_token_ids)),
             max_request_tokens=scheduler.limits.max_request_tokens,
-            max_queued_requests=scheduler.config.max_queued_requests,
+            max_queued_requests=scheduler.config.admission.max_queued_requests,
         )

@@ -255,7 +255,7 @@ def run_scheduler_process(
     publisher = None
     if events_config is not None:
         try:  # a taken port is a startup error, with the reason
-            publisher = KVEventPublisher(events_config, config.dp_rank)
+            publisher = KVEventPublisher(events_config, config.parallel.dp_rank)
         except ValueError as exc:
             scheduler.shutdown()
             ready.send(str(exc))

@@ -138,7 +138,7 @@ class TokenizerManager:
         self.observer = observer
         self.states: dict[str, ReqState] = {}
         # the LoRA adapters served (name -> directory), as the scheduler last reported them
-        self.lora_adapters: dict[str, str] = dict(config.engine.lora_paths)
+        self.lora_adapters: dict[str, str] = dict(config.engine.lora.lora_paths)
         self.dead_reason: str | None = None
         self._rpcs: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()

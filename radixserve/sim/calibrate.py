@@ -13,7 +13,6 @@ Then least squares with non-negative coefficients (:func:`radixserve.sim.cost_mo
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import random
@@ -107,7 +106,7 @@ def calibrate(
     model_path = config.model_path
     if model_path is None:
         raise ValueError("calibrate needs a model directory")
-    config = dataclasses.replace(config, disable_overlap_schedule=True)
+    config = config.replace(disable_overlap_schedule=True)
     scheduler = Scheduler(config)
     try:
         started = time.time()
@@ -119,8 +118,8 @@ def calibrate(
         "model": os.path.basename(os.path.normpath(model_path)),
         "dtype": config.dtype,
         "device": config.device,
-        "num_threads": config.num_threads,
-        "chunked_prefill_size": config.chunked_prefill_size,
+        "num_threads": config.execution.num_threads,
+        "chunked_prefill_size": config.admission.chunked_prefill_size,
         "loadavg_1m_at_start": os.getloadavg()[0],
         "measured_at_unix": started,
         # [batch size, new tokens, cached tokens, seconds] and [batch size, context, seconds]

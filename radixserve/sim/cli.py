@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from radixserve.config import SCHEDULE_POLICIES, EngineConfig
+from radixserve.config import SCHEDULE_POLICIES, AdmissionConfig
 
-DEFAULT_POLICY = EngineConfig.__dataclass_fields__["schedule_policy"].default
+DEFAULT_POLICY = AdmissionConfig().schedule_policy
 
 DEFAULT_COST = "qwen25-05b-cpu"  # the 0.5B-shaped model on a 2-core AVX2 CPU (docs/sim.md)
 
@@ -137,7 +137,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     from radixserve.config import EngineConfig
     from radixserve.sim.calibrate import calibrate
 
-    config = EngineConfig(model_path=args.model, dtype=args.dtype, num_threads=args.threads)
+    config = EngineConfig.from_flat(
+        model_path=args.model, dtype=args.dtype, num_threads=args.threads
+    )
     cost = calibrate(config, args.repeat, progress=print)
     cost.save(args.out)
     print(cost.to_json(), end="")
@@ -168,7 +170,7 @@ def _run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # tiny tensor ops only: threads cost more than they give
     cost = load_cost(args.cost)
     sessions, parallel, text = _trace(args)
-    base = EngineConfig(
+    base = EngineConfig.from_flat(
         max_total_tokens=args.kv_tokens,
         schedule_policy=args.policy,
         max_running_requests=args.max_running,
@@ -181,7 +183,7 @@ def _run(args: argparse.Namespace) -> int:
         disable_overlap_schedule=True,
     )
     if args.no_aging:
-        base = dataclasses.replace(base, constants=base.constants.without_aging())
+        base = base.replace(constants=base.admission.constants.without_aging())
     routers = args.router.split(",")
     sweep.check_routers(routers)
     grid = sweep.parse_sweep(args.sweep)
@@ -204,7 +206,7 @@ def _run(args: argparse.Namespace) -> int:
         result = Simulation(opts, sessions).run()
         label = (
             ",".join(f"{k}={v}" for k, v in point.items() if len(grid[k]) > 1 or k == "policy")
-            or f"{config.schedule_policy}"
+            or f"{config.admission.schedule_policy}"
         )
         runs.append(summarize(label, result, {"point": point}))
         print(f"  {label}: {result.num_steps} steps", file=sys.stderr)

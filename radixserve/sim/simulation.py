@@ -83,12 +83,12 @@ class Replica:
         self.events = recorder  # what its router hears of its cache (None: nothing)
         slots = (-(-config.max_total_tokens // page) + 1) * page
         self.kv = KVManager(
-            ReqToTokenPool(config.max_running_requests, max_context_len),
+            ReqToTokenPool(config.admission.max_running_requests, max_context_len),
             TokenToKVPoolAllocator(slots, page),
             tree,
         )
         self.worker = SimWorker(cost, token_range, seed)
-        loras = LoraManager.weightless(config.max_loras_per_batch)
+        loras = LoraManager.weightless(config.lora.max_loras_per_batch)
         for name in adapters:
             loras.load(name, name)
         self.scheduler = Scheduler(config, kv=self.kv, worker=self.worker, clock=clock, loras=loras)

@@ -12,7 +12,7 @@ from typing import Any
 from radixserve.config import EngineConfig, SchedulerConstants
 from radixserve.sim.router import ROUTER_POLICIES
 
-# sweep key -> (EngineConfig field, parser)
+# sweep key -> (EngineConfig's flat field name, parser)
 ENGINE_KEYS: dict[str, tuple[str, type]] = {
     "kv_tokens": ("max_total_tokens", int),
     "policy": ("schedule_policy", str),
@@ -56,8 +56,8 @@ def apply(base: EngineConfig, point: dict[str, str]) -> EngineConfig:
             except ValueError:
                 raise ValueError(f"sweep {key}={value!r}: expected {kind.__name__}") from None
         elif key == "aging":
-            changes["constants"] = aging_constants(base.constants, value)
-    return dataclasses.replace(base, **changes)
+            changes["constants"] = aging_constants(base.admission.constants, value)
+    return base.replace(**changes)
 
 
 PASS_AGING_BOUND = 8  # aging=passes: the bound in passes that benchmarks/README.md measures

@@ -176,7 +176,7 @@ def test_grpc_matrix(keyed_server: KeyedServer, who: str | None) -> None:
 def test_no_setting_shows_a_key() -> None:
     """Every secret field, and a key held by a field that is not named as one."""
     config = ServerConfig(
-        EngineConfig(model_path="/m", dist_init_addr="tcp://k3y-in-an-address:1"),
+        EngineConfig.from_flat(model_path="/m", dist_init_addr="tcp://k3y-in-an-address:1"),
         tenant_keys=(("t", "k3y-in-an-address"), ("key-0123456789", "other-key")),
         admin_api_keys=("admin-secret",),
         gateway_api_keys=("gateway-secret",),

@@ -60,9 +60,9 @@ def test_each_worker_gets_a_file_tier_of_its_own(tmp_path, tiny_llama_dir) -> No
     argv += ["--kv-tier-path", str(tmp_path)]
     config = cli.make_server_config(cli.build_parser().parse_args(argv))
     workers = data_parallel.worker_server_configs(config, 1, [1001, 1002])
-    paths = [w.engine.kv_tier_path for w in workers]
+    paths = [w.engine.kv_tier.kv_tier_path for w in workers]
     assert [w.port for w in workers] == [1001, 1002] and all(
-        w.engine.num_threads == 1 for w in workers
+        w.engine.execution.num_threads == 1 for w in workers
     )
     assert len(set(paths)) == 2 and all(
         p is not None and p.startswith(str(tmp_path)) for p in paths
@@ -85,7 +85,7 @@ def test_each_worker_publishes_kv_events_on_its_own_ports(tiny_llama_dir) -> Non
     assert [(e.endpoint, e.replay_endpoint) for e in events if e is not None] == [
         (f"tcp://*:{6000 + i}", f"tcp://*:{6100 + i}") for i in range(3)
     ]
-    assert [w.engine.dp_rank for w in workers] == [0, 1, 2]
+    assert [w.engine.parallel.dp_rank for w in workers] == [0, 1, 2]
 
 
 def test_the_router_gets_a_free_metrics_port_unless_one_is_given() -> None:

@@ -113,8 +113,14 @@ def test_tier_flags_reach_the_engine_config(tmp_path: Path) -> None:
     )
     (tmp_path / "config.json").write_text("{}")
     engine = make_server_config(args).engine
-    assert engine.kv_tier_path == str(tmp_path / "t") and engine.kv_tier_bytes == 512 << 20
-    assert engine.kv_tier_write_policy == "write_through" and engine.preemption_mode == "swap"
+    assert (
+        engine.kv_tier.kv_tier_path == str(tmp_path / "t")
+        and engine.kv_tier.kv_tier_bytes == 512 << 20
+    )
+    assert (
+        engine.kv_tier.kv_tier_write_policy == "write_through"
+        and engine.admission.preemption_mode == "swap"
+    )
 
 
 def serve_and_exit(model_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:

@@ -55,9 +55,9 @@ def test_overlap_launch_reaches_the_engine_config(
         (["serve", "--overlap-launch", "stream"], "stream"),
     ):
         config = make_server_config(build_parser().parse_args(argv))
-        assert config.engine.overlap_launch == launch
+        assert config.engine.execution.overlap_launch == launch
     with pytest.raises(ValueError, match="overlap_launch must be one of"):
-        EngineConfig(overlap_launch="process")
+        EngineConfig.from_flat(overlap_launch="process")
     with pytest.raises(SystemExit):  # argparse's choices
         build_parser().parse_args(["serve", "--overlap-launch", "graph"])
 
@@ -95,10 +95,13 @@ def test_no_model_option_makes_the_default_model(
     assert config.engine.model_path == str(target) and is_default_model_dir(target)
     assert (target / "config.json").is_file() and (target / "tokenizer_config.json").is_file()
     assert config.engine.max_total_tokens is not None  # a smoke test gets a small KV pool
-    assert not config.engine.disable_cuda_graph and config.engine.cuda_graph_max_bs is None
+    assert (
+        not config.engine.execution.disable_cuda_graph
+        and config.engine.execution.cuda_graph_max_bs is None
+    )
     flags = ["serve", "--disable-cuda-graph", "--cuda-graph-max-bs", "32"]
     engine = make_server_config(build_parser().parse_args(flags)).engine
-    assert engine.disable_cuda_graph and engine.cuda_graph_max_bs == 32
+    assert engine.execution.disable_cuda_graph and engine.execution.cuda_graph_max_bs == 32
 
 
 @pytest.mark.slow  # ~15-30 s on 2 cores: model creation, then three processes start

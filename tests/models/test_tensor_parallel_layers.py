@@ -88,7 +88,7 @@ def _rank_main(rank: int, port: int, model_dir: str, conn: Connection) -> None:
         store = dist.TCPStore(
             "127.0.0.1", port, 2, is_master=False, timeout=datetime.timedelta(seconds=60)
         )
-        config = EngineConfig(model_path=model_dir, tp_size=2, tp_timeout_s=60)
+        config = EngineConfig.from_flat(model_path=model_dir, tp_size=2, tp_timeout_s=60)
         _check_rank(make_groups(config, rank, store).group, model_dir)
         conn.send(None)
     except BaseException:

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.config import SchedulerConstants
+from radixserve.config import AdmissionConfig, SchedulerConstants
 from radixserve.memory_pool import TokenToKVPoolAllocator
-from radixserve.policy import AdmissionConfig, PrefillAdder
+from radixserve.policy import PrefillAdder
 from radixserve.radix import NoPrefixCache, RadixCache
 from radixserve.types import Req, SamplingParams
 
@@ -115,7 +115,6 @@ def new_adder(
     interleave: bool = False,
 ) -> PrefillAdder:
     config = AdmissionConfig(
-        page_size=alloc.page_size,
         max_prefill_tokens=max_prefill,
         chunked_prefill_size=chunk,
         constants=constants or SchedulerConstants(),

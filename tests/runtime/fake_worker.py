@@ -180,7 +180,7 @@ def fake_scheduler(
     """A Scheduler over ``capacity`` usable KV slots (whole pages) with a :class:`FakeWorker`
     running ``model``; ``tier_tokens``: with a host KV tier of that many tokens under the tree
     (and a fake KV, as with speculative decoding on)."""
-    engine_config = EngineConfig(
+    engine_config = EngineConfig.from_flat(
         page_size=page_size,
         max_running_requests=max_running,
         disable_radix_cache=not radix,
@@ -191,12 +191,14 @@ def fake_scheduler(
     tree: PrefixCache = RadixCache(page_size) if radix else NoPrefixCache(page_size)
     slots = (-(-capacity // page_size) + 1) * page_size
     kv_cache = None
-    if tier_tokens is not None or engine_config.speculative_algorithm is not None:
+    if tier_tokens is not None or engine_config.speculative.speculative_algorithm is not None:
         kv_cache = KVCache(1, slots, 1, 1, torch.float32, "cpu")
     if tier_tokens is not None:
         assert kv_cache is not None
         tier = host_tier(TierLayout.of(kv_cache, page_size), tier_tokens)
-        tree = TieredRadixCache(page_size, tier, kv_cache, engine_config.kv_tier_write_policy)
+        tree = TieredRadixCache(
+            page_size, tier, kv_cache, engine_config.kv_tier.kv_tier_write_policy
+        )
     kv = KVManager(
         ReqToTokenPool(max_running, max_context_len),
         TokenToKVPoolAllocator(slots, page_size),

@@ -118,7 +118,7 @@ def test_kv_stress_with_overlap(device: str, device_llama_dir: Path, launch: str
     device's stream): every request ends with its full length (or is aborted),
     ``check_integrity`` holds after every step, and every slot is free or cached at the end."""
     requests = make_requests(500)
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         model_path=str(device_llama_dir),
         dtype="bfloat16",
         device=device,

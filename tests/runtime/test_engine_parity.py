@@ -143,7 +143,7 @@ def test_interleaved_prefill_keeps_outputs_and_lets_short_prompts_in(
     rng = random.Random(11)
     long = [rng.randrange(5, 1000) for _ in range(300)]
     prompts = [long, *([rng.randrange(5, 1000) for _ in range(6)] for _ in range(3))]
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         model_path=str(engine_model_dir),
         dtype="float32",
         chunked_prefill_size=32,

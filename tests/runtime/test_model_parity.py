@@ -209,7 +209,7 @@ def oracle(
 def make_runner(
     model_dir: Path, backend: str | None = None, dtype: str = "float32", device: str = "cpu"
 ) -> ModelRunner:
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         model_path=str(model_dir),
         dtype=dtype,
         device=device,

@@ -14,7 +14,7 @@ from radixserve.runtime.model_runner import ModelRunner
 
 
 def runner_for(path: Path, **kw: object) -> ModelRunner:
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         model_path=str(path), **{"dtype": "float32", "max_total_tokens": 512, **kw}
     )  # type: ignore[arg-type]
     kv = KVManager.build(config)

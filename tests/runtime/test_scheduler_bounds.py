@@ -32,7 +32,7 @@ def test_the_scheduler_refuses_past_the_bound_and_keeps_the_queue() -> None:
 
 def test_the_bound_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_queued_requests"):
-        EngineConfig(max_queued_requests=0)
+        EngineConfig.from_flat(max_queued_requests=0)
 
 
 @pytest.mark.parametrize("page_size", [1, 4])

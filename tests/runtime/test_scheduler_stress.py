@@ -64,14 +64,14 @@ def test_stress_small_pool(engine_model_dir, overlap: str) -> None:
     requests = make_requests(500)
     base = dict(model_path=str(engine_model_dir), dtype="float32", random_seed=0)
     reference = Scheduler(
-        EngineConfig(
+        EngineConfig.from_flat(
             **base, max_total_tokens=60_000, max_running_requests=64, chunked_prefill_size=None
         )
     )
     expected = run(reference, [(r, None) for r, _ in requests], 500, check=False)
     reference.shutdown()
 
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         **base,
         max_total_tokens=400,
         max_running_requests=24,
@@ -108,7 +108,7 @@ def test_where_an_overlapped_batch_is_launched(engine_model_dir, launch: str | N
     """``--overlap-launch``: the worker thread (the default; docs/design.md, "Overlap scheduling"),
     or the scheduler thread itself (``stream``)."""
     options = {} if launch is None else {"overlap_launch": launch}
-    config = EngineConfig(model_path=str(engine_model_dir), dtype="float32", **options)
+    config = EngineConfig.from_flat(model_path=str(engine_model_dir), dtype="float32", **options)
     scheduler = Scheduler(config)
     runner = scheduler.worker.runner  # type: ignore[attr-defined]
     forward, on_main = runner.forward, set()

@@ -20,14 +20,16 @@ from radixserve.runtime.tp_ranks import gloo_hostname, rank_config, store_addres
 )
 def test_bad_node_configs_are_refused(fields: dict, error: str) -> None:
     with pytest.raises(ValueError, match=error):
-        EngineConfig(**fields)
+        EngineConfig.from_flat(**fields)
 
 
 def test_where_the_ranks_meet() -> None:
-    one = EngineConfig(tp_size=2)
+    one = EngineConfig.from_flat(tp_size=2)
     assert store_address(one) == ("127.0.0.1", 0) and gloo_hostname(one) == "127.0.0.1"
-    two = EngineConfig(tp_size=4, nnodes=2, node_rank=1, dist_init_addr="127.0.0.1:29511")
+    two = EngineConfig.from_flat(tp_size=4, nnodes=2, node_rank=1, dist_init_addr="127.0.0.1:29511")
     assert store_address(two) == ("127.0.0.1", 29511)
     assert gloo_hostname(two) == "127.0.0.1"  # the address this machine reaches node 0 from
-    gpu = EngineConfig(tp_size=4, nnodes=2, dist_init_addr="127.0.0.1:29511", device="cuda")
+    gpu = EngineConfig.from_flat(
+        tp_size=4, nnodes=2, dist_init_addr="127.0.0.1:29511", device="cuda"
+    )
     assert rank_config(gpu, 3).device == "cuda:1"  # rank 3 is node 1's second GPU

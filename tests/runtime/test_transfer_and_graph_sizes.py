@@ -45,8 +45,8 @@ def test_capture_batch_sizes() -> None:
 
 def test_cuda_graph_options_are_validated() -> None:
     with pytest.raises(ValueError, match="cuda_graph_max_bs"):
-        EngineConfig(cuda_graph_max_bs=0)
-    assert not EngineConfig().disable_cuda_graph
+        EngineConfig.from_flat(cuda_graph_max_bs=0)
+    assert not EngineConfig().execution.disable_cuda_graph
 
 
 def test_the_cpu_runner_captures_no_graphs(tiny_llama_dir: object) -> None:

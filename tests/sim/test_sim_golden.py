@@ -10,7 +10,6 @@ moves them, recompute with ``python tests/sim/test_sim_golden.py`` and say why i
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import sys
 
@@ -88,7 +87,7 @@ def _sessions(kind: object, out: int) -> list[SimSession]:
 
 
 def digest(case: dict[str, object]) -> str:
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         max_total_tokens=int(case["kv"]),  # type: ignore[call-overload]
         schedule_policy=str(case["policy"]),
         page_size=int(case.get("page", 1)),  # type: ignore[call-overload]
@@ -98,7 +97,7 @@ def digest(case: dict[str, object]) -> str:
         enable_prefill_interleaving=bool(case.get("interleave", False)),
     )
     if case.get("aging", "passes") == "passes":  # the default the digests were taken with
-        config = dataclasses.replace(config, constants=aging_constants(config.constants, "passes"))
+        config = config.replace(constants=aging_constants(config.admission.constants, "passes"))
     cost = CostModel.load("tiny-cpu")
     opts = SimOptions(
         config,

@@ -24,7 +24,7 @@ COST = CostModel(prefill_base=1.0, prefill_per_token=0.1, decode_base=0.5, decod
 def _config(**kw: object) -> EngineConfig:
     base: dict[str, object] = dict(max_total_tokens=4096, disable_overlap_schedule=True)
     base.update(kw)
-    return EngineConfig(**base)  # type: ignore[arg-type]
+    return EngineConfig.from_flat(**base)  # type: ignore[arg-type]
 
 
 def _one(

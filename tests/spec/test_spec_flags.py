@@ -16,15 +16,15 @@ pytestmark = pytest.mark.timeout(60)
 def test_flags_reach_the_engine_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RADIXSERVE_DEFAULT_MODEL_DIR", str(tmp_path / "model"))
     off = make_server_config(build_parser().parse_args(["serve"])).engine
-    assert off.speculative_algorithm is None  # off by default
+    assert off.speculative.speculative_algorithm is None  # off by default
     argv = ["serve", "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5"]
     argv += ["--speculative-ngram-min-match-window-size", "3"]
     argv += ["--speculative-ngram-max-batch-size", "4"]
     engine = make_server_config(build_parser().parse_args(argv)).engine
-    assert engine.speculative_algorithm == "NGRAM"
-    assert engine.speculative_num_draft_tokens == 5
-    assert engine.speculative_ngram_min_match_window_size == 3
-    assert engine.speculative_ngram_max_batch_size == 4
+    assert engine.speculative.speculative_algorithm == "NGRAM"
+    assert engine.speculative.speculative_num_draft_tokens == 5
+    assert engine.speculative.speculative_ngram_min_match_window_size == 3
+    assert engine.speculative.speculative_ngram_max_batch_size == 4
     with pytest.raises(SystemExit):  # argparse's choices
         build_parser().parse_args(["serve", "--speculative-algorithm", "EAGLE"])
 
@@ -41,4 +41,4 @@ def test_flags_reach_the_engine_config(tmp_path: Path, monkeypatch: pytest.Monke
 )
 def test_bad_values_are_value_errors(fields: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="speculative"):
-        EngineConfig(**fields)  # type: ignore[arg-type]
+        EngineConfig.from_flat(**fields)  # type: ignore[arg-type]

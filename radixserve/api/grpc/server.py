@@ -215,11 +215,11 @@ class SchedulerService(pb_grpc.SglangSchedulerServicer):
         who = self._caller(context)
         if not (self.tenants.is_operator(who) or self.tenants.is_gateway(who)):
             mine = self._pending(who)
-            own = pb.SchedulerLoad(dp_rank=self.config.engine.dp_rank, num_total_reqs=mine)
+            own = pb.SchedulerLoad(dp_rank=self.config.engine.parallel.dp_rank, num_total_reqs=mine)
             return pb.GetLoadsResponse(dp_rank_count=1, loads=[own])
         stats = (await self.tm.get_server_info(check_integrity=False))["stats"]
         load = pb.SchedulerLoad(
-            dp_rank=self.config.engine.dp_rank,
+            dp_rank=self.config.engine.parallel.dp_rank,
             num_running_reqs=int(stats["num_running_reqs"]),
             num_waiting_reqs=int(stats["num_waiting_reqs"]),
             num_total_reqs=int(stats["num_running_reqs"] + stats["num_waiting_reqs"]),

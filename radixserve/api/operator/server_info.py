@@ -20,6 +20,7 @@ from typing import Any
 
 from radixserve.api.access.tenants import KEY_TENANT_PREFIX
 from radixserve.config import ServerConfig
+from radixserve.kv_events_config import KVEventsConfig
 from radixserve.server.tokenizer_manager import TokenizerManager
 
 
@@ -74,15 +75,24 @@ def scrub(value: Any, secrets: list[str]) -> Any:
 
 
 def server_args(config: ServerConfig) -> dict[str, Any]:
-    """The engine's and the server's settings, flat, each secret field shown as ``***`` (set)
-    or None (unset)."""
-    engine = dataclasses.asdict(config.engine)
+    """The engine's and the server's settings, flat (the engine's parts by their fields' flat
+    names, SGLang's server args), each secret field shown as ``***`` (set) or None (unset)."""
+    engine = {name: _plain(value) for name, value in config.engine.flat().items()}
     server = {k: v for k, v in dataclasses.asdict(config).items() if k != "engine"}
     args = {**engine, **server, "served_model_name": config.model_name}
     for name, value in args.items():
         if SECRET_FIELD.search(name):
             args[name] = REDACTED if value else None
     return scrub(args, secrets_of(config))  # type: ignore[no-any-return]
+
+
+def _plain(value: Any) -> Any:
+    """A setting as JSON shows it: a record as its dict, ``--kv-events-config`` as its JSON."""
+    if isinstance(value, KVEventsConfig):
+        return value.model_dump_json(exclude_unset=True)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
 
 
 async def get_server_info(
@@ -130,7 +140,7 @@ def _shape(
         **args,
         "last_gen_throughput": throughput,
         "load": load,
-        "dp_rank": config.engine.dp_rank,
+        "dp_rank": config.engine.parallel.dp_rank,
         "max_total_num_tokens": tm.info.max_total_tokens,
     }
     return {
