@@ -13,11 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.config import (
-    OVERLAP_LAUNCHES,
-    PREEMPTION_MODES,
+    DTYPES,
     QUANTIZATIONS,
     REASONING_PARSERS,
-    SCHEDULE_POLICIES,
     TOOL_CALL_PARSERS,
     EngineConfig,
     ServerConfig,
@@ -25,9 +23,17 @@ from radixserve.config import (
 )
 from radixserve.hub import is_hub_id, resolve_model
 from radixserve.launch.cli_access import access_fields, add_access_flags
-from radixserve.launch.cli_cache import add_cache_flags, cache_fields
-from radixserve.launch.cli_lora import add_lora_flags, check_lora_paths, lora_fields
-from radixserve.launch.cli_spec import add_spec_flags, spec_fields
+from radixserve.launch.cli_admission import add_admission_flags, admission_part
+from radixserve.launch.cli_cache import add_cache_flags, kv_events_config, kv_tier_part
+from radixserve.launch.cli_execution import (
+    add_execution_flags,
+    add_parallel_flags,
+    execution_part,
+    parallel_part,
+)
+from radixserve.launch.cli_lora import add_lora_flags, check_lora_paths, lora_part
+from radixserve.launch.cli_parts import part_from_args
+from radixserve.launch.cli_spec import add_spec_flags, speculative_part
 
 logger = logging.getLogger("radixserve.cli")
 _DEFAULTS = EngineConfig()
@@ -44,12 +50,42 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
-    """Adds ``serve`` and its flags to the ``radixserve`` sub-parsers ``sub``."""
+    """Adds ``serve`` and its flags to the ``radixserve`` sub-parsers ``sub``: each group of
+    engine flags is the module that builds its config part."""
     serve = sub.add_parser(
         "serve",
         help="start the HTTP server (native /generate and OpenAI-compatible routes)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    _add_model_flags(serve)
+    add = serve.add_argument
+    add("--host", default="127.0.0.1", help="address to listen on")
+    add("--port", type=int, default=30000, help="port to listen on")
+    add("--grpc-port", type=int, default=None, help="also serve SGLang's gRPC API (for smg)")
+    add_admission_flags(serve)
+    _add_kv_flags(serve)
+    add_cache_flags(serve)
+    add_spec_flags(serve)
+    add_execution_flags(serve)
+    add_parallel_flags(serve)
+    _add_chat_flags(serve)
+    _add_limit_flags(serve)
+    add_access_flags(serve)
+    add_lora_flags(serve)
+    add(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="log level of all three processes",
+    )
+    from radixserve.launch.data_parallel import add_arguments as add_data_parallel_arguments
+
+    add_data_parallel_arguments(serve)
+    return serve
+
+
+def _add_model_flags(serve: argparse.ArgumentParser) -> None:
+    """The checkpoint, and how its weights are held."""
     add = serve.add_argument
     add(
         "--model",
@@ -67,98 +103,9 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         default=None,
         help="the hub id's branch, tag or commit (default: main)",
     )
-    add("--host", default="127.0.0.1", help="address to listen on")
-    add("--port", type=int, default=30000, help="port to listen on")
-    add("--grpc-port", type=int, default=None, help="also serve SGLang's gRPC API (for smg)")
-    add(
-        "--schedule-policy",
-        choices=SCHEDULE_POLICIES,
-        default=_DEFAULTS.admission.schedule_policy,
-        help="waiting-queue order: fcfs, lof (longest output first), random; cache-aware lpm "
-        "(longest prefix match), dfs-weight, hrrn (highest response ratio: work done since "
-        "a request arrived over its uncached tokens) and adaptive (lpm while the queue does not "
-        "fit in the pool, fcfs while it does)",
-    )
-    add(
-        "--chunked-prefill-size",
-        type=int,
-        default=_DEFAULTS.admission.chunked_prefill_size,
-        help="most prompt tokens one prefill step computes per request; <= 0 disables chunking",
-    )
-    add(
-        "--disable-prefill-interleaving",
-        action="store_true",
-        help="let a long prompt's continuing chunk take the whole chunk budget (by default it is "
-        "cut so whole short prompts queued behind it run in the same step, keeping at least "
-        "--prefill-interleaving-min-continuation-tokens, default half the chunk)",
-    )
-    add("--enable-prefill-interleaving", action="store_true", help="the default; for SGLang's")
-    add("--prefill-interleaving-min-continuation-tokens", type=int, default=None)
-    add(
-        "--max-running-requests",
-        type=int,
-        default=_DEFAULTS.admission.max_running_requests,
-        help="most requests in the running batch",
-    )
-    add(
-        "--max-queued-requests",
-        type=int,
-        default=None,
-        help="most requests waiting to run; beyond it a new one gets 429 with Retry-After "
-        "(default: no bound)",
-    )
-    add(
-        "--max-total-tokens",
-        type=int,
-        default=None,
-        help="KV cache size in tokens (default: what a 1 GiB KV budget holds for the model; "
-        f"{DEFAULT_MODEL_KV_TOKENS} for the embedded default model)",
-    )
-    add("--page-size", type=int, default=_DEFAULTS.page_size, help="KV slots per page")
-    add("--max-context-len", type=int, default=None, help="context length (default: the model's)")
-    add("--disable-radix-cache", action="store_true", help="no prefix caching (a baseline)")
-    add("--disable-jump-forward", action="store_true", help="decode a grammar's forced text")
-    add_cache_flags(serve)
-    add_spec_flags(serve)
-    add(
-        "--preemption-mode",
-        choices=PREEMPTION_MODES,
-        default=_DEFAULTS.admission.preemption_mode,
-        help="a preempted or retracted request's KV: cached and recomputed where evicted, or "
-        "swapped to the tier and back (needs a tier)",
-    )
-    add(
-        "--disable-overlap-schedule",
-        action="store_true",
-        help="do not prepare the next batch while the current one runs",
-    )
-    add(
-        "--overlap-launch",
-        choices=OVERLAP_LAUNCHES,
-        default=_DEFAULTS.execution.overlap_launch,
-        help="with overlap: launch each batch from a worker thread, or from the scheduler thread "
-        "on the device's stream (asynchronous on CUDA only)",
-    )
-    add(
-        "--disable-cuda-graph",
-        action="store_true",
-        help="CUDA: run every decode step eagerly instead of replaying captured graphs",
-    )
-    add(
-        "--cuda-graph-max-bs",
-        type=int,
-        default=None,
-        help="CUDA: the largest decode batch replayed from a graph (default: "
-        "--max-running-requests, at most 256)",
-    )
-    add(
-        "--enable-priority-scheduling",
-        action="store_true",
-        help="order by the requests' priority first (and preempt for much higher priority)",
-    )
     add(
         "--dtype",
-        choices=("auto", "float32", "bfloat16", "float16"),
+        choices=DTYPES,
         default=_DEFAULTS.dtype,
         help="weight and KV dtype (auto: bfloat16 on GPU and on CPUs with the radixserve "
         "kernels or native bf16, else float32)",
@@ -171,16 +118,27 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "them by activations quantized per block of 32, like llama.cpp's Q8_0)",
     )
     add("--device", default=_DEFAULTS.device, help="cpu, cuda or cuda:N")
+
+
+def _add_kv_flags(serve: argparse.ArgumentParser) -> None:
+    """The KV pool, the context and the prefix cache."""
+    add = serve.add_argument
     add(
-        "--tp-size",
+        "--max-total-tokens",
         type=int,
-        default=_DEFAULTS.parallel.tp_size,
-        help="tensor parallelism: split the model over this many processes (gloo on CPU, NCCL "
-        "on CUDA: one GPU each); see docs/tensor_parallel.md",
+        default=None,
+        help="KV cache size in tokens (default: what a 1 GiB KV budget holds for the model; "
+        f"{DEFAULT_MODEL_KV_TOKENS} for the embedded default model)",
     )
-    add("--nnodes", type=int, default=1, help="machines the --tp-size ranks are spread over")
-    add("--node-rank", type=int, default=0, help="this machine's index (0 serves)")
-    add("--dist-init-addr", default=None, metavar="HOST:PORT", help="node 0's address, all nodes")
+    add("--page-size", type=int, default=_DEFAULTS.page_size, help="KV slots per page")
+    add("--max-context-len", type=int, default=None, help="context length (default: the model's)")
+    add("--disable-radix-cache", action="store_true", help="no prefix caching (a baseline)")
+    add("--disable-jump-forward", action="store_true", help="decode a grammar's forced text")
+
+
+def _add_chat_flags(serve: argparse.ArgumentParser) -> None:
+    """The served name, the chat template and what the chat routes parse out of the output."""
+    add = serve.add_argument
     add(
         "--served-model-name",
         default=None,
@@ -214,19 +172,6 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="the tool-call format parsed for tool_choice=auto (default: the one the chat "
         "template teaches)",
     )
-    _add_limit_flags(serve)
-    add_access_flags(serve)
-    add_lora_flags(serve)
-    add(
-        "--log-level",
-        choices=("debug", "info", "warning", "error"),
-        default="info",
-        help="log level of all three processes",
-    )
-    from radixserve.launch.data_parallel import add_arguments as add_data_parallel_arguments
-
-    add_data_parallel_arguments(serve)
-    return serve
 
 
 def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
@@ -251,8 +196,12 @@ def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
         default=defaults.max_stop_strings,
         help="most stop strings in one request; 400 past it",
     )
-    add("--max-stored-responses", type=int, default=defaults.max_stored_responses,
-        help="stored Responses API responses (every tenant's); least recently used out")  # fmt: skip
+    add(
+        "--max-stored-responses",
+        type=int,
+        default=defaults.max_stored_responses,
+        help="stored Responses API responses (every tenant's); least recently used out",
+    )
     add(
         "--graceful-shutdown-timeout",
         type=float,
@@ -263,6 +212,23 @@ def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
         "--disable-docs",
         action="store_true",
         help="serve no /docs, /redoc or /openapi.json (with --api-key they need the key)",
+    )
+
+
+def engine_config(args: argparse.Namespace, model_path: str) -> EngineConfig:
+    """The engine's config of ``args``: each part from its flags' module, the model's and the
+    KV pool's fields by name."""
+    return part_from_args(
+        EngineConfig,
+        args,
+        model_path=model_path,
+        kv_events_config=kv_events_config(args),
+        admission=admission_part(args),
+        kv_tier=kv_tier_part(args),
+        lora=lora_part(args),
+        parallel=parallel_part(args),
+        execution=execution_part(args),
+        speculative=speculative_part(args),
     )
 
 
@@ -286,40 +252,8 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
             raise ValueError(f"--model {exc}") from None
         if args.served_model_name is None and is_hub_id(args.model):
             args.served_model_name = args.model  # as SGLang: the name the client asked for
-    engine = EngineConfig.from_flat(
-        model_path=model_path,
-        dtype=args.dtype,
-        quantization=args.quantization,
-        device=args.device,
-        page_size=args.page_size,
-        max_total_tokens=args.max_total_tokens,
-        max_running_requests=args.max_running_requests,
-        max_queued_requests=args.max_queued_requests,
-        max_context_len=args.max_context_len,
-        chunked_prefill_size=args.chunked_prefill_size,
-        enable_prefill_interleaving=not args.disable_prefill_interleaving,
-        prefill_interleaving_min_continuation_tokens=(
-            args.prefill_interleaving_min_continuation_tokens
-        ),
-        schedule_policy=args.schedule_policy,
-        disable_radix_cache=args.disable_radix_cache,
-        disable_overlap_schedule=args.disable_overlap_schedule,
-        overlap_launch=args.overlap_launch,
-        disable_cuda_graph=args.disable_cuda_graph,
-        cuda_graph_max_bs=args.cuda_graph_max_bs,
-        disable_jump_forward=args.disable_jump_forward,
-        **cache_fields(args),
-        **spec_fields(args),
-        preemption_mode=args.preemption_mode,
-        enable_priority_scheduling=args.enable_priority_scheduling,
-        tp_size=args.tp_size,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        dist_init_addr=args.dist_init_addr,
-        **lora_fields(args),
-    )
     return ServerConfig(
-        engine=engine,
+        engine=engine_config(args, model_path),
         host=args.host,
         port=args.port,
         grpc_port=args.grpc_port,

@@ -1,16 +1,17 @@
 """``serve``'s flags for the KV cache's second tier and its KV events, in SGLang's names, and
-the ``EngineConfig`` fields they set."""
+what they build: the ``KVTierConfig`` and the parsed ``KVEventsConfig``."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from radixserve.config import KV_TIER_WRITE_POLICIES, EngineConfig
+from radixserve.config import KV_TIER_WRITE_POLICIES, KVTierConfig
+from radixserve.kv_events_config import KVEventsConfig
+from radixserve.launch.cli_parts import part_from_args
 from radixserve.memory_pool.tier_dir import TierUnavailable, check_tier_dir
 from radixserve.units import parse_size
 
-_DEFAULTS = EngineConfig()
+_DEFAULTS = KVTierConfig()
 
 
 def add_cache_flags(serve: argparse.ArgumentParser) -> None:
@@ -28,6 +29,7 @@ def add_cache_flags(serve: argparse.ArgumentParser) -> None:
     )
     add(
         "--kv-tier-size",
+        dest="kv_tier_bytes",
         type=parse_size,
         default=None,
         metavar="SIZE",
@@ -38,7 +40,7 @@ def add_cache_flags(serve: argparse.ArgumentParser) -> None:
         "--kv-tier-write-policy",
         dest="kv_tier_write_policy",
         choices=KV_TIER_WRITE_POLICIES,
-        default=_DEFAULTS.kv_tier.kv_tier_write_policy,
+        default=_DEFAULTS.kv_tier_write_policy,
         help="copy KV to the tier when the pool evicts it (write_back) or when it is cached",
     )
     add(
@@ -49,16 +51,16 @@ def add_cache_flags(serve: argparse.ArgumentParser) -> None:
     )
 
 
-def cache_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The fields; ``ValueError`` (a config error: one line) for a ``--kv-tier-path`` that
+def kv_tier_part(args: argparse.Namespace) -> KVTierConfig:
+    """The tier's part; ``ValueError`` (a config error: one line) for a ``--kv-tier-path`` that
     cannot hold a tier or that another server holds, before any model is loaded."""
-    return dict(
-        enable_hierarchical_cache=args.enable_hierarchical_cache,
-        kv_tier_path=_usable_tier_path(args.kv_tier_path),
-        kv_tier_bytes=args.kv_tier_size,
-        kv_tier_write_policy=args.kv_tier_write_policy,
-        kv_events_config=args.kv_events_config,
-    )
+    return part_from_args(KVTierConfig, args, kv_tier_path=_usable_tier_path(args.kv_tier_path))
+
+
+def kv_events_config(args: argparse.Namespace) -> KVEventsConfig | None:
+    """``--kv-events-config`` parsed (``ValueError`` naming what is wrong); None: not given."""
+    text = args.kv_events_config
+    return None if text is None else KVEventsConfig.from_cli(text)
 
 
 def _usable_tier_path(path: str | None) -> str | None:

@@ -1,14 +1,14 @@
-"""``serve``'s LoRA flags, in SGLang's names, and the ``EngineConfig`` fields they set."""
+"""``serve``'s LoRA flags, in SGLang's names, and the ``LoRAConfig`` they build."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from radixserve.config import EngineConfig
+from radixserve.config import EngineConfig, LoRAConfig
+from radixserve.launch.cli_parts import part_from_args
 from radixserve.runtime.lora_manager import check_adapter
 
-_DEFAULTS = EngineConfig()
+_DEFAULTS = LoRAConfig()
 
 
 def add_lora_flags(serve: argparse.ArgumentParser) -> None:
@@ -30,7 +30,7 @@ def add_lora_flags(serve: argparse.ArgumentParser) -> None:
     add(
         "--max-loras-per-batch",
         type=int,
-        default=_DEFAULTS.lora.max_loras_per_batch,
+        default=_DEFAULTS.max_loras_per_batch,
         help="most distinct adapters in one batch (the base model not counted)",
     )
     add(
@@ -43,18 +43,13 @@ def add_lora_flags(serve: argparse.ArgumentParser) -> None:
     add(
         "--max-lora-rank",
         type=int,
-        default=_DEFAULTS.lora.max_lora_rank,
+        default=_DEFAULTS.max_lora_rank,
         help="the largest adapter rank accepted",
     )
 
 
-def lora_fields(args: argparse.Namespace) -> dict[str, Any]:
-    return dict(
-        lora_paths=args.lora_paths,
-        max_loras_per_batch=args.max_loras_per_batch,
-        max_loaded_loras=args.max_loaded_loras,
-        max_lora_rank=args.max_lora_rank,
-    )
+def lora_part(args: argparse.Namespace) -> LoRAConfig:
+    return part_from_args(LoRAConfig, args)
 
 
 def check_lora_paths(config: EngineConfig) -> None:

@@ -1,14 +1,14 @@
-"""``serve``'s flags for speculative decoding, in SGLang's names, and the ``EngineConfig``
-fields they set (docs/speculative.md)."""
+"""``serve``'s flags for speculative decoding, in SGLang's names, and the ``SpeculativeConfig``
+they build (docs/speculative.md)."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from radixserve.config import EngineConfig
+from radixserve.config import SpeculativeConfig
+from radixserve.launch.cli_parts import part_from_args
 
-_DEFAULTS = EngineConfig()
+_DEFAULTS = SpeculativeConfig()
 
 
 def add_spec_flags(parser: argparse.ArgumentParser) -> None:
@@ -23,25 +23,25 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
     add(
         "--speculative-num-draft-tokens",
         type=int,
-        default=_DEFAULTS.speculative.speculative_num_draft_tokens,
+        default=_DEFAULTS.speculative_num_draft_tokens,
         help="tokens a request computes in one verify: its last one and up to this minus one drafts",
     )
     add(
         "--speculative-ngram-min-match-window-size",
         type=int,
-        default=_DEFAULTS.speculative.speculative_ngram_min_match_window_size,
+        default=_DEFAULTS.speculative_ngram_min_match_window_size,
         help="the shortest run of latest tokens a draft's match needs",
     )
     add(
         "--speculative-ngram-max-match-window-size",
         type=int,
-        default=_DEFAULTS.speculative.speculative_ngram_max_match_window_size,
+        default=_DEFAULTS.speculative_ngram_max_match_window_size,
         help="the longest run of latest tokens a match compares",
     )
     add(
         "--speculative-ngram-capacity",
         type=int,
-        default=_DEFAULTS.speculative.speculative_ngram_capacity,
+        default=_DEFAULTS.speculative_ngram_capacity,
         help="tokens of the radix cache's sequences the draft index holds",
     )
     add(
@@ -52,12 +52,5 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def spec_fields(args: argparse.Namespace) -> dict[str, Any]:
-    return dict(
-        speculative_algorithm=args.speculative_algorithm,
-        speculative_num_draft_tokens=args.speculative_num_draft_tokens,
-        speculative_ngram_min_match_window_size=args.speculative_ngram_min_match_window_size,
-        speculative_ngram_max_match_window_size=args.speculative_ngram_max_match_window_size,
-        speculative_ngram_capacity=args.speculative_ngram_capacity,
-        speculative_ngram_max_batch_size=args.speculative_ngram_max_batch_size,
-    )
+def speculative_part(args: argparse.Namespace) -> SpeculativeConfig:
+    return part_from_args(SpeculativeConfig, args)
