@@ -35,10 +35,12 @@ import msgspec
 import numpy as np
 
 from radixserve.radix.tree_node import TreeNode
+from radixserve.radix.tree_observer import FILE_TIER, HOST_TIER, POOL
 
 L1 = "GPU"  # the pool (SGLang's StorageMedium.GPU: device memory, the level the model reads)
 HOST = "CPU_PINNED"
 DISK = "DISK"
+WIRE_MEDIUM = {POOL: L1, HOST_TIER: HOST, FILE_TIER: DISK}  # the tree's media, as SGLang names them
 
 _NAMESPACE_SEED_TAG = b"sglang-kv-event-namespace-v1"
 
@@ -129,6 +131,7 @@ class KVEventRecorder:
         self._seeds: dict[str | None, bytes | None] = {}
 
     def stored(self, node: TreeNode, medium: str) -> None:
+        medium = WIRE_MEDIUM[medium]
         hashes = self._hashes(node)
         parent = node.parent
         parent_hash = None
@@ -151,12 +154,20 @@ class KVEventRecorder:
         )
 
     def removed(self, node: TreeNode, medium: str) -> None:
+        medium = WIRE_MEDIUM[medium]
         hashes = self._hashes(node)
         tail = self._queue[-1] if self._queue else None
         if type(tail) is BlockRemoved and tail.medium == medium:
             tail.block_hashes.extend(hashes)
         else:
             self._queue.append(BlockRemoved(hashes, medium))
+
+    def split(self, upper: TreeNode, lower: TreeNode) -> None:
+        """Each part keeps its pages' hashes (if published: a page's hash never changes)."""
+        if lower.event_digests is not None:
+            cut = len(upper) // self.page_size * DIGEST
+            upper.event_digests = lower.event_digests[:cut]
+            lower.event_digests = lower.event_digests[cut:]
 
     def all_cleared(self) -> None:
         self._queue.append(AllBlocksCleared())

@@ -10,9 +10,8 @@ import numpy as np
 import torch
 
 from radixserve.radix.base import InsertResult, MatchResult, TokenKey
-from radixserve.radix.kv_events import DIGEST, L1
 from radixserve.radix.tree_node import TreeNode
-from radixserve.radix.tree_observer import TreeObserver, with_observer
+from radixserve.radix.tree_observer import POOL, TreeObserver, with_observer
 
 _EMPTY_VALUE = torch.empty(0, dtype=torch.int64)
 _INT32 = np.dtype(np.int32)
@@ -47,7 +46,7 @@ class RadixCache:
     popped, and the heap is rebuilt when stale ones outnumber the leaves. Values are opaque:
     with ``create_simulated()`` they may be the tokens themselves (the policy's in-batch check
     uses such a tree, never the real one). ``events`` (None: off) hears of every node that
-    enters or leaves the pool (``radix.kv_events``).
+    enters or leaves the pool, and of every split (``radix/tree_observer.py``).
     """
 
     def __init__(self, page_size: int = 1, events: TreeObserver | None = None) -> None:
@@ -149,7 +148,7 @@ class RadixCache:
             self._push_lru(leaf)
             self._evictable_size += len(leaf)
             if self.events is not None:
-                self.events.stored(leaf, L1)
+                self.events.stored(leaf, POOL)
             values.append(leaf.value)  # type: ignore[arg-type]  # (just set)
             node = leaf
         return InsertResult(num_present, _cat(values), node)
@@ -174,7 +173,7 @@ class RadixCache:
         """The pool took ``leaf``'s slots: it leaves the tree; a parent left a leaf joins the
         order."""
         if self.events is not None:
-            self.events.removed(leaf, L1)
+            self.events.removed(leaf, POOL)
         parent = self._delete_leaf(leaf)
         if parent is not self._root and parent.is_leaf:
             self._push_lru(parent)
@@ -356,10 +355,6 @@ class RadixCache:
             child.last_access_time,
         )
         upper.lock_ref = child.lock_ref
-        if child.event_digests is not None:  # published: each part keeps its pages' hashes
-            cut = n // self.page_size * DIGEST  # bytes: a SHA-256 digest a page
-            upper.event_digests = child.event_digests[:cut]
-            child.event_digests = child.event_digests[cut:]
         child.key_bytes = child.key_bytes[n * _TOKEN_BYTES :]
         if child.value is not None:
             child.value = child.value[n:]
@@ -368,6 +363,8 @@ class RadixCache:
         child.parent = upper
         upper.children[self._child_key(upper, child.extra_key, child.key_bytes)] = child
         parent.children[self._child_key(parent, upper.extra_key, upper.key_bytes)] = upper
+        if self.events is not None:
+            self.events.split(upper, child)
         return upper
 
     def _delete_leaf(self, leaf: TreeNode) -> TreeNode:

@@ -37,10 +37,9 @@ import torch
 from radixserve.memory_pool.kv_cache import KVCache
 from radixserve.memory_pool.kv_tier import KVTier
 from radixserve.radix.base import InsertResult, MatchResult, TokenKey
-from radixserve.radix.kv_events import DISK, HOST, L1
 from radixserve.radix.radix_cache import _EMPTY_VALUE, RadixCache, _cat, _key_bytes
 from radixserve.radix.tree_node import TreeNode
-from radixserve.radix.tree_observer import TreeObserver
+from radixserve.radix.tree_observer import FILE_TIER, HOST_TIER, POOL, TreeObserver
 
 WRITE_POLICIES = ("write_back", "write_through")
 
@@ -65,7 +64,7 @@ class TieredRadixCache(RadixCache):
         self.write_policy = write_policy
         self.num_written_tokens = 0  # pool -> tier copies
         self.num_loaded_tokens = 0  # tier -> pool copies
-        self._tier_medium = DISK if tier.name.startswith("file:") else HOST
+        self._tier_medium = FILE_TIER if tier.name.startswith("file:") else HOST_TIER
         super().__init__(page_size, events)
 
     # ---- queries -------------------------------------------------------------------------
@@ -117,7 +116,7 @@ class TieredRadixCache(RadixCache):
         no copy), or leaves the tree with its tier subtree when the tier has no room."""
         self._leaves.discard(leaf)
         if self.events is not None:
-            self.events.removed(leaf, L1)
+            self.events.removed(leaf, POOL)
         if leaf.tier_value is not None or self._backup(leaf):
             leaf.value = None
         else:
@@ -174,7 +173,7 @@ class TieredRadixCache(RadixCache):
             freed.append(node.value)
             self._protected_size -= len(node)
             if self.events is not None:
-                self.events.removed(node, L1)
+                self.events.removed(node, POOL)
             node.value = None
             self._leaves.discard(node)
             parent = node.parent
@@ -262,7 +261,7 @@ class TieredRadixCache(RadixCache):
             n.value = slots[off : off + len(n)]
             off += len(n)
             if self.events is not None:
-                self.events.stored(n, L1)
+                self.events.stored(n, POOL)
             if n.lock_ref:
                 self._protected_size += len(n)
             else:

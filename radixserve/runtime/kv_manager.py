@@ -238,6 +238,13 @@ class KVManager:
             if tree is not None:
                 tree.tier.close()
 
+    def take_kv_events(self) -> list[Any]:
+        """The KV events the tree recorded since the last call (``radix/kv_events.py``);
+        none when it records none."""
+        events = getattr(self.tree, "events", None)
+        take = getattr(events, "take", None)
+        return take() if take is not None else []
+
     def flush(self) -> bool:
         """Empty the tree (only when no request holds a row)."""
         if self.req_to_token_pool.available_size() != self.req_to_token_pool.size:

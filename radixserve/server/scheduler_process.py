@@ -108,8 +108,7 @@ class SchedulerLoop:
             self.outbox = []
 
     def _publish_events(self) -> None:
-        recorder = self.scheduler.kv.tree.events  # type: ignore[attr-defined]
-        events = recorder.take()
+        events = self.scheduler.kv.take_kv_events()
         if events:
             self.events.publish(events)  # type: ignore[union-attr]
 

@@ -1,7 +1,7 @@
 """TreeDraftIndex: what the radix tree caches, indexed for drafts, by namespace.
 
 An observer of the tree (``radix.tree_observer``): it hears the same calls as the KV event
-recorder. When a node enters the pool (``stored``, medium ``L1``) its tokens are copied into a
+recorder. When a node enters the pool (``stored``, medium ``POOL``) its tokens are copied into a
 *segment*, preceded by up to ``max_n`` tokens of its path (its context), and every place in the
 segment after which a continuation exists is indexed by a hash of the ``min_n`` tokens ending
 there. When the node leaves the pool (evicted, or moved to a KV tier) its segment goes, and
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from radixserve.radix.kv_events import L1
 from radixserve.radix.tree_node import TreeNode
+from radixserve.radix.tree_observer import POOL
 from radixserve.spec.suffix_match import NO_DRAFT, Draft
 
 _PRIME = np.uint64(0x100000001B3)
@@ -63,7 +63,7 @@ class TreeDraftIndex:
 
     # ---- the observer ------------------------------------------------------------------------
     def stored(self, node: TreeNode, medium: str) -> None:
-        if medium != L1:
+        if medium != POOL:
             return
         if node.id in self._segments:
             self._drop(node.id)
@@ -88,8 +88,12 @@ class TreeDraftIndex:
                 del entries[0]
 
     def removed(self, node: TreeNode, medium: str) -> None:
-        if medium == L1 and node.id in self._segments:
+        if medium == POOL and node.id in self._segments:
             self._drop(node.id)
+
+    def split(self, upper: TreeNode, lower: TreeNode) -> None:
+        """Nothing: ``lower`` keeps its whole segment (the text it held when stored), which
+        goes when it leaves the pool; ``upper``'s tokens then stay only as drafts seen again."""
 
     def all_cleared(self) -> None:
         self._segments.clear()
