@@ -36,6 +36,7 @@ from radixserve.api.openapi import install_openapi
 from radixserve.api.operator.dashboard import dashboard_router
 from radixserve.api.operator.lora import lora_router
 from radixserve.api.operator.routes import flush_router, health_router, info_router
+from radixserve.api.operator.server_info import speculating
 from radixserve.api.operator.tenant_metrics import MetricsByTenant
 from radixserve.api.request_builder import RequestBuilder
 from radixserve.api.responses.routes import responses_router
@@ -64,7 +65,7 @@ def create_app(
 ) -> FastAPI:
     """The app; its lifespan starts and stops ``tm``'s background tasks (and the gRPC
     service). ``metrics`` should be ``tm``'s output observer (the launcher makes it so)."""
-    metrics = metrics or MetricsByTenant(config.model_name)
+    metrics = metrics or MetricsByTenant(config.model_name, speculating(config))
     docs = {} if not config.disable_docs else dict(docs_url=None, redoc_url=None, openapi_url=None)
     app = FastAPI(title="radixserve", lifespan=_lifespan(tm, config), **docs)  # type: ignore[arg-type]
     tenants = Tenants.of(config)
@@ -79,7 +80,7 @@ def create_app(
         responses_router(chat, tenants, ResponseStore(config.max_stored_responses)),
         info_router(tm, config, tenants, metrics),
         flush_router(tm),
-        dashboard_router(tm, tenants),
+        dashboard_router(tm, tenants, speculating(config)),
         lora_router(tm),
     ):
         app.include_router(router)

@@ -27,6 +27,7 @@ from typing import Any
 import uvicorn
 
 from radixserve.api.app import create_app
+from radixserve.api.operator.server_info import speculating
 from radixserve.api.operator.tenant_metrics import MetricsByTenant
 from radixserve.config import ServerConfig
 from radixserve.launch.connections import ConnectionLimits, guarded_protocol, throttle_accept_errors
@@ -68,7 +69,7 @@ def launch_server(config: ServerConfig) -> int:
         pipes = _start_children(config, endpoints, children)
         tokenizer = _early_tokenizer(config)  # while the children load
         info = _wait_children(config, children, pipes)
-        metrics = MetricsByTenant(config.model_name)
+        metrics = MetricsByTenant(config.model_name, speculating(config))
         tm = TokenizerManager(
             config, endpoints, info, tokenizer, children=children, observer=metrics
         )

@@ -6,7 +6,9 @@ the HTTP process adds each node's text and keeps the counters of the last minute
 (:class:`StatsHistory`) so a page opened late still draws them. Nothing is sampled while no
 page polls. Both routes sit behind the API key like every other route; a browser that cannot
 set the ``Authorization`` header may pass ``?api_key=`` to these two GET routes only
-(the routes are declared ``query_key``: ``api/access/routes.py``).
+(the routes are declared ``query_key``: ``api/access/routes.py``). On a server that drafts
+(``--speculative-algorithm``) the data adds the scheduler's speculative figures (accept length,
+drafts, draft and accepted tokens) and each history point the accept length of its interval.
 """
 
 from __future__ import annotations
@@ -73,6 +75,24 @@ def _point(now: float, dt: float, old: dict[str, Any], new: dict[str, Any]) -> d
         "generated_tokens_per_s": delta("num_generated_tokens") / dt,
         "running": new["num_running_reqs"],
         "waiting": new["num_waiting_reqs"],
+        "accept_length": _accept_length(old, new),
+    }
+
+
+def _accept_length(old: dict[str, Any], new: dict[str, Any]) -> float | None:
+    """Tokens per drafted verify step between two polls (None: no draft between them)."""
+    drafts = new.get("num_spec_drafts", 0) - old.get("num_spec_drafts", 0)
+    accepted = new.get("num_spec_accepted_tokens", 0) - old.get("num_spec_accepted_tokens", 0)
+    return (drafts + accepted) / drafts if drafts > 0 else None
+
+
+def speculative_figures(stats: dict[str, Any]) -> dict[str, Any]:
+    """The scheduler's speculative decoding figures, since it started."""
+    return {
+        "accept_length": stats["avg_spec_accept_length"],
+        "num_drafts": stats["num_spec_drafts"],
+        "num_draft_tokens": stats["num_spec_draft_tokens"],
+        "num_accepted_tokens": stats["num_spec_accepted_tokens"],
     }
 
 
@@ -86,7 +106,8 @@ def kv_usage(stats: dict[str, Any]) -> dict[str, int]:
     }
 
 
-def dashboard_router(tm: TokenizerManager, tenants: Tenants) -> APIRouter:
+def dashboard_router(tm: TokenizerManager, tenants: Tenants, speculative: bool) -> APIRouter:
+    """``speculative``: the server drafts (the data carries its figures)."""
     router = APIRouter()
     history = StatsHistory()
 
@@ -107,7 +128,8 @@ def dashboard_router(tm: TokenizerManager, tenants: Tenants) -> APIRouter:
         """The radix tree (at most ``max_nodes`` nodes: the ones holding the most tokens, each
         saying what it leaves out), KV usage, queue lengths and the last minutes' rates. The
         prompts' text and namespaces only to an admin key, or on a server without keys; with
-        ``token_ids``, each node's whole run of token ids too (what KV events describe)."""
+        ``token_ids``, each node's whole run of token ids too (what KV events describe);
+        ``speculative``: the drafting figures, None on a server that does not draft."""
         reply = await tm.get_cache_tree(max_nodes, full_keys=token_ids)
         tree, stats = reply["tree"], reply["stats"]
         show = tenants.may_see_text(request.state)
@@ -124,6 +146,7 @@ def dashboard_router(tm: TokenizerManager, tenants: Tenants) -> APIRouter:
             "running": stats["num_running_reqs"],
             "waiting": stats["num_waiting_reqs"],
             "cache_hit_rate": stats["cache_hit_rate"],
+            "speculative": speculative_figures(stats) if speculative else None,
             "history": history.points(),
         }
 

@@ -11,6 +11,14 @@ it (host memory or a file): ``hicache_host_total_tokens`` / ``hicache_host_used_
 (tier -> pool), and radixserve's own ``swapped_out_tokens_total`` (swap preemption) and
 ``cached_tokens_host_total`` (the tier's part of ``cached_tokens_total``, as in ``meta_info``'s
 ``cached_tokens_details.host``; 0 without a tier). Without a tier the others are not exported.
+
+Speculative decoding (``docs/speculative.md``): SGLang's gauge ``spec_accept_length`` (tokens a
+request got per verify step it drafted in, since the start; 0 before any draft or with
+speculation off, as SGLang exports it whatever runs), and, only on a server that drafts, vLLM's
+counters ``spec_decode_num_drafts_total``, ``spec_decode_num_draft_tokens_total``,
+``spec_decode_num_accepted_tokens_total`` and ``spec_decode_num_accepted_tokens_per_pos_total``
+(by 0-based draft ``position``, each position a draft has reached). All are the scheduler's, so
+the operator's only: a tenant's registry never has them.
 """
 
 from __future__ import annotations
@@ -43,10 +51,13 @@ LATENCY_BUCKETS = (
 class SchedulerStatsCollector:
     """Exposes the last scheduler stats snapshot; empty until the first scrape succeeds."""
 
-    def __init__(self, labels: dict[str, str], throughput: ThroughputWindow) -> None:
+    def __init__(
+        self, labels: dict[str, str], throughput: ThroughputWindow, speculative: bool = False
+    ) -> None:
         self.labels = labels
         self.stats: dict[str, Any] = {}
         self.throughput = throughput
+        self.speculative = speculative  # the server drafts: vLLM's spec counters are exported
 
     def collect(self) -> Iterator[Metric]:
         names = list(self.labels)
@@ -70,6 +81,10 @@ class SchedulerStatsCollector:
             "kv_tier_used_tokens": (
                 "hicache_host_used_tokens",
                 "Tokens with a copy in the KV tier",
+            ),
+            "avg_spec_accept_length": (
+                "spec_accept_length",
+                "Tokens a request got per verify step it drafted in (accepted drafts + 1)",
             ),
         }
         for key, entry in gauges.items():
@@ -95,11 +110,30 @@ class SchedulerStatsCollector:
                 "Tokens of preempted or retracted requests swapped out to the KV tier",
             ),
         }
+        if self.speculative:
+            counters.update(SPEC_COUNTERS)
         for key, (name, doc) in counters.items():
             if key in self.stats:
                 c = CounterMetricFamily(f"{PREFIX}{name}", doc, labels=names)
                 c.add_metric(values, float(self.stats[key]))
                 yield c
+        if self.speculative and "spec_accepted_per_position" in self.stats:
+            c = CounterMetricFamily(
+                f"{PREFIX}spec_decode_num_accepted_tokens_per_pos",
+                "Accepted tokens per draft position",
+                labels=[*names, "position"],
+            )
+            for pos, n in enumerate(self.stats["spec_accepted_per_position"]):
+                c.add_metric([*values, str(pos)], float(n))
+            yield c
+
+
+# vLLM's speculative decoding counters: the scheduler's key -> (name, help)
+SPEC_COUNTERS = {
+    "num_spec_drafts": ("spec_decode_num_drafts", "Drafts verified (one per request and step)"),
+    "num_spec_draft_tokens": ("spec_decode_num_draft_tokens", "Draft tokens verified"),
+    "num_spec_accepted_tokens": ("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
+}
 
 
 class ThroughputWindow:
@@ -126,13 +160,14 @@ class ThroughputWindow:
 class ServingMetrics:
     """The server's metrics; an ``OutputObserver`` of the tokenizer manager."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, speculative: bool = False) -> None:
+        """``speculative``: the server drafts (its scheduler's spec counters are exported)."""
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name}
         self.labels = labels
         names = list(labels)
         self.throughput = ThroughputWindow()
-        self.scheduler_stats = SchedulerStatsCollector(labels, self.throughput)
+        self.scheduler_stats = SchedulerStatsCollector(labels, self.throughput, speculative)
         self.registry.register(self.scheduler_stats)  # type: ignore[arg-type]
 
         def histogram(name: str, doc: str) -> Any:

@@ -4,7 +4,9 @@ answer, in SGLang's shape where SGLang's clients read it.
 SGLang's ``bench_serving`` reads ``internal_states[0]`` after a run (one dict per scheduler
 rank: ``last_gen_throughput``, ``load`` and the server args) and ``version``; the flat server
 args and radixserve's own fields (``scheduler``, ``integrity_ok``, ``pids``, ...) stay at the
-top level. No key is ever shown (:data:`SECRET_FIELD`, :func:`scrub`). An operator
+top level. A server that drafts (``--speculative-algorithm``) adds SGLang's
+``avg_spec_accept_length`` to ``internal_states[0]`` (``bench_serving`` prints it where
+present; absent with speculation off, as in SGLang). No key is ever shown (:data:`SECRET_FIELD`, :func:`scrub`). An operator
 (``Tenants.is_operator``) sees the whole server's figures; a tenant sees the same shape with the
 figures of its own requests (:func:`tenant_server_info`).
 """
@@ -22,6 +24,11 @@ from radixserve.api.access.tenants import KEY_TENANT_PREFIX
 from radixserve.config import ServerConfig
 from radixserve.kv_events_config import KVEventsConfig
 from radixserve.server.tokenizer_manager import TokenizerManager
+
+
+def speculating(config: ServerConfig) -> bool:
+    """Whether the server drafts (``--speculative-algorithm``)."""
+    return config.engine.speculative.speculative_algorithm is not None
 
 
 def version() -> str:
@@ -103,8 +110,11 @@ async def get_server_info(
     stats = info["stats"]
     throughput = meter.update(stats["num_generated_tokens"])
     load = stats["num_running_reqs"] + stats["num_waiting_reqs"]
+    shape = _shape(tm, config, throughput, load, stats)
+    if speculating(config):  # the scheduler's, so the operator's view only
+        shape["internal_states"][0]["avg_spec_accept_length"] = stats["avg_spec_accept_length"]
     return {
-        **_shape(tm, config, throughput, load, stats),
+        **shape,
         "integrity_ok": info.get("integrity_ok"),
         "integrity_error": info.get("integrity_error"),
         "num_pending_http_requests": len(tm.states),

@@ -22,10 +22,13 @@ MAX_TENANTS = 1024
 
 
 class MetricsByTenant:
-    def __init__(self, model_name: str, max_tenants: int = MAX_TENANTS) -> None:
+    def __init__(
+        self, model_name: str, speculative: bool = False, max_tenants: int = MAX_TENANTS
+    ) -> None:
+        """``speculative``: the server drafts (the server's registry has the spec counters)."""
         self.model_name = model_name
         self.max_tenants = max_tenants
-        self.server = ServingMetrics(model_name)
+        self.server = ServingMetrics(model_name, speculative)
         self._tenants: collections.OrderedDict[str, ServingMetrics] = collections.OrderedDict()
 
     def on_output(self, state: ReqState, out: TextOutput, now: float) -> None:

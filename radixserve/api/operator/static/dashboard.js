@@ -8,7 +8,7 @@ const HISTORY_MS = 10 * 60 * 1000; // the server keeps the last 10 minutes
 const enc = echarts.format.encodeHTML;
 
 const charts = {};
-for (const id of ["tree", "kv", "hits", "throughput", "queue"]) {
+for (const id of ["tree", "kv", "hits", "throughput", "queue", "accept"]) {
   charts[id] = echarts.init(document.getElementById(id), null, { renderer: "svg" });
 }
 window.addEventListener("resize", () => Object.values(charts).forEach((c) => c.resize()));
@@ -122,6 +122,25 @@ function drawStats(data) {
   const t = data.tree;
   document.getElementById("tree-size").textContent = t.disabled
     ? "disabled" : `${t.shown_nodes}/${t.total_nodes} nodes, ${t.total_tokens} tokens`;
+  drawSpeculative(data, at);
+}
+
+// shown only on a server that drafts (data.speculative is null otherwise)
+function drawSpeculative(data, at) {
+  const spec = data.speculative;
+  const shown = spec !== null && spec !== undefined;
+  for (const el of document.querySelectorAll(".spec")) {
+    if (el.hidden === shown) {
+      el.hidden = !shown;
+      if (shown) charts.accept.resize(); // drawn at zero size while hidden
+    }
+  }
+  if (!shown) return;
+  document.getElementById("accept-length").textContent = spec.accept_length.toFixed(2);
+  document.getElementById("spec-drafts").textContent = spec.num_drafts;
+  document.getElementById("spec-accepted").textContent =
+    `${spec.num_accepted_tokens}/${spec.num_draft_tokens}`;
+  charts.accept.setOption(lineOption([["accept length", at("accept_length")]]));
 }
 
 async function poll() {
