@@ -149,6 +149,7 @@ def test_bad_kv_events_config_exits_2(api_model_dir: Path, tmp_path: Path) -> No
     assert "not a zmq endpoint" in done.stderr
 
 
+@pytest.mark.slow  # a server of its own, for one exit
 def test_a_taken_events_port_stops_the_server_with_the_reason(
     api_model_dir: Path, tmp_path: Path
 ) -> None:

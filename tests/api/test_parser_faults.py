@@ -59,6 +59,7 @@ def _body(thinking: str, stream: bool = False) -> dict:
     }
 
 
+@pytest.mark.slow  # a server of its own (patched in every process) for one check
 def test_a_failing_parser_fails_its_request_only(faulty_server: Server) -> None:
     with faulty_server.client() as http:
         failed = http.post("/v1/chat/completions", json=_body("FAULT"))

@@ -15,7 +15,7 @@ from serving_harness import serving
 pytestmark = pytest.mark.timeout(180)
 
 BOUND = 2  # the scheduler's side: tests/runtime/test_scheduler_bounds.py
-POOL = 600  # KV slots, under the model's context of 1024
+POOL = 200  # KV slots, under the model's context of 1024
 
 
 async def _post_all(url: str, n: int, max_tokens: int = 48) -> list[httpx.Response]:

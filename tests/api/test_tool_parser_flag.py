@@ -30,6 +30,7 @@ def mistral_server(
         yield s
 
 
+@pytest.mark.slow  # a server of its own (the Mistral parser) for one check
 def test_mistral_tool_calls_through_the_openai_client(mistral_server: Server) -> None:
     import openai
 

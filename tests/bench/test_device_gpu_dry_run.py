@@ -39,6 +39,7 @@ def dry_run(tmp_path: Path, *stages: str) -> Path:
     return out
 
 
+@pytest.mark.bench  # a benchmark script's run, with the others in `make test-bench`
 @pytest.mark.timeout(60)
 def test_the_script_runs_its_stages_in_order(tmp_path: Path) -> None:
     """The quick stages in the default suite (the whole dry run is slow: make test-slow)."""
