@@ -16,6 +16,7 @@ from radixserve.bench.report import (
     policy_table,
     ratios_text,
     runs_text,
+    speculative_text,
     systems_table,
     tier_table,
 )
@@ -97,6 +98,8 @@ def run_benchmark(
     print(systems_table(systems))
     if runs := runs_text(systems):
         print(runs)
+    if drafted := speculative_text(systems):
+        print(drafted)
     if len(opts.policies) > 1:
         print()
         print(policy_table(systems))

@@ -123,6 +123,20 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="the tier's size, e.g. 2GB or 512MiB (default: the runtime's, twice the pool)",
     )
+    add(
+        "--speculative-algorithm",
+        default=None,
+        choices=("NGRAM",),
+        help="the radixserve systems draft (serve's flag; docs/speculative.md); the report "
+        "adds each one's accept length",
+    )
+    add(
+        "--speculative-num-draft-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens a request computes in one verify (serve's flag; default: serve's)",
+    )
     add("--seed", type=int, default=0)
     add("--out", default="bench_out", help="directory for the JSON and PNG")
     add("--name", default=None, help="file stem of the outputs (default: benchmark and shape)")
@@ -243,9 +257,12 @@ def _run(args: argparse.Namespace) -> int:
         max_total_tokens=args.max_total_tokens,
         kv_tier=args.kv_tier,
         kv_tier_bytes=args.kv_tier_size,
+        speculative_algorithm=args.speculative_algorithm,
+        speculative_num_draft_tokens=args.speculative_num_draft_tokens,
     )
     sweep = "-sweep" if len(policies) > 1 else (f"-dp{args.dp_size}" if args.dp_size > 1 else "")
     sweep += "-tier" if args.kv_tier else ""
+    sweep += "-spec" if args.speculative_algorithm else ""
     name = args.name or f"{args.bench_command}-{shape}{sweep}"
     run_benchmark(spec, opts, Path(args.out), name)
     return 0

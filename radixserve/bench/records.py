@@ -144,3 +144,18 @@ def _tier_cached(records: list[RequestRecord], stats: dict[str, Any] | None) -> 
     if stats and "num_cached_prompt_tokens_tier" in stats:
         return int(stats["num_cached_prompt_tokens_tier"])
     return None
+
+
+def speculative_summary(stats: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a run drafted, from its scheduler-counter deltas (``runner.STAT_KEYS``): drafts
+    (one per request and verify step), draft and accepted tokens, and the accept length
+    (tokens a request got per verify step it drafted in, SGLang's; None without a draft)."""
+    if not stats or "num_spec_drafts" not in stats:
+        return None
+    drafts, accepted = int(stats["num_spec_drafts"]), int(stats["num_spec_accepted_tokens"])
+    return {
+        "num_drafts": drafts,
+        "num_draft_tokens": int(stats["num_spec_draft_tokens"]),
+        "num_accepted_tokens": accepted,
+        "accept_length": 1 + accepted / drafts if drafts else None,
+    }

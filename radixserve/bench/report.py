@@ -197,6 +197,23 @@ def runs_text(systems: list[dict[str, Any]]) -> str:
     return f"wall s is the fastest run of each system; all runs (s): {runs}"
 
 
+def speculative_text(systems: list[dict[str, Any]]) -> str:
+    """With ``--speculative-algorithm``: each radixserve system's accept length over its run."""
+    lines = []
+    for s in systems:
+        spec = s.get("speculative")
+        if spec is None:
+            continue
+        length = spec["accept_length"]
+        lines.append(
+            f"speculative decoding {s['name']}: accept length "
+            f"{'-' if length is None else f'{length:.2f}'} tokens per drafted step "
+            f"({spec['num_drafts']} drafts, {spec['num_accepted_tokens']} of "
+            f"{spec['num_draft_tokens']} drafted tokens accepted)"
+        )
+    return "\n".join(lines)
+
+
 def policy_table(systems: list[dict[str, Any]]) -> str:
     runs = [s for s in systems if s.get("kind") == "radixserve"]
     header = ("policy", "hit", "optimal", "req/s", "out tok/s", "TTFT p99 ms")

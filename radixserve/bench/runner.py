@@ -7,8 +7,10 @@ message. Many workers: P clients (closed loop); arrival times: an open loop up t
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,7 +31,12 @@ STAT_KEYS = (
     "num_generated_tokens",
     "num_retractions",
     "num_preemptions",
+    "num_spec_drafts",
+    "num_spec_draft_tokens",
+    "num_spec_accepted_tokens",
 )
+# one run: its records (in completion order), wall time and scheduler-counter deltas
+Run = tuple[list[RequestRecord], float, dict[str, Any] | None]
 
 
 def run_sessions(
@@ -88,6 +95,29 @@ def run_sessions(
         bar.close()
     wall = time.perf_counter() - start
     return records, wall, stats_delta(before, client.stats())
+
+
+def host_load() -> dict[str, float]:
+    # a busy host skews a system's numbers: the report keeps the load each one started at
+    return {"loadavg_1m_at_start": os.getloadavg()[0]}
+
+
+def fastest(
+    repeat: int, run: Callable[[], Run], before: Callable[[], None]
+) -> tuple[Run, list[float]]:
+    """The fastest of ``repeat`` runs (``before`` runs ahead of each but the first), and every
+    run's wall time."""
+    best: Run | None = None
+    walls: list[float] = []
+    for i in range(repeat):
+        if i:
+            before()
+        result = run()
+        walls.append(result[1])
+        if best is None or result[1] < best[1]:
+            best = result
+    assert best is not None
+    return best, walls
 
 
 def stats_delta(

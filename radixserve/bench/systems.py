@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,10 +27,10 @@ import numpy as np
 
 from radixserve.bench.clients import Client, EngineClient, HttpClient, OpenAIClient, RouterClient
 from radixserve.bench.prefill_cost import merge_calibrations
-from radixserve.bench.records import RequestRecord, optimal_hits, summarize
-from radixserve.bench.runner import calibrate_prefill, run_sessions, warmup
+from radixserve.bench.records import optimal_hits, speculative_summary, summarize
+from radixserve.bench.runner import Run, calibrate_prefill, fastest, host_load, run_sessions, warmup
 from radixserve.bench.workload import Session, TokenSource, token_source
-from radixserve.config import SCHEDULE_POLICIES
+from radixserve.config import SCHEDULE_POLICIES, SpeculativeConfig
 
 BASELINES = ("unbounded", "no-cache", "hf", "hf-kv")
 BACKENDS = ("engine", "http", "frontend")
@@ -45,6 +44,8 @@ SERVER_INFO_KEYS = (
     "max_total_tokens",
     "kv_tier_path",
     "enable_hierarchical_cache",
+    "speculative_algorithm",
+    "speculative_num_draft_tokens",
 )
 
 
@@ -73,6 +74,8 @@ class BenchOptions:
     max_total_tokens: int | None = None  # the KV pool of the radixserve systems (None: default)
     kv_tier: str | None = None  # "file" or "host": also run radixserve+tier (docs/kv_tier.md)
     kv_tier_bytes: int | None = None  # the tier's size (None: the runtime's default, 2 pools)
+    speculative_algorithm: str | None = None  # NGRAM: every radixserve system drafts
+    speculative_num_draft_tokens: int | None = None  # None: the runtime's default
 
     def __post_init__(self) -> None:
         if self.repeat < 1:
@@ -108,32 +111,20 @@ class BenchOptions:
             )
         if self.quantization is not None and self.url is not None:
             raise ValueError("--quantization starts its own server: drop --url")
+        if self.speculative() and self.url is not None:
+            raise ValueError("--speculative-algorithm starts its own server: drop --url")
+        if self.speculative_num_draft_tokens is not None and not self.speculative_algorithm:
+            raise ValueError("--speculative-num-draft-tokens needs --speculative-algorithm")
+        SpeculativeConfig(**self.speculative())  # its own checks, before any system starts
 
-
-def _load() -> dict[str, float]:
-    # a busy host skews a system's numbers: the report keeps the load each one started at
-    return {"loadavg_1m_at_start": os.getloadavg()[0]}
-
-
-_Run = tuple[list[RequestRecord], float, Any]
-
-
-def _fastest(
-    repeat: int, run: Callable[[], _Run], before: Callable[[], None]
-) -> tuple[_Run, list[float]]:
-    """The fastest of ``repeat`` runs (``before`` runs ahead of each but the first), and every
-    run's wall time."""
-    best: _Run | None = None
-    walls: list[float] = []
-    for i in range(repeat):
-        if i:
-            before()
-        result = run()
-        walls.append(result[1])
-        if best is None or result[1] < best[1]:
-            best = result
-    assert best is not None
-    return best, walls
+    def speculative(self) -> dict[str, Any]:
+        """The radixserve systems' speculative settings as Engine keywords (``serve`` takes
+        the same names as flags); empty with speculation off."""
+        kw = {
+            "speculative_algorithm": self.speculative_algorithm,
+            "speculative_num_draft_tokens": self.speculative_num_draft_tokens,
+        }
+        return {k: v for k, v in kw.items() if v is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,13 +209,13 @@ def run_all(opts: BenchOptions, sessions: list[Session]) -> dict[str, Any]:
             runner.warmup()
             for mode, carry in hf_modes:
                 name = "hf-kv-carried" if carry else "hf-recompute"
-                load = _load()
+                load = host_load()
 
-                def run_hf(c: bool = carry, n: str = name) -> _Run:
+                def run_hf(c: bool = carry, n: str = name) -> Run:
                     records, wall = runner.run(sessions, opts.hf_batch_size, c, n)
                     return records, wall, None
 
-                (records, wall, _), walls = _fastest(opts.repeat, run_hf, lambda: None)
+                (records, wall, _), walls = fastest(opts.repeat, run_hf, lambda: None)
                 extra: dict[str, Any] = {"kind": mode, "wall_runs_s": walls, **load}
                 systems.append(summarize(name, records, wall, extra))
         finally:
@@ -233,7 +224,7 @@ def run_all(opts: BenchOptions, sessions: list[Session]) -> dict[str, Any]:
         client = OpenAIClient(opts.compare_url, opts.compare_model)
         try:
             warmup(client, _warmup_source(opts))
-            load = _load()
+            load = host_load()
             # run once: another server's cache cannot be flushed from here, and a replay would
             # hit what the first run left in it
             records, wall, _ = run_sessions(client, sessions, opts.parallel, "compare")
@@ -274,16 +265,18 @@ def _run_radixserve(
             extra["server"] = {k: info.get(k) for k in SERVER_INFO_KEYS}
             extra["policy"] = info.get("schedule_policy", policy)
             extra["quantization"] = info.get("quantization")
-        elif isinstance(client, EngineClient):
-            extra["quantization"] = client.engine.config.quantization
-        extra.update(_load())
+        elif isinstance(client, EngineClient):  # what it was configured with
+            flat = client.engine.config.flat()
+            extra["server"] = {k: flat.get(k) for k in SERVER_INFO_KEYS}
+            extra["quantization"] = flat["quantization"]
+        extra.update(host_load())
         if (now := client.stats()) is not None:  # the pool (and tier) it got, in tokens
             extra["pool_tokens"] = now.get("max_total_tokens")
             extra["kv_tier_capacity_tokens"] = now.get("kv_tier_capacity_tokens")
 
         calibrations: list[dict[str, Any]] = []
 
-        def run() -> _Run:
+        def run() -> Run:
             if opts.backend == "frontend":
                 from radixserve.bench.frontend_driver import run_frontend
 
@@ -297,12 +290,13 @@ def _run_radixserve(
             return result
 
         finished_before = _finished_per_worker(client)
-        (records, wall, stats), walls = _fastest(opts.repeat, run, client.flush)
+        (records, wall, stats), walls = fastest(opts.repeat, run, client.flush)
         if finished_before is not None:  # the share of the requests each worker served
             after = _finished_per_worker(client) or []
             served = [a - b for a, b in zip(after, finished_before, strict=True)]
             extra["load_split"] = [n / max(sum(served), 1) for n in served]
         extra["server_stats"] = stats
+        extra["speculative"] = speculative_summary(stats) if opts.speculative() else None
         extra["wall_runs_s"] = walls
         if disable_cache:
             extra["calibration"] = merge_calibrations(calibrations)
@@ -343,6 +337,7 @@ def _started(
             quantization=opts.quantization,
             schedule_policy=setup.policy,
             **setup.engine_kwargs(tier_dir),
+            **opts.speculative(),
             **threads,
         )
         try:
@@ -365,6 +360,8 @@ def _started(
     extra_args = setup.serve_args(tier_dir) + ("--device", opts.device)
     if opts.quantization is not None:
         extra_args += ("--quantization", opts.quantization)
+    for key, value in opts.speculative().items():
+        extra_args += ("--" + key.replace("_", "-"), str(value))
     grpc = False
     if router_policy is not None:  # "cache_aware:grpc": smg over gRPC workers (KV events)
         router_policy, _, transport = router_policy.partition(":")

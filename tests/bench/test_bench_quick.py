@@ -70,6 +70,34 @@ def test_shared_prefix_quick_policy_sweep(tmp_path: Path) -> None:
         assert len(s["wall_runs_s"]) == 2 and s["wall_s"] == min(s["wall_runs_s"])
 
 
+@pytest.mark.timeout(300)
+def test_quick_with_speculative_decoding_records_the_accept_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Identical prompts one after another, so each after the first can draft its answer from
+    the one before; whether the engine drafts at all is its cost model's call (measured at
+    start: load-dependent), so the figures are checked against the run's counters."""
+    out = tmp_path / "out"
+    args = ["shared-prefix", "--quick", "--baselines", "none", "--out", str(out), "--name", "sp"]
+    args += ["--question-len", "0", "--max-concurrency", "1", "--output-len", "16"]
+    args += ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"]
+    assert main(args) == 0
+    rs = _report(out, "sp")["systems"][0]
+    assert rs["server"]["speculative_algorithm"] == "NGRAM"  # what the engine runs
+    assert rs["server"]["speculative_num_draft_tokens"] == 4
+    spec, stats = rs["speculative"], rs["server_stats"]
+    assert spec["num_drafts"] == stats["num_spec_drafts"]  # the run's own counters
+    assert spec["num_accepted_tokens"] == stats["num_spec_accepted_tokens"]
+    assert 0 <= spec["num_accepted_tokens"] <= spec["num_draft_tokens"] <= 3 * spec["num_drafts"]
+    if spec["num_drafts"]:
+        assert spec["accept_length"] == 1 + spec["num_accepted_tokens"] / spec["num_drafts"]
+        assert f"accept length {spec['accept_length']:.2f}" in capsys.readouterr().out
+    else:
+        assert spec["accept_length"] is None
+    assert main(["shared-prefix", "--quick", "--baselines", "none", "--out", str(out)]) == 0
+    assert _report(out, "shared-prefix-quick")["systems"][0]["speculative"] is None  # flag off
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_multiturn_quick_over_http(tmp_path: Path) -> None:
