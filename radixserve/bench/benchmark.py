@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from radixserve.bench.models import model_label
 from radixserve.bench.report import (
     compute_ratios,
     data_parallel_table,
@@ -76,7 +77,7 @@ def run_benchmark(
         "benchmark": benchmark,
         "shape": _jsonable(dataclasses.asdict(spec)),
         "shape_text": shape_text(spec),
-        "model": opts.model_path,
+        "model": model_label(opts.model_path),
         "options": _jsonable(_options(opts)),
         "num_requests": num_requests(sessions),
         "trace_tokens": trace,
@@ -92,8 +93,10 @@ def run_benchmark(
         "systems": systems,
         "calibration": calibration,
         "ratios": compute_ratios(systems, calibration),
-        "files": {"json": str(json_path), "png": str(png_path)},
+        "files": {"json": json_path.name, "png": png_path.name},
     }
+    # a report names the model by its shape or name, never by where this machine keeps it
+    report = _replace_strings(report, opts.model_path, report["model"])
     print()
     print(systems_table(systems))
     if runs := runs_text(systems):
@@ -124,6 +127,17 @@ def _options(opts: BenchOptions) -> dict[str, Any]:
     out = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts) if f.name != "corpus"}
     out["prompts"] = "random ids" if opts.corpus is None else f"text ({len(opts.corpus)} ids)"
     return out
+
+
+def _replace_strings(value: Any, old: str, new: str) -> Any:
+    """``value`` with every string (dict keys too) equal to ``old`` replaced by ``new``."""
+    if isinstance(value, dict):
+        return {
+            _replace_strings(k, old, new): _replace_strings(v, old, new) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_replace_strings(v, old, new) for v in value]
+    return new if value == old else value
 
 
 def _jsonable(value: Any) -> Any:

@@ -15,6 +15,15 @@ from radixserve.config import default_model_dir
 from radixserve.models.checkpoint_shapes import SHAPES
 
 BENCH_MODELS = ("tiny", "qwen25-05b", *SHAPES)  # SHAPES: qwen3-0.6b, qwen3-1.7b, llama3.2-1b, ...
+# what a report calls each bench model: its shape, and that its weights are random
+BENCH_MODEL_LABELS = {
+    "tiny": "tiny Llama-shaped (4 layers, hidden 256), random weights",
+    "qwen25-05b": "Qwen2.5-0.5B-shaped, random weights",
+    "qwen3-0.6b": "Qwen3-0.6B-shaped, random weights",
+    "qwen3-1.7b": "Qwen3-1.7B-shaped, random weights",
+    "llama3.2-1b": "Llama-3.2-1B-shaped, random weights",
+    "llama3.2-3b": "Llama-3.2-3B-shaped, random weights",
+}
 CORPUS_CHARS = 400_000  # of the stdlib's sources: about 120k tokens to cut prompts from
 _READY = "radixserve-bench-model.ok"
 
@@ -52,6 +61,20 @@ def ensure_bench_model(kind: str, root: Path | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def model_label(model: str) -> str:
+    """How reports and plots name ``model``: a bench model by its shape ("Qwen2.5-0.5B-shaped,
+    random weights"), any other local path by its last component (a checkpoint directory's or a
+    GGUF file's name, never where the machine that ran it keeps it), a hub snapshot by its id,
+    a hub id or a label as it is."""
+    path = Path(model)
+    if path.parent.name == bench_model_root().name and path.name in BENCH_MODELS:
+        return BENCH_MODEL_LABELS.get(path.name, f"{path.name}-shaped, random weights")
+    repo = path.parent.parent.name  # huggingface_hub's cache: models--ORG--NAME/snapshots/REV
+    if path.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo.removeprefix("models--").replace("--", "/")
+    return path.name if path.is_absolute() or path.exists() else model
 
 
 def token_range(model_path: str) -> tuple[int, int]:

@@ -12,6 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after selecting the Agg backend)
 import numpy as np  # noqa: E402
 
+from radixserve.bench.models import model_label  # noqa: E402
+
 
 def _bars(ax: Any, labels: list[str], series: dict[str, list[float]], ylabel: str) -> None:
     x = np.arange(len(labels))
@@ -31,6 +33,8 @@ def _s(d: dict[str, float] | None, key: str) -> float:
 
 
 def write_plot(report: dict[str, Any], path: Path) -> None:
+    """Writes ``report``'s (a ``radixserve bench`` JSON's content) PNG to ``path``; it needs
+    nothing but the report, so a committed JSON can be plotted again."""
     systems = report["systems"]
     labels = [s["name"] for s in systems]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
@@ -67,7 +71,8 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
     )
     axes[2].set_yscale("log")
     axes[2].set_title("TTFT and request latency (HF: no TTFT)")
-    fig.suptitle(f"{report['benchmark']}: {report['shape_text']}\nmodel {report['model']}")
+    model = model_label(report["model"])  # its shape or name, never a path of this machine
+    fig.suptitle(f"{report['benchmark']}: {report['shape_text']}\nmodel: {model}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from radixserve.bench.clients import Client, EngineClient, HttpClient, OpenAIClient, RouterClient
+from radixserve.bench.models import model_label
 from radixserve.bench.prefill_cost import merge_calibrations
 from radixserve.bench.records import optimal_hits, speculative_summary, summarize
 from radixserve.bench.runner import Run, calibrate_prefill, fastest, host_load, run_sessions, warmup
@@ -228,12 +229,13 @@ def run_all(opts: BenchOptions, sessions: list[Session]) -> dict[str, Any]:
             # run once: another server's cache cannot be flushed from here, and a replay would
             # hit what the first run left in it
             records, wall, _ = run_sessions(client, sessions, opts.parallel, "compare")
-            extra = {"kind": "compare", "url": opts.compare_url, "model": client.model}
+            served_model = model_label(client.model)  # llama-server's id is its GGUF's path
+            extra = {"kind": "compare", "url": opts.compare_url, "model": served_model}
             extra.update(load)
             # without output ids the history carries the trace's fallback answers, which the
             # server never generated: its cache cannot hit them, the optimal counts them
             extra["returned_token_ids"] = client.saw_token_ids
-            systems.append(summarize(f"compare[{client.model}]", records, wall, extra))
+            systems.append(summarize(f"compare[{served_model}]", records, wall, extra))
         finally:
             client.close()
     return {"systems": systems, "calibration": calibration}

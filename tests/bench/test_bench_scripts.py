@@ -144,7 +144,10 @@ SCRIPT_ENV: dict[str, dict[str, str]] = {
 HELPERS = {"llama_side.py", "git_revision.py"}
 
 # Scripts whose smoke run lives in another test module.
-COVERED_ELSEWHERE = {"device_gpu.sh": "tests/bench/test_device_gpu_dry_run.py"}
+COVERED_ELSEWHERE = {
+    "device_gpu.sh": "tests/bench/test_device_gpu_dry_run.py",
+    "tables.py": "tests/bench/test_tables.py",
+}
 
 # Patterns (re.MULTILINE) the script's output must match: rows it prints once it did its work.
 EXPECTED: dict[str, list[str]] = {

@@ -1,0 +1,337 @@
+"""The results page's tables, rendered from the committed results' JSON.
+
+``benchmarks/README.md`` holds each generated table between ``<!-- table: NAME -->`` and
+``<!-- /table -->``; :data:`TABLES` says what renders NAME and from which files. A figure on the
+page is then the one its JSON holds: ``tests/bench/test_tables.py`` fails when they differ.
+
+    python benchmarks/tables.py            # print every table
+    python benchmarks/tables.py --write    # rewrite the page's tables from their JSON
+    python benchmarks/tables.py --check    # exit 1, naming each table that differs
+    python benchmarks/tables.py --plots    # redraw docs/bench-*.png from their JSON (matplotlib)
+
+Dates are the runs' own (``started_at``, UTC). Nothing here measures anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "benchmarks" / "README.md"
+BLOCK = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.DOTALL)
+DP2 = "benchmarks/results/kv-events-dp2"
+SIM = "benchmarks/results/kv-events-sim"
+H200 = "benchmarks/results/h200-2026-11-26"
+
+
+def load(path: str) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads((REPO / path).read_text(encoding="utf-8"))
+    return result
+
+
+def date(report: dict[str, Any]) -> str:
+    return (
+        datetime.datetime.fromtimestamp(report["started_at"], datetime.timezone.utc)
+        .date()
+        .isoformat()
+    )
+
+
+def num(x: float) -> str:
+    """Three figures or so: 59,384 / 423 / 13.1."""
+    return f"{x:,.0f}" if x >= 1000 else f"{x:.0f}" if x >= 100 else f"{x:.1f}"
+
+
+def times(r: float) -> str:
+    return f"{r:.2f}x" if r < 2 else f"{r:.1f}x" if r < 10 else f"{r:.0f}x"
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def ms(x: float) -> str:
+    return f"{1000 * x:.0f}"
+
+
+def span(r: Sequence[int]) -> str:
+    return str(r[0]) if r[0] == r[1] else f"{r[0]}-{r[1]}"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], files: Sequence[str]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join([*lines, "", "Data: " + ", ".join(f"`{f}`" for f in files) + "."])
+
+
+def by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {s["name"]: s for s in report["systems"]}
+
+
+def multiturn() -> str:
+    """radixserve against itself without the cache and against transformers, per shape."""
+    files = {"(a)": "docs/bench-multiturn-a.json", "(b)": "docs/bench-multiturn-b.json"}
+    header = ["shape", "date", "radixserve", "no cache", "HF recompute", "HF KV carried"]
+    header += ["hit / optimal", "cache ratio / ideal"]
+    rows = []
+    for label, path in files.items():
+        r = load(path)
+        sh, s = r["shape"], by_name(r)
+        rs = s["radixserve"]
+        shape = (
+            f"{label} {sh['num_conversations']} conv x {sh['num_turns']} turns, user "
+            f"{span(sh['user_len'])}, answers {span(sh['answer_len'])}, {sh['parallel']} clients"
+        )
+        others = [s[n] for n in ("radixserve-no-cache", "hf-recompute", "hf-kv-carried")]
+        ideal = r["ratios"]["ideal"]
+        rows.append(
+            [shape, date(r), f"{rs['wall_s']:.1f} s"]
+            + [_vs(rs, o) for o in others]
+            + [f"{pct(rs['hit_rate'])} / {pct(rs['optimal_hit_rate'])}"]
+            + [f"{ideal['cache_ratio']:.2f}x / {ideal['ideal_cache_ratio']:.2f}x"]
+        )
+    return table(header, rows, list(files.values()))
+
+
+def _vs(base: dict[str, Any], other: dict[str, Any]) -> str:
+    """``other``'s wall time and ``base``'s throughput over it."""
+    return f"{other['wall_s']:.1f} s ({base['requests_per_s'] / other['requests_per_s']:.2f}x)"
+
+
+LLAMA_RUNS = [  # (what is compared, shape, JSON): the latest run of each
+    ("Qwen2.5-0.5B, bf16 vs BF16 GGUF", "(a)", "docs/bench-llama-cpp-a-bf16-s8.json"),
+    ("Qwen2.5-0.5B, int8 vs Q8_0 GGUF", "(a)", "docs/bench-llama-cpp-a-int8-s8.json"),
+    ("Qwen3-1.7B, bf16 vs BF16 GGUF", "(a)", "docs/bench-llama-cpp-a-qwen3-1.7b-bf16.json"),
+    ("Qwen2.5-0.5B, bf16 vs BF16 GGUF", "(b)", "docs/bench-llama-cpp-b.json"),
+]
+
+
+def llama_cpp() -> str:
+    """radixserve against llama-server on the same weights, one trace each, one after the other."""
+    header = ["weights", "shape", "date", "radixserve", "llama-server", "throughput"]
+    header += ["TTFT p50 ms", "TTFT p99 ms", "hit rate (optimal)"]
+    rows = []
+    for label, shape, path in LLAMA_RUNS:
+        r = load(path)
+        rs = next(s for s in r["systems"] if s["kind"] == "radixserve")
+        ll = next(s for s in r["systems"] if s["kind"] == "compare")
+        rows.append(
+            [label, shape, date(r), f"{rs['wall_s']:.1f} s", f"{ll['wall_s']:.1f} s"]
+            + [times(rs["requests_per_s"] / ll["requests_per_s"])]
+            + [f"{ms(rs['ttft_s']['p50'])} vs {ms(ll['ttft_s']['p50'])}"]
+            + [f"{ms(rs['ttft_s']['p99'])} vs {ms(ll['ttft_s']['p99'])}"]
+            + [f"{pct(rs['hit_rate'])} vs {pct(ll['hit_rate'])} ({pct(rs['optimal_hit_rate'])})"]
+        )
+    return table(header, rows, [path for _, _, path in LLAMA_RUNS])
+
+
+def kv_tier() -> str:
+    """Shape (b) on a pool of a third of its tokens, with and without a file tier."""
+    path = "docs/bench-multiturn-b-tier.json"
+    r = load(path)
+    header = ["system", "pool", "tier", "wall s", "req/s", "hit", "optimal", "from the tier"]
+    header += ["prompt tokens computed", "TTFT p50 s"]
+    rows = []
+    for s in r["systems"]:
+        tier = s["kind"] == "kv-tier"
+        rows.append(
+            [s["name"], f"{s['pool_tokens']:,}"]
+            + [f"{r['options']['kv_tier']}, {s['kv_tier_capacity_tokens']:,}" if tier else "-"]
+            + [f"{s['wall_s']:.1f}", f"{s['requests_per_s']:.3f}", pct(s["hit_rate"])]
+            + [pct(s["optimal_hit_rate"]), pct(s["tier_hit_rate"]) if tier else "-"]
+            + [f"{s['prefill_tokens']:,}", f"{s['ttft_s']['p50']:.1f}"]
+        )
+    return table(header, rows, [path])
+
+
+def _split(s: dict[str, Any]) -> str:
+    return " / ".join(pct(x) for x in s["load_split"])
+
+
+def dp_routers() -> str:
+    """Two workers behind sglang-router, one row per router policy (the tiny model)."""
+    path = "docs/bench-dp2-tiny.json"
+    header = ["router policy", "hit", "optimal", "req/s", "TTFT p99 ms", "requests per worker"]
+    rows = [
+        [s["router_policy"], pct(s["hit_rate"]), pct(s["optimal_hit_rate"])]
+        + [f"{s['requests_per_s']:.1f}", ms(s["ttft_s"]["p99"]), _split(s)]
+        for s in load(path)["systems"]
+    ]
+    return table(header, rows, [path])
+
+
+def dp_system_prompt() -> str:
+    """A system prompt every conversation shares, routed by cache_aware, with its balancing
+    thresholds as they come and lowered."""
+    files = ["docs/bench-dp2-system-default.json", "docs/bench-dp2-system-balanced.json"]
+    header = ["router flags", "hit", "optimal", "req/s", "requests per worker"]
+    rows = []
+    for path in files:
+        r = load(path)
+        flags = " ".join(f"`--router-arg={a}`" for a in r["options"]["router_args"])
+        for s in r["systems"]:
+            rows.append([flags or "defaults", pct(s["hit_rate"]), pct(s["optimal_hit_rate"])])
+            rows[-1] += [f"{s['requests_per_s']:.1f}", _split(s)]
+    return table(header, rows, files)
+
+
+ROUTERS = {"round_robin": "round_robin", "cache_aware": "cache_aware (tree)"}
+ROUTERS["cache_aware:grpc"] = "cache_aware on events"
+DP2_RUNS = {
+    "multi-turn, default pool": "mt-default.json",
+    "multi-turn, pool 2,500 per worker": "mt-pool2500.json",
+    "the same, smg's warm-up off": "mt-pool2500-nowarmup.json",
+    "shared-prefix, 4 groups x 8": "sp-default.json",
+}
+
+
+def kv_events_dp2() -> str:
+    """smg 1.13 over HTTP (its approximate tree) and in gRPC mode (the workers' KV events)."""
+    header = ["trace", "router", "hit (optimal)", "req/s", "TTFT p99 ms"]
+    rows = []
+    for label, name in DP2_RUNS.items():
+        for s in load(f"{DP2}/{name}")["systems"]:
+            rows.append(
+                [label, ROUTERS[s["router_policy"]]]
+                + [f"{pct(s['hit_rate'])} ({pct(s['optimal_hit_rate'])})"]
+                + [f"{s['requests_per_s']:.2f}", ms(s["ttft_s"]["p99"])]
+            )
+            label = ""
+    return table(header, rows, [f"{DP2}/{name}" for name in DP2_RUNS.values()])
+
+
+SIM_RUNS = {
+    "multi-turn, 3,000 (evicting)": "multiturn-kv3000.json",
+    "multi-turn, 16,000 (no eviction)": "multiturn-kv16000.json",
+    "shared-prefix, 8,000": "shared-prefix-kv8000.json",
+}
+
+
+def kv_events_sim() -> str:
+    """The simulator's replicas behind each router, on the h100 cost model (deterministic)."""
+    header = ["trace, pool per replica", "dp", "router", "hit (optimal)", "req/s", "TTFT p99 ms"]
+    rows = []
+    for label, name in SIM_RUNS.items():
+        for run in load(f"{SIM}/{name}")["runs"]:
+            rows.append(
+                [label, run["point"]["dp_size"], run["point"]["router"]]
+                + [f"{pct(run['hit_rate'])} ({pct(run['optimal_hit_rate'])})"]
+                + [f"{run['requests_per_s']:.0f}", ms(run["ttft_s"]["p99"])]
+            )
+            label = ""
+    return table(header, rows, [f"{SIM}/{name}" for name in SIM_RUNS.values()])
+
+
+def h200_multiturn() -> str:
+    """Shape (a) on one H200, the cache on and off."""
+    path = f"{H200}/multiturn.json"
+    header = ["system", "wall s", "req/s", "TTFT p50 ms", "TTFT p99 ms", "hit rate (optimal)"]
+    names = {"radixserve": "radixserve", "radixserve-no-cache": "radixserve, cache off"}
+    rows = [
+        [names[s["name"]], f"{s['wall_s']:.2f}", f"{s['requests_per_s']:.1f}"]
+        + [ms(s["ttft_s"]["p50"]), ms(s["ttft_s"]["p99"])]
+        + [f"{pct(s['hit_rate'])} ({pct(s['optimal_hit_rate'])})"]
+        for s in load(path)["systems"]
+    ]
+    return table(header, rows, [path])
+
+
+def h200_throughput() -> str:
+    """Tokens/s with decode CUDA graphs and without, beside transformers, on one H200."""
+    files = {
+        "Qwen2.5-0.5B": "throughput-qwen25-0.5b.json",
+        "Llama-3-8B": "throughput-llama3-8b.json",
+    }
+    header = ["shape", "row", "graphs", "eager", "graphs / eager", "HF bf16", "graphs / HF"]
+    header += ["graphs: share of the bound"]
+    rows = []
+    for shape, name in files.items():
+        for row in load(f"{H200}/{name}")["rows"]:
+            t = row["tokens_per_s"]
+            graphs, eager, hf = t["rs bfloat16"], t["rs bfloat16+eager"], t["HF bfloat16"]
+            bound = row.get("bound_fraction", {}).get("rs bfloat16")
+            rows.append(
+                [shape, row["row"], num(graphs), num(eager), times(graphs / eager), num(hf)]
+                + [times(graphs / hf), "" if bound is None else f"{100 * bound:.0f}%"]
+            )
+    return table(header, rows, [f"{H200}/{name}" for name in files.values()])
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "multiturn": multiturn,
+    "llama-cpp": llama_cpp,
+    "kv-tier": kv_tier,
+    "dp-routers": dp_routers,
+    "dp-system-prompt": dp_system_prompt,
+    "kv-events-sim": kv_events_sim,
+    "kv-events-dp2": kv_events_dp2,
+    "h200-throughput": h200_throughput,
+    "h200-multiturn": h200_multiturn,
+}
+
+
+def blocks(page: str) -> dict[str, str]:
+    """Each generated block's body on ``page``, by name."""
+    return {m.group(2): m.group(3) for m in BLOCK.finditer(page)}
+
+
+def body(name: str) -> str:
+    if name not in TABLES:
+        raise ValueError(f"no table named {name!r}; known: {', '.join(TABLES)}")
+    return "\n" + TABLES[name]() + "\n\n"
+
+
+def render_page(page: str) -> str:
+    """``page`` with every block's body rendered again from its JSON."""
+    return BLOCK.sub(lambda m: m.group(1) + body(m.group(2)) + m.group(4), page)
+
+
+def stale_blocks(page: str) -> list[str]:
+    """The blocks whose body is not what their JSON gives (an unknown name is stale too)."""
+    return [n for n, text in blocks(page).items() if n not in TABLES or text != body(n)]
+
+
+def redraw_plots() -> list[Path]:
+    """Each committed ``docs/bench-*.png`` drawn again from its JSON beside it."""
+    from radixserve.bench.plot import write_plot
+
+    pngs = sorted((REPO / "docs").glob("bench-*.png"))
+    for png in pngs:
+        write_plot(json.loads(png.with_suffix(".json").read_text()), png)
+    return pngs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite the page's tables")
+    mode.add_argument("--check", action="store_true", help="exit 1 if a table differs")
+    mode.add_argument("--plots", action="store_true", help="redraw docs/bench-*.png")
+    args = parser.parse_args(argv)
+    page = PAGE.read_text(encoding="utf-8")
+    if args.write:
+        PAGE.write_text(render_page(page), encoding="utf-8")
+        print(f"wrote {len(blocks(page))} tables into {PAGE.relative_to(REPO)}")
+    elif args.check:
+        if stale := stale_blocks(page):
+            print("differs from its JSON: " + ", ".join(stale), file=sys.stderr)
+            return 1
+        print(f"all {len(blocks(page))} tables equal their JSON")
+    elif args.plots:
+        for png in redraw_plots():
+            print(f"wrote {png.relative_to(REPO)}")
+    else:
+        for name, render in TABLES.items():
+            print(f"<!-- table: {name} -->\n\n{render()}\n\n<!-- /table -->\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
