@@ -2,8 +2,9 @@
 will run (``--speculative-algorithm`` only; docs/speculative.md, "The cost model").
 
 Plain decodes of 1, 2, 4, ... requests and verifies of 1, 2, 4, ... tokens run on scratch
-request rows and KV slots, freed again before the first request; each size is timed a few
-times and its fastest kept (what another process on the machine adds is noise, not cost). The
+request rows and KV slots, freed again before the first request; every size is timed in each
+of a few rounds over all of them and its fastest kept (what another process on the machine
+adds is noise, not cost, and a busy moment slows one round rather than one size). The
 sizes stop growing once one step takes longer than :data:`STEP_BUDGET_S` (the tables extend
 along their last segment past that: a step that long is compute already, linear in its
 tokens). Two more pairs give the cost per token of context: a decode over a long context
@@ -12,6 +13,7 @@ against a short one, and a verify likewise.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -58,7 +60,7 @@ def _round_up(n: int, page: int) -> int:
 
 
 class _Scratch:
-    """Scratch rows and slots; runs timed decodes and verifies over them."""
+    """Scratch rows and slots; builds decode and verify steps over them and times them."""
 
     def __init__(
         self, runner: ModelRunner, kv: KVManager, rows: list[int], slots: torch.Tensor
@@ -66,43 +68,42 @@ class _Scratch:
         self.runner, self.kv, self.rows, self.slots = runner, kv, rows, slots
         self.device = runner.device
 
-    def decode_s(self, bs: int, context: int = 1) -> float:
+    def decode(self, bs: int, context: int = 1) -> Callable[[], object]:
         """A plain decode of ``bs`` requests, each over ``context`` tokens (bs 1 for a long
         context: it uses the slots one row would)."""
         page = self.kv.page_size
-        for i in range(bs):
-            start = i * page if context == 1 else 0
-            self.kv.req_to_token_pool.write(self.rows[i], 0, self.slots[start : start + context])
-        last = [i * page if context == 1 else context - 1 for i in range(bs)]
+        starts = [i * page if context == 1 else 0 for i in range(bs)]
+        last = [start + context - 1 for start in starts]
         batch = ForwardBatch.decode(
             [0] * bs, self.rows[:bs], [context] * bs, self.slots[last], self.device
         )
-        return self._time(lambda: self.runner.forward(batch))
 
-    def verify_s(self, tokens: int, prefix: int = 0) -> float:
+        def step() -> object:
+            for row, start in zip(self.rows, starts, strict=False):
+                self.kv.req_to_token_pool.write(row, 0, self.slots[start : start + context])
+            return self.runner.forward(batch)
+
+        return step
+
+    def verify(self, tokens: int, prefix: int = 0) -> Callable[[], object]:
         """A verify of ``tokens`` tokens of one request after ``prefix`` cached ones."""
-        row = self.rows[0]
-        self.kv.req_to_token_pool.write(row, 0, self.slots[: prefix + tokens])
+        row, end = self.rows[0], prefix + tokens
         batch = ForwardBatch.verify(
-            [0] * tokens,
-            [row],
-            [prefix],
-            [tokens],
-            self.slots[prefix : prefix + tokens],
-            self.device,
+            [0] * tokens, [row], [prefix], [tokens], self.slots[prefix:end], self.device
         )
-        return self._time(lambda: self.runner.forward(batch))
 
-    def _time(self, step: Callable[[], object]) -> float:
-        step()  # a first run of a shape may build what the later ones reuse
-        best = float("inf")
-        for _ in range(REPEATS):
-            self._sync()
-            start = time.perf_counter()
-            step()
-            self._sync()
-            best = min(best, time.perf_counter() - start)
-        return max(best, 1e-6)
+        def step() -> object:
+            self.kv.req_to_token_pool.write(row, 0, self.slots[:end])
+            return self.runner.forward(batch)
+
+        return step
+
+    def time(self, step: Callable[[], object]) -> float:
+        self._sync()
+        start = time.perf_counter()
+        step()
+        self._sync()
+        return max(time.perf_counter() - start, 1e-6)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -110,41 +111,56 @@ class _Scratch:
 
 
 def _measure(scratch: _Scratch, max_bs: int, max_tokens: int, long_ctx: int) -> StepCosts:
-    decode_sizes, decode_s = _table(scratch.decode_s, max_bs)
     max_tokens = min(max_tokens, MAX_VERIFY_TOKENS, long_ctx)
-    verify_sizes, verify_s = _table(scratch.verify_s, max_tokens)
     short = min(8, max_tokens)
-    decode_ctx = (scratch.decode_s(1, long_ctx) - scratch.decode_s(1)) / long_ctx
-    verify_ctx = (scratch.verify_s(short, long_ctx - short) - scratch.verify_s(short)) / (
-        short * (long_ctx - short)
-    )
-    costs = StepCosts(
-        decode_sizes, decode_s, verify_sizes, verify_s, max(decode_ctx, 0.0), max(verify_ctx, 0.0)
-    )
+    steps: dict[tuple[str, int], Callable[[], object]] = {}
+    for n in _sizes(scratch, scratch.decode, max_bs):
+        steps["decode", n] = scratch.decode(n)
+    for n in _sizes(scratch, scratch.verify, max_tokens):
+        steps["verify", n] = scratch.verify(n)
+    steps["decode long", 1] = scratch.decode(1, long_ctx)
+    steps["verify long", short] = scratch.verify(short, long_ctx - short)
+    best = dict.fromkeys(steps, float("inf"))
+    for _ in range(REPEATS):  # rounds over every step: a busy moment slows one round, not a size
+        for key, step in steps.items():
+            best[key] = min(best[key], scratch.time(step))
+    decode = _table(best, "decode")
+    verify = _table(best, "verify")
+    decode_ctx = (best["decode long", 1] - best["decode", 1]) / long_ctx
+    verify_ctx = (best["verify long", short] - best["verify", short]) / (short * (long_ctx - short))
+    costs = StepCosts(*decode, *verify, max(decode_ctx, 0.0), max(verify_ctx, 0.0))
     logger.info(
         "speculative decoding's cost model: decode %s ms at batch %s; verify %s ms at %s tokens",
-        _ms(decode_s),
-        decode_sizes,
-        _ms(verify_s),
-        verify_sizes,
+        _ms(decode[1]),
+        decode[0],
+        _ms(verify[1]),
+        verify[0],
     )
     return costs
 
 
-def _table(
-    time_of: Callable[[int], float], largest: int
-) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """Sizes 1, 2, 4, ... up to ``largest`` (and it), until a step outgrows the budget; the
-    times made non-decreasing (a larger step never costs less)."""
-    sizes: list[int] = []
-    seconds: list[float] = []
-    n = 1
+def _sizes(
+    scratch: _Scratch, make: Callable[[int], Callable[[], object]], largest: int
+) -> list[int]:
+    """Sizes 1, 2, 4, ... up to ``largest`` (and it), until a step outgrows the budget (each
+    run once first: a first run of a shape may build what later ones reuse)."""
+    sizes, n = [], 1
     while True:
         sizes.append(n)
-        seconds.append(max(time_of(n), seconds[-1] if seconds else 0.0))
-        if n >= largest or seconds[-1] > STEP_BUDGET_S:
-            break
+        step = make(n)
+        step()
+        if n >= largest or scratch.time(step) > STEP_BUDGET_S:
+            return sizes
         n = min(2 * n, largest)
+
+
+def _table(
+    best: dict[tuple[str, int], float], kind: str
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The sizes of ``kind`` and their fastest times, made non-decreasing (a larger step
+    never costs less)."""
+    sizes = sorted(n for k, n in best if k == kind)
+    seconds = list(itertools.accumulate((best[kind, n] for n in sizes), max))
     return tuple(sizes), tuple(seconds)
 
 
