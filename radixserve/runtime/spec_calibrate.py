@@ -4,7 +4,11 @@ will run (``--speculative-algorithm`` only; docs/speculative.md, "The cost model
 Plain decodes of 1, 2, 4, ... requests and verifies of 1, 2, 4, ... tokens run on scratch
 request rows and KV slots, freed again before the first request; every size is timed in each
 of a few rounds over all of them and its fastest kept (what another process on the machine
-adds is noise, not cost, and a busy moment slows one round rather than one size). The
+adds is noise, not cost, and a busy moment slows one round rather than one size). A step is
+timed with what follows its forward on the worker (a decode's sampling; a verify's
+distribution per row, which acceptance reads: over a large vocabulary that is a cost per
+token too); the scheduler's own work per step, about the same either way, is left out, which
+makes a verify look a little dearer than it is (the model errs toward not drafting). The
 sizes stop growing once one step takes longer than :data:`STEP_BUDGET_S` (the tables extend
 along their last segment past that: a step that long is compute already, linear in its
 tokens). Two more pairs give the cost per token of context: a decode over a long context
@@ -23,7 +27,10 @@ import torch
 from radixserve.models.forward_batch import ForwardBatch
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_runner import ModelRunner
+from radixserve.runtime.sampler import Sampler
+from radixserve.runtime.sampling_batch_info import SamplingBatchInfo
 from radixserve.spec import StepCosts
+from radixserve.types import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +74,13 @@ class _Scratch:
     ) -> None:
         self.runner, self.kv, self.rows, self.slots = runner, kv, rows, slots
         self.device = runner.device
+        self.sampler = Sampler(device=runner.device)
+
+    def _greedy(self, rows: int) -> SamplingBatchInfo:
+        params = [SamplingParams(temperature=0.0)] * rows
+        return SamplingBatchInfo.from_params(
+            params, [()] * rows, self.runner.vocab_size, self.device
+        )
 
     def decode(self, bs: int, context: int = 1) -> Callable[[], object]:
         """A plain decode of ``bs`` requests, each over ``context`` tokens (bs 1 for a long
@@ -78,10 +92,12 @@ class _Scratch:
             [0] * bs, self.rows[:bs], [context] * bs, self.slots[last], self.device
         )
 
-        def step() -> object:
+        info = self._greedy(bs)
+
+        def step() -> object:  # the forward and the sampling after it, as a step runs them
             for row, start in zip(self.rows, starts, strict=False):
                 self.kv.req_to_token_pool.write(row, 0, self.slots[start : start + context])
-            return self.runner.forward(batch)
+            return self.sampler(self.runner.forward(batch).next_token_logits, info)
 
         return step
 
@@ -92,9 +108,12 @@ class _Scratch:
             [0] * tokens, [row], [prefix], [tokens], self.slots[prefix:end], self.device
         )
 
-        def step() -> object:
+        info = self._greedy(tokens)
+
+        def step() -> object:  # the forward and each row's distribution (acceptance reads it)
             self.kv.req_to_token_pool.write(row, 0, self.slots[:end])
-            return self.runner.forward(batch)
+            logits = self.runner.forward(batch).next_token_logits
+            return self.sampler.probs(logits, info).argmax(dim=-1)
 
         return step
 
