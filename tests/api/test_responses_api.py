@@ -37,8 +37,9 @@ def test_text_then_a_chained_turn_hits_the_cache(oai: openai.OpenAI) -> None:
         max_output_tokens=2,
     )
     assert chained.previous_response_id == first.id
-    # the first turn's prompt and answer are rendered again: a radix hit
-    assert chained.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    # the first turn's prompt and answer are rendered again: a radix hit (but for the last few
+    # tokens of the prompt, which the answer's text, tokenized anew, may merge with)
+    assert chained.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 3
     assert oai.responses.retrieve(first.id).id == first.id
     oai.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
