@@ -137,8 +137,21 @@ def run(args: argparse.Namespace, spec: str | None, workload: str, bs: int) -> d
     return {"tok_s": bs * len(answer) / elapsed, "accept": accept}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def ensure_model(model_dir: Path, shape: str, tiny: bool) -> None:
+    """Writes a random model to ``model_dir`` unless it holds one: the tiny Qwen2 with
+    ``tiny``, else ``shape`` (``qwen2.5-0.5b`` or a real checkpoint's shape)."""
+    if (model_dir / "config.json").is_file():
+        return
+    if tiny:
+        write_tiny_model(model_dir, "qwen2", tokenizer=train_tokenizer())
+    elif shape == "qwen2.5-0.5b":
+        write_qwen25_05b_shaped(model_dir)
+    else:
+        write_checkpoint_shaped(model_dir, shape)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model, workload and decoding options (``spec_llamacpp.py`` takes them too)."""
     parser.add_argument("--model-dir", type=Path, default=Path("/tmp/radixserve-qwen25-0.5b"))
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--workloads", default="a,b,c,d")
@@ -152,14 +165,13 @@ def main() -> None:
         "real checkpoint's shape with its real tokenizer (qwen3-1.7b, llama3.2-1b, ...)",
     )
     parser.add_argument("--tiny", action="store_true", help="a tiny model (a smoke run)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
     args = parser.parse_args()
-    if not (args.model_dir / "config.json").is_file():
-        if args.tiny:
-            write_tiny_model(args.model_dir, "qwen2", tokenizer=train_tokenizer())
-        elif args.shape == "qwen2.5-0.5b":
-            write_qwen25_05b_shaped(args.model_dir)
-        else:
-            write_checkpoint_shaped(args.model_dir, args.shape)
+    ensure_model(args.model_dir, args.shape, args.tiny)
     print("tokens/s at greedy decoding, the text forced by a logit bias (see the module doc)")
     print(f"{'workload':<10}{'bs':>4}{'plain':>10}{'NGRAM':>10}{'speedup':>9}{'accept':>8}")
     for workload in args.workloads.split(","):

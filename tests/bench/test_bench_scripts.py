@@ -118,6 +118,11 @@ SCRIPT_ARGS: dict[str, list[str]] = {
         *("--model-dir", "{model}", "--dtype", "float32", "--workloads", "b,c,d"),
         *("--max-new-tokens", "12"),
     ],
+    # no llama-server on this machine: radixserve's columns only
+    "spec_llamacpp.py": [
+        *("--model-dir", "{model}", "--dtype", "float32", "--workloads", "c"),
+        *("--max-new-tokens", "8", "--out", "{out}/spec.json"),
+    ],
     # --max-new-tokens stays at its default: every constrained output must be whole JSON
     "structured.py": ["--model", "{model}", "--batch-size", "1"],
     "tp_throughput.py": [
@@ -141,7 +146,7 @@ SCRIPT_ENV: dict[str, dict[str, str]] = {
 }
 
 # Modules the scripts import, with no entry point of their own.
-HELPERS = {"llama_side.py", "git_revision.py"}
+HELPERS = {"llama_side.py", "git_revision.py", "spec_llama_side.py"}
 
 # Scripts whose smoke run lives in another test module.
 COVERED_ELSEWHERE = {
@@ -194,6 +199,10 @@ EXPECTED: dict[str, list[str]] = {
         r"^c\s+1\s+[\d.]+\s+[\d.]+\s+[\d.]+x",
         r"^d\s+1\s+[\d.]+",
     ],
+    "spec_llamacpp.py": [
+        r"^workload\s+bs\s+rs plain\s+rs NGRAM\s+speedup\s+accept$",
+        r"^c\s+1\s+[\d.]+\s+[\d.]+\s+[\d.]+x\s+[\d.]+$",
+    ],
     "structured.py": [
         r"^json, jump-forward\s+decode steps\s+\d+",
         r"^unconstrained\s+decode steps\s+\d+",
@@ -211,6 +220,7 @@ OUTPUT_FILES: dict[str, list[str]] = {
     "multiturn_chat.py": ["bench/mt.json", "bench/mt.png"],
     "scheduler_idle.py": ["idle.json"],
     "shared_prefix.py": ["bench/sp.json", "bench/sp.png"],
+    "spec_llamacpp.py": ["spec.json"],
     "device_cpu.sh": ["device_out/info.log", "device_out/bench.log"],
 }
 
