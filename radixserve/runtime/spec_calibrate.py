@@ -11,8 +11,9 @@ token too); the scheduler's own work per step, about the same either way, is lef
 makes a verify look a little dearer than it is (the model errs toward not drafting). The
 sizes stop growing once one step takes longer than :data:`STEP_BUDGET_S` (the tables extend
 along their last segment past that: a step that long is compute already, linear in its
-tokens). Two more pairs give the cost per token of context: a decode over a long context
-against a short one, and a verify likewise.
+tokens). Three more pairs give what attention costs over a context: a decode of one request
+over a long context against a short one, a verify of one token likewise (a request's context,
+read once), and a verify of several tokens (the extra per drafted token).
 """
 
 from __future__ import annotations
@@ -137,7 +138,9 @@ def _measure(scratch: _Scratch, max_bs: int, max_tokens: int, long_ctx: int) -> 
         steps["decode", n] = scratch.decode(n)
     for n in _sizes(scratch, scratch.verify, max_tokens):
         steps["verify", n] = scratch.verify(n)
+    steps.setdefault(("verify", short), scratch.verify(short))  # the context pairs' short sides
     steps["decode long", 1] = scratch.decode(1, long_ctx)
+    steps["verify long", 1] = scratch.verify(1, long_ctx - short)
     steps["verify long", short] = scratch.verify(short, long_ctx - short)
     best = dict.fromkeys(steps, float("inf"))
     for _ in range(REPEATS):  # rounds over every step: a busy moment slows one round, not a size
@@ -145,9 +148,13 @@ def _measure(scratch: _Scratch, max_bs: int, max_tokens: int, long_ctx: int) -> 
             best[key] = min(best[key], scratch.time(step))
     decode = _table(best, "decode")
     verify = _table(best, "verify")
-    decode_ctx = (best["decode long", 1] - best["decode", 1]) / long_ctx
-    verify_ctx = (best["verify long", short] - best["verify", short]) / (short * (long_ctx - short))
-    costs = StepCosts(*decode, *verify, max(decode_ctx, 0.0), max(verify_ctx, 0.0))
+    prefix = long_ctx - short
+    decode_ctx = max((best["decode long", 1] - best["decode", 1]) / long_ctx, 0.0)
+    # a request's context, read for its first token, and the extra per drafted token
+    verify_ctx = max((best["verify long", 1] - best["verify", 1]) / prefix, 0.0)
+    per_token = (best["verify long", short] - best["verify", short]) / prefix
+    draft_ctx = max((per_token - verify_ctx) / max(short - 1, 1), 0.0)
+    costs = StepCosts(*decode, *verify, decode_ctx, verify_ctx, draft_ctx)
     logger.info(
         "speculative decoding's cost model: decode %s ms at batch %s; verify %s ms at %s tokens",
         _ms(decode[1]),

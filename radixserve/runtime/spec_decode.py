@@ -117,8 +117,9 @@ class SpecDecoder:
                 req.spec_state = DraftLength(self.params.max_draft)
         if self.max_batch_size is not None and len(reqs) > self.max_batch_size:
             return None
-        drafts = [self._draft(r) for r in reqs]
-        gains = [r.spec_state.gains(d.shape[0]) for r, d in zip(reqs, drafts, strict=True)]
+        drafted = [self._draft(r) for r in reqs]
+        drafts = [d for d, _ in drafted]
+        gains = [r.spec_state.gains(d.shape[0], m) for r, (d, m) in zip(reqs, drafted, strict=True)]
         counts = self.cost.plan(gains, [r.seq_len for r in reqs])
         page = self.kv.page_size
         if sum(counts) == 0 or sum(counts) + len(reqs) * (1 + page) > available:
@@ -150,13 +151,14 @@ class SpecDecoder:
             if isinstance(req.spec_state, DraftLength):
                 req.spec_state.update(drafted, accepted)
 
-    def _draft(self, req: Req) -> np.ndarray:
+    def _draft(self, req: Req) -> tuple[np.ndarray, int]:
+        """Its draft, and the length of the match it follows."""
         if req.failure is not None:
-            return NO_DRAFT.tokens
+            return NO_DRAFT.tokens, 0
         state: DraftLength = req.spec_state
         room = min(req.max_new_tokens - req.output_len, self.max_context_len - req.seq_len) - 1
         draft = self.drafter.draft(req.fill_ids, req.extra_key, min(state.limit, room))
         tokens = draft.tokens[: state.want(draft.match_len)]
         if req.grammar is not None and tokens.shape[0]:  # cut where the grammar refuses
             tokens = tokens[: req.grammar.draft_masks(tokens.tolist())]
-        return tokens
+        return tokens, draft.match_len

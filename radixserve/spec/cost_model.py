@@ -5,7 +5,9 @@ A plain decode of ``bs`` requests yields ``bs`` tokens; a verify that computes `
 (``K`` drafted) yields ``bs + G``, ``G`` the drafts it accepts. Their times come from tables
 measured at start (``runtime/spec_calibrate.py``): a decode against its batch size, a verify
 against the tokens it computes (its linear layers and the lm_head run on every one), each plus
-a cost per token of context its attention reads. Between the measured sizes the tables are
+what attention costs over the requests' contexts: per token of each request's context (read
+once for the request, as a decode reads it), and for a verify, a little more per drafted token
+(each drafted query reads it too, mostly from cache). Between the measured sizes the tables are
 interpolated, past the last one extended along its last segment.
 
 :meth:`StepCosts.plan` takes draft tokens in order of their expected gain (a request's
@@ -59,8 +61,9 @@ def _check_table(name: str, sizes: Sequence[int], seconds: Sequence[float]) -> N
 class StepCosts:
     """``decode_s[i]``: seconds of a plain decode of ``decode_sizes[i]`` requests;
     ``verify_s[i]``: of a verify computing ``verify_sizes[i]`` tokens (both over contexts of
-    about one token). ``decode_context_s``: seconds per token of context per request in a
-    decode; ``verify_context_s``: per computed token per token of its context in a verify."""
+    about one token). ``decode_context_s`` and ``verify_context_s``: seconds per token of a
+    request's context, in a decode and in a verify; ``draft_context_s``: per drafted token per
+    token of its request's context, in a verify."""
 
     decode_sizes: tuple[int, ...]
     decode_s: tuple[float, ...]
@@ -68,11 +71,12 @@ class StepCosts:
     verify_s: tuple[float, ...]
     decode_context_s: float = 0.0
     verify_context_s: float = 0.0
+    draft_context_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_table("decode", self.decode_sizes, self.decode_s)
         _check_table("verify", self.verify_sizes, self.verify_s)
-        if self.decode_context_s < 0 or self.verify_context_s < 0:
+        if min(self.decode_context_s, self.verify_context_s, self.draft_context_s) < 0:
             raise ValueError("context costs must be >= 0")
 
     @classmethod
@@ -88,10 +92,12 @@ class StepCosts:
         tokens in all."""
         return _interp(self.decode_sizes, self.decode_s, bs) + self.decode_context_s * context
 
-    def verify(self, tokens: int, context: int) -> float:
-        """Seconds of a verify computing ``tokens`` tokens; ``context``: the sum over them of
-        the tokens each one's attention reads."""
-        return _interp(self.verify_sizes, self.verify_s, tokens) + self.verify_context_s * context
+    def verify(self, tokens: int, context: int, drafted_context: int = 0) -> float:
+        """Seconds of a verify computing ``tokens`` tokens of requests whose contexts hold
+        ``context`` tokens in all; ``drafted_context``: the sum over the drafted tokens of
+        their request's context."""
+        table = _interp(self.verify_sizes, self.verify_s, tokens)
+        return table + self.verify_context_s * context + self.draft_context_s * drafted_context
 
     def plan(self, gains: Sequence[Sequence[float]], contexts: Sequence[int]) -> list[int]:
         """Per request, how many of its draft tokens to verify, given each one's expected
@@ -104,12 +110,12 @@ class StepCosts:
         # a token's marginal time: the table's slope (about the same for every request) plus
         # the context its attention reads; tokens go in order of gain per marginal time
         slope = (self.verify(2 * bs + 1, 0) - self.verify(bs, 0)) / (bs + 1)
-        cost = [max(slope + self.verify_context_s * n, 1e-12) for n in contexts]
+        cost = [max(slope + self.draft_context_s * n, 1e-12) for n in contexts]
         order = sorted(
             ((g, j, i) for i, row in enumerate(gains) for j, g in enumerate(row)),
             key=lambda c: (-c[0] / cost[c[2]], c[1]),
         )
-        context = sum(contexts)
+        context, drafted_context = sum(contexts), 0
         best_rate, best_n = bs / self.decode(bs, context), 0
         counts = [0] * bs
         taken: list[int] = []
@@ -120,8 +126,8 @@ class StepCosts:
             counts[i] += 1
             taken.append(i)
             expected += g
-            context += contexts[i]
-            rate = (bs + expected) / self.verify(bs + len(taken), context)
+            drafted_context += contexts[i]
+            rate = (bs + expected) / self.verify(bs + len(taken), context, drafted_context)
             if rate > best_rate:
                 best_rate, best_n = rate, len(taken)
         plan = [0] * bs

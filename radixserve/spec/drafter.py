@@ -20,7 +20,7 @@ import numpy as np
 from radixserve.spec.suffix_match import NO_DRAFT, Draft, suffix_match
 from radixserve.spec.tree_index import TreeDraftIndex
 
-PRIOR_ACCEPT_RATE = 0.6  # a new request's guess, until its first verify
+PRIOR_ACCEPT_RATE = 0.6  # a new request's guess, until its first verify (or its match's, if higher)
 EMA_WEIGHT = 0.3  # the weight of the latest verify in ``accept_rate``
 
 
@@ -45,12 +45,13 @@ class NgramParams:
 class DraftLength:
     """One request's draft-length state (kept on its ``Req.spec_state``)."""
 
-    __slots__ = ("limit", "max_draft", "accept_rate")
+    __slots__ = ("limit", "max_draft", "accept_rate", "observed")
 
     def __init__(self, max_draft: int) -> None:
         self.max_draft = max_draft
         self.limit = max_draft
         self.accept_rate = PRIOR_ACCEPT_RATE
+        self.observed = False  # a verify has judged one of its drafts
 
     def want(self, match_len: int) -> int:
         """Tokens worth drafting after a match of ``match_len`` (a short match is trusted less)."""
@@ -59,13 +60,19 @@ class DraftLength:
     def update(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:
             return
+        self.observed = True
         rejected = accepted < drafted
         rate = accepted / (accepted + rejected)
         self.accept_rate += EMA_WEIGHT * (rate - self.accept_rate)
         self.limit = min(self.max_draft, 2 * self.limit) if not rejected else max(accepted + 1, 1)
 
-    def gains(self, n: int) -> list[float]:
-        """The expected accepted tokens of draft positions 1..n (each needs all before it)."""
+    def gains(self, n: int, match_len: int = 0) -> list[float]:
+        """The expected accepted tokens of draft positions 1..n (each needs all before it).
+        Before its first verify a request trusts a long match more than the prior: a draft
+        after ``m`` matching tokens is taken to hold with ``m / (m + 2)`` (ever since, its own
+        acceptance, starting from there)."""
+        if not self.observed:
+            self.accept_rate = max(PRIOR_ACCEPT_RATE, match_len / (match_len + 2))
         return [self.accept_rate ** (j + 1) for j in range(n)]
 
 

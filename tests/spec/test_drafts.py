@@ -161,8 +161,8 @@ def _brute_force(cost: StepCosts, gains: list[list[float]], contexts: list[int])
     for counts in itertools.product(*(range(len(row) + 1) for row in gains)):
         if sum(counts):
             got = bs + sum(sum(row[:c]) for row, c in zip(gains, counts, strict=True))
-            ctx = context + sum(c * n for c, n in zip(counts, contexts, strict=True))
-            best = max(best, got / cost.verify(bs + sum(counts), ctx))
+            drafted = sum(c * n for c, n in zip(counts, contexts, strict=True))
+            best = max(best, got / cost.verify(bs + sum(counts), context, drafted))
     return best
 
 
@@ -171,8 +171,8 @@ def _rate(cost: StepCosts, gains: list[list[float]], contexts: list[int], plan: 
     if not sum(plan):
         return bs / cost.decode(bs, context)
     got = bs + sum(sum(row[:c]) for row, c in zip(gains, plan, strict=True))
-    ctx = context + sum(c * n for c, n in zip(plan, contexts, strict=True))
-    return got / cost.verify(bs + sum(plan), ctx)
+    drafted = sum(c * n for c, n in zip(plan, contexts, strict=True))
+    return got / cost.verify(bs + sum(plan), context, drafted)
 
 
 def test_measured_costs_plan_near_the_best_choice() -> None:
@@ -190,8 +190,7 @@ def test_measured_costs_plan_near_the_best_choice() -> None:
             seconds,
             sizes,
             tuple(s * 1.05 for s in seconds),
-            float(rng.uniform(0, 1e-4)),
-            float(rng.uniform(0, 1e-4)),
+            *(float(x) for x in rng.uniform(0, 1e-4, 3)),
         )
         bs = int(rng.integers(1, 4))
         gains = [sorted(rng.uniform(0, 1, 3).tolist(), reverse=True) for _ in range(bs)]
@@ -203,7 +202,7 @@ def test_measured_costs_plan_near_the_best_choice() -> None:
 
 def test_a_long_context_drafts_less() -> None:
     sizes = (1, 8, 64)
-    cost = StepCosts(sizes, (1.0, 1.05, 1.6), sizes, (1.0, 1.05, 1.6), 1e-5, 1e-5)
+    cost = StepCosts(sizes, (1.0, 1.05, 1.6), sizes, (1.0, 1.05, 1.6), 1e-5, 1e-5, 2e-6)
     gains = [0.6**j for j in range(1, 8)]
     short, long = cost.plan([gains, gains], [100, 20000])
     assert short > long

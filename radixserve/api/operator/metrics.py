@@ -67,51 +67,13 @@ class SchedulerStatsCollector:
         )
         gauge.add_metric(values, self.throughput.rate())
         yield gauge
-        gauges = {
-            "num_running_reqs": "Requests in the running batch",
-            "num_waiting_reqs": "Requests waiting to be admitted",
-            "token_usage": "Fraction of KV slots held by requests (not evictable)",
-            "cache_hit_rate": "Prompt tokens served from the prefix cache / all prompt tokens",
-            "max_total_tokens": "KV slots in the pool",
-            "num_cached_tokens_in_tree": "Tokens held by the radix cache",
-            "kv_tier_capacity_tokens": (
-                "hicache_host_total_tokens",
-                "KV tier capacity in tokens (host memory or file)",
-            ),
-            "kv_tier_used_tokens": (
-                "hicache_host_used_tokens",
-                "Tokens with a copy in the KV tier",
-            ),
-            "avg_spec_accept_length": (
-                "spec_accept_length",
-                "Tokens a request got per verify step it drafted in (accepted drafts + 1)",
-            ),
-        }
-        for key, entry in gauges.items():
+        for key, entry in GAUGES.items():
             if key in self.stats:
                 name, doc = (key, entry) if isinstance(entry, str) else entry
                 g = GaugeMetricFamily(f"{PREFIX}{name}", doc, labels=names)
                 g.add_metric(values, float(self.stats[key]))
                 yield g
-        counters = {
-            "num_retractions": ("num_retracted_reqs", "Requests retracted in decode (no memory)"),
-            "num_preemptions": ("num_preempted_reqs", "Requests preempted by priority"),
-            "kv_tier_written_tokens": (
-                "hicache_backup_tokens",
-                "Tokens written from the KV pool to the KV tier",
-            ),
-            "kv_tier_loaded_tokens": ("load_back_tokens", "Tokens loaded back from the KV tier"),
-            "kv_tier_corrupt_pages": (
-                "kv_tier_corrupt_pages",
-                "Pages of a file KV tier that failed their checksum (dropped, computed again)",
-            ),
-            "num_swapped_out_tokens": (
-                "swapped_out_tokens",
-                "Tokens of preempted or retracted requests swapped out to the KV tier",
-            ),
-        }
-        if self.speculative:
-            counters.update(SPEC_COUNTERS)
+        counters = {**COUNTERS, **SPEC_COUNTERS} if self.speculative else COUNTERS
         for key, (name, doc) in counters.items():
             if key in self.stats:
                 c = CounterMetricFamily(f"{PREFIX}{name}", doc, labels=names)
@@ -128,7 +90,45 @@ class SchedulerStatsCollector:
             yield c
 
 
-# vLLM's speculative decoding counters: the scheduler's key -> (name, help)
+# the scheduler's figures -> a gauge (named as the key, or (SGLang's name, help)), a counter
+# ((name, help)); vLLM's speculative decoding counters on a server that drafts
+GAUGES: dict[str, Any] = {
+    "num_running_reqs": "Requests in the running batch",
+    "num_waiting_reqs": "Requests waiting to be admitted",
+    "token_usage": "Fraction of KV slots held by requests (not evictable)",
+    "cache_hit_rate": "Prompt tokens served from the prefix cache / all prompt tokens",
+    "max_total_tokens": "KV slots in the pool",
+    "num_cached_tokens_in_tree": "Tokens held by the radix cache",
+    "kv_tier_capacity_tokens": (
+        "hicache_host_total_tokens",
+        "KV tier capacity in tokens (host memory or file)",
+    ),
+    "kv_tier_used_tokens": (
+        "hicache_host_used_tokens",
+        "Tokens with a copy in the KV tier",
+    ),
+    "avg_spec_accept_length": (
+        "spec_accept_length",
+        "Tokens a request got per verify step it drafted in (accepted drafts + 1)",
+    ),
+}
+COUNTERS: dict[str, Any] = {
+    "num_retractions": ("num_retracted_reqs", "Requests retracted in decode (no memory)"),
+    "num_preemptions": ("num_preempted_reqs", "Requests preempted by priority"),
+    "kv_tier_written_tokens": (
+        "hicache_backup_tokens",
+        "Tokens written from the KV pool to the KV tier",
+    ),
+    "kv_tier_loaded_tokens": ("load_back_tokens", "Tokens loaded back from the KV tier"),
+    "kv_tier_corrupt_pages": (
+        "kv_tier_corrupt_pages",
+        "Pages of a file KV tier that failed their checksum (dropped, computed again)",
+    ),
+    "num_swapped_out_tokens": (
+        "swapped_out_tokens",
+        "Tokens of preempted or retracted requests swapped out to the KV tier",
+    ),
+}
 SPEC_COUNTERS = {
     "num_spec_drafts": ("spec_decode_num_drafts", "Drafts verified (one per request and step)"),
     "num_spec_draft_tokens": ("spec_decode_num_draft_tokens", "Draft tokens verified"),
