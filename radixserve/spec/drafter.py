@@ -21,6 +21,7 @@ from radixserve.spec.suffix_match import NO_DRAFT, Draft, suffix_match
 from radixserve.spec.tree_index import TreeDraftIndex
 
 PRIOR_ACCEPT_RATE = 0.6  # a new request's guess, until its first verify (or its match's, if higher)
+LONG_MATCH = 8  # a match this long, before a request's first verify, is trusted beyond the prior
 EMA_WEIGHT = 0.3  # the weight of the latest verify in ``accept_rate``
 
 
@@ -69,10 +70,12 @@ class DraftLength:
     def gains(self, n: int, match_len: int = 0) -> list[float]:
         """The expected accepted tokens of draft positions 1..n (each needs all before it).
         Before its first verify a request trusts a long match more than the prior: a draft
-        after ``m`` matching tokens is taken to hold with ``m / (m + 2)`` (ever since, its own
-        acceptance, starting from there)."""
+        after ``m >= LONG_MATCH`` matching tokens is taken to hold with ``m / (m + 1)`` (ever
+        since, its own acceptance, starting from there); a shorter one (a common phrase of
+        prose) only with the prior."""
         if not self.observed:
-            self.accept_rate = max(PRIOR_ACCEPT_RATE, match_len / (match_len + 2))
+            long = match_len >= LONG_MATCH
+            self.accept_rate = match_len / (match_len + 1) if long else PRIOR_ACCEPT_RATE
         return [self.accept_rate ** (j + 1) for j in range(n)]
 
 
