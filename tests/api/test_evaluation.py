@@ -20,25 +20,19 @@ PROMPT = "def fibonacci(n):\n    return n if n < 2 else"
 
 
 @pytest.fixture(scope="module")
-def eval_model_dir(api_model_dir: Path) -> Path:
-    """The servers' tiny model (``conftest.api_model_dir``)."""
-    return api_model_dir
-
-
-@pytest.fixture(scope="module")
-def eval_server(eval_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def eval_server(api_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """float32, so its logprobs compare with transformers' within float32's tolerance."""
     log = tmp_path_factory.mktemp("eval-log") / "server.log"
-    args = ["--model", str(eval_model_dir), "--dtype", "float32", "--max-total-tokens", "8192"]
+    args = ["--model", str(api_model_dir), "--dtype", "float32", "--max-total-tokens", "8192"]
     with serving(args, log) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
-def hf_model(eval_model_dir: Path) -> Any:
+def hf_model(api_model_dir: Path) -> Any:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(eval_model_dir, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(api_model_dir, dtype=torch.float32).eval()
 
 
 def hf_logprobs(model: Any, ids: list[int]) -> tuple[list[float], torch.Tensor]:
@@ -51,10 +45,10 @@ def hf_logprobs(model: Any, ids: list[int]) -> tuple[list[float], torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer(eval_model_dir: Path) -> Any:
+def hf_tokenizer(api_model_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(eval_model_dir)
+    return AutoTokenizer.from_pretrained(api_model_dir)
 
 
 def test_tokenize_detokenize_round_trip(eval_server: Server, hf_tokenizer: Any) -> None:

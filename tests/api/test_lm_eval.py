@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 from serving_harness import Server
-from test_evaluation import eval_model_dir, eval_server, hf_model, hf_tokenizer  # noqa: F401
+from test_evaluation import eval_server, hf_model, hf_tokenizer  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -64,7 +64,7 @@ def _samples(out: Path, task: str) -> list[dict[str, Any]]:
 
 def test_lm_eval_local_completions(
     eval_server: Server,  # noqa: F811
-    eval_model_dir: Path,  # noqa: F811
+    api_model_dir: Path,
     hf_model: Any,  # noqa: F811
     hf_tokenizer: Any,  # noqa: F811
     tmp_path: Path,
@@ -74,8 +74,8 @@ def test_lm_eval_local_completions(
         pytest.skip("lm-eval is not installed (the test extra)")
     tasks, out = _task_files(tmp_path), tmp_path / "out"
     model_args = (
-        f"model={eval_model_dir},base_url={eval_server.url}/v1/completions,"
-        f"tokenizer={eval_model_dir},tokenizer_backend=huggingface,num_concurrent=1,max_retries=1"
+        f"model={api_model_dir},base_url={eval_server.url}/v1/completions,"
+        f"tokenizer={api_model_dir},tokenizer_backend=huggingface,num_concurrent=1,max_retries=1"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HOME": str(tmp_path)}
     cmd = [lm_eval, "--model", "local-completions", "--model_args", model_args]

@@ -6,7 +6,9 @@ the rejection sampler keeps the target distribution."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +51,7 @@ def run(
     """The first prompt alone, then all together with a sampled one, twice (the second round
     drafts from the tree too); the KV integrity checked after each. ``loras``: each prompt's
     adapter (the sampled one runs under the first's)."""
-    with Engine(str(model), dtype="float32", max_total_tokens=2048, **config) as engine:
-        pin_cost_model(engine)
+    with pinned_engine(model, max_total_tokens=2048, **config) as engine:
         outs = []
         first = loras[0] if loras else None
         every = [*loras, first] if loras else None
@@ -64,14 +65,18 @@ def run(
         return outs, engine.get_stats()
 
 
-def pin_cost_model(engine: Engine) -> None:
-    """The prior cost model instead of the one measured at start: which tokens are drafted
-    then depends on the texts alone, not on how busy the machine was (outputs never do)."""
+@contextlib.contextmanager
+def pinned_engine(model: Path, **config: Any) -> Iterator[Engine]:
+    """A float32 engine on ``model`` (``config``: its keywords) whose cost model is the prior,
+    not the one measured at start: which tokens are drafted then depends on the texts alone,
+    not on how busy the machine was (outputs never do)."""
     from radixserve.spec import StepCosts
 
-    spec = engine.scheduler.spec  # type: ignore[attr-defined]
-    if spec.enabled:
-        spec.cost = StepCosts.prior()
+    with Engine(str(model), dtype="float32", **config) as engine:
+        scheduler = engine.scheduler  # type: ignore[attr-defined]
+        if scheduler.spec.enabled:
+            scheduler.spec.cost = StepCosts.prior()
+        yield engine
 
 
 def greedy_ids(outs: Any) -> list[list[list[int]]]:
@@ -110,10 +115,9 @@ def test_ends_and_logprobs_inside_a_draft(tiny_llama_dir: Path) -> None:
     cases += [dict(base, stop=[r["text"][len(r["text"]) // 2 :][:3]]) for r in reference]
     results = {}
     for spec in (None, "NGRAM"):
-        with Engine(
-            str(tiny_llama_dir), dtype="float32", max_total_tokens=2048, speculative_algorithm=spec
+        with pinned_engine(
+            tiny_llama_dir, speculative_algorithm=spec, max_total_tokens=2048
         ) as engine:
-            pin_cost_model(engine)
             got = []
             for params in cases:
                 outs = engine.generate(
@@ -287,10 +291,9 @@ def test_grammars_and_penalties_draft_and_equal_decoding_without_drafts(
     ]
     outs = {}
     for spec in (None, "NGRAM"):
-        with Engine(
-            str(tiny_llama_dir), dtype="float32", max_total_tokens=4096, speculative_algorithm=spec
+        with pinned_engine(
+            tiny_llama_dir, speculative_algorithm=spec, max_total_tokens=4096
         ) as engine:
-            pin_cost_model(engine)
             prompt = engine.tokenizer.encode("ab ba abba " * 6 + "abba")
             ids = [prompt] * len(cases)
             first = engine.generate(input_ids=ids, sampling_params=cases)
