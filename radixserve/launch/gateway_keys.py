@@ -9,6 +9,9 @@ with ``--api-key``: a key made at start for this purpose alone, which the worker
 gateway (``Tenants.is_gateway``: no operator, so no unauthenticated route of smg shows a global
 figure). smg's control plane (``/flush_cache``, ``/workers``) takes the operators' keys.
 
+Each key goes as ``--flag=value``: a key may begin with ``-`` (``token_urlsafe`` makes one in
+64), which the router's argparse would read as a flag of its own in ``--flag value``.
+
 sglang-router takes one key only: with several tenants or an admin key it is refused at start.
 So is ``--worker-transport grpc`` with any key: smg's gRPC mode calls its workers with no
 key and no tenant (it tokenizes in the gateway), so the workers could tell no tenant from
@@ -47,12 +50,12 @@ def gateway_access(config: ServerConfig, router: str, transport: str = "http") -
             raise ValueError(
                 f"{router} takes one API key; several tenants or an admin key need --router smg"
             )
-        return GatewayAccess(config, ["--api-key", str(config.api_key)], config.api_key)
+        return GatewayAccess(config, [f"--api-key={config.api_key}"], config.api_key)
     gateway = secrets.token_urlsafe(32)
-    flags = ["--api-key", gateway]
+    flags = [f"--api-key={gateway}"]
     pairs = [*config.tenant_keys, *((ADMIN_TENANT, key) for key in config.admin_api_keys)]
     for tenant, key in pairs:
-        flags += ["--tenant-api-key", f"{tenant.replace(':', '_')}:{key}"]
+        flags.append(f"--tenant-api-key={tenant.replace(':', '_')}:{key}")
     operators = config.admin_api_keys or (
         tuple(key for _, key in config.tenant_keys) if tenants.single_tenant else ()
     )

@@ -92,11 +92,38 @@ def test_the_gateway_gets_every_key_or_refuses() -> None:
     flags = " ".join(access.flags)
     assert f"team_a:{A}" in flags and f"b:{B}" in flags and f"admin:{ADMIN}" in flags
     gateway = access.workers.gateway_api_keys[0]
-    assert access.flags[:2] == ["--api-key", gateway] and gateway not in (A, B, ADMIN)
+    assert access.flags[0] == f"--api-key={gateway}" and gateway not in (A, B, ADMIN)
     assert access.control_key == ADMIN  # smg's control plane: the operators' keys
     with pytest.raises(ValueError, match="--router smg"):
         gateway_access(config, "sglang-router")
     one = ServerConfig(EngineConfig(model_path="/m"), api_key=A)
-    assert gateway_access(one, "sglang-router").flags == ["--api-key", A]
+    assert gateway_access(one, "sglang-router").flags == [f"--api-key={A}"]
     with pytest.raises(ValueError, match="--worker-transport http"):
         gateway_access(one, "smg", "grpc")  # smg's gRPC mode sends its workers no key
+
+
+@pytest.mark.parametrize("router", ["smg", "sglang-router"])
+def test_the_router_reads_keys_that_begin_with_a_dash(router: str) -> None:
+    """``token_urlsafe`` begins one key in 64 with ``-``: the router's own parser must read it
+    as the key, not as a flag (it once refused to start, 1 run in 64)."""
+    from radixserve.config import EngineConfig, ServerConfig
+    from radixserve.launch.data_parallel import ROUTER_MODULES
+    from radixserve.launch.gateway_keys import gateway_access
+
+    launcher = pytest.importorskip(ROUTER_MODULES[router], reason="needs radixserve[router]")
+    dash = "-x9_" + A
+    if router == "smg":
+        config = ServerConfig(
+            EngineConfig(model_path="/m"), tenant_keys=(("a", dash),), admin_api_keys=("-" + ADMIN,)
+        )
+    else:
+        config = ServerConfig(EngineConfig(model_path="/m"), api_key=dash)
+    access = gateway_access(config, router)
+    parsed = launcher.parse_router_args([*access.flags, "--worker-urls", "http://127.0.0.1:1"])
+    if router == "smg":
+        assert parsed.api_key == access.workers.gateway_api_keys[0]
+        assert ("a", dash) in parsed.tenant_api_keys
+        assert ("admin", "-" + ADMIN) in parsed.tenant_api_keys
+        assert [k[2] for k in parsed.control_plane_api_keys] == ["-" + ADMIN]
+    else:
+        assert parsed.api_key == dash
