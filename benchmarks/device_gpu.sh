@@ -33,6 +33,10 @@
 #   (benchmarks/model_throughput.py), then the multi-turn shape (a) with the cache on and off.
 #   With --device cpu: a tiny model, batches 1 and 8, and `bench multiturn --quick`.
 #
+# spec: speculative decoding against plain decoding on the Qwen2.5-0.5B shape (benchmarks/
+#   spec_decode.py: the text forced by a logit bias), workloads a, c and d at batch 1, 8 and 32
+#   (spec.txt); with --device cpu the tiny model, batch 1. Not in `all`: name it.
+#
 # bench05, bench8b, multiturn: bench's three parts alone. LIMIT_<stage>=SECONDS caps a stage.
 #
 # Logs and JSON go to $OUT (or ./device_out): run.log (everything), junit.xml, idle.json,
@@ -193,6 +197,16 @@ stage_bench8b() {
 stage_multiturn() {
   $PY -m radixserve bench multiturn --shape a --device "$DEVICE" --baselines no-cache \
     --out "$OUT/bench" --name multiturn
+}
+
+stage_spec() {
+  if ((ON_GPU)); then
+    $PY benchmarks/spec_decode.py --device "$DEVICE" --model-dir "$BENCH_DIR/qwen25_05b" \
+      --workloads a,c,d --batch-sizes 1,8,32 --max-new-tokens 96 | tee "$OUT/spec.txt"
+  else
+    $PY benchmarks/spec_decode.py --device "$DEVICE" --tiny --model-dir "$BENCH_DIR/spec-tiny" \
+      --workloads c,d --batch-sizes 1 --max-new-tokens 16 | tee "$OUT/spec.txt"
+  fi
 }
 
 stage_bench() {

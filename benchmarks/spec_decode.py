@@ -20,7 +20,10 @@ Workloads (the known text of each request is its prompt followed by its answer):
 from __future__ import annotations
 
 import argparse
+import json
+import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -109,6 +112,7 @@ def force_text(engine: Engine, known: dict[int, list[int]]) -> None:
 def run(args: argparse.Namespace, spec: str | None, workload: str, bs: int) -> dict[str, float]:
     config = dict(
         dtype=args.dtype,
+        device=args.device,
         max_total_tokens=32768,
         disable_overlap_schedule=True,
         speculative_algorithm=spec,
@@ -154,6 +158,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The model, workload and decoding options (``spec_llamacpp.py`` takes them too)."""
     parser.add_argument("--model-dir", type=Path, default=Path("/tmp/radixserve-qwen25-0.5b"))
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (FlashInfer, CUDA graphs)")
     parser.add_argument("--workloads", default="a,b,c,d")
     parser.add_argument("--batch-sizes", default="1")
     parser.add_argument("--max-new-tokens", type=int, default=96)
@@ -167,11 +172,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tiny", action="store_true", help="a tiny model (a smoke run)")
 
 
+def command(args: argparse.Namespace) -> str:
+    """The command line, the paths of this machine left out: the model's directory is DIR, the
+    JSON its file name."""
+    out = " ".join(["python", *sys.argv]).replace(str(args.model_dir), "DIR")
+    return out.replace(str(args.json), args.json.name) if args.json else out
+
+
+def machine() -> str:
+    """The CPU's model name (``lscpu``) and the torch threads, or the GPU's name."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        name = next(x.split(":", 1)[1].strip() for x in out.splitlines() if "Model name" in x)
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        name = platform.processor() or "unknown CPU"
+    return f"{name}, {torch.get_num_threads()} threads"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(parser)
+    parser.add_argument("--json", type=Path, help="also write the rows and the run's facts here")
     args = parser.parse_args()
     ensure_model(args.model_dir, args.shape, args.tiny)
+    report: dict[str, Any] = {
+        "started_at": time.time(),
+        "command": command(args),
+        "machine": machine(),
+        "shape": "tiny" if args.tiny else args.shape,
+        "dtype": args.dtype,
+        "device": args.device,
+        "max_new_tokens": args.max_new_tokens,
+        "num_draft_tokens": args.num_draft_tokens,
+        "rows": [],
+    }
     print("tokens/s at greedy decoding, the text forced by a logit bias (see the module doc)")
     print(f"{'workload':<10}{'bs':>4}{'plain':>10}{'NGRAM':>10}{'speedup':>9}{'accept':>8}")
     for workload in args.workloads.split(","):
@@ -184,6 +220,10 @@ def main() -> None:
                 f"{ratio:>8.2f}x{spec['accept']:>8.2f}",
                 flush=True,
             )
+            row = {"workload": workload, "bs": bs, "plain_tok_s": plain["tok_s"]}
+            report["rows"].append(dict(row, spec_tok_s=spec["tok_s"], accept=spec["accept"]))
+            if args.json:  # after each row: a long run stopped early keeps what it measured
+                args.json.write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":
