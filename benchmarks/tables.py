@@ -264,6 +264,31 @@ def h200_throughput() -> str:
     return table(header, rows, [f"{H200}/{name}" for name in files.values()])
 
 
+SPEC_RUNS = [  # spec_decode.py --json: the Qwen3-1.7B shape at batch 1, 8 and 32
+    f"benchmarks/results/spec-qwen3-1.7b-b{bs}-2026-11-27.json" for bs in (1, 8, 32)
+]
+WORKLOADS = {"a": "(a) code edit", "b": "(b) chat quoting its notes", "c": "(c) sent again"}
+WORKLOADS["d"] = "(d) prose"
+SHAPES = {"qwen3-1.7b": "Qwen3-1.7B", "qwen2.5-0.5b": "Qwen2.5-0.5B"}
+
+
+def spec_decode() -> str:
+    """``spec_decode.py``'s rows: NGRAM against plain decoding, per workload and batch."""
+    header = ["shape", "date", "workload", "batch", "plain tok/s", "NGRAM tok/s", "speedup"]
+    header += ["accept length"]
+    rows = []
+    for path in SPEC_RUNS:
+        r = load(path)
+        for row in r["rows"]:
+            accept = f"{row['accept']:.2f}" if row["accept"] else "no drafts"
+            rows.append(
+                [SHAPES.get(r["shape"], r["shape"]), date(r), WORKLOADS[row["workload"]], str(row["bs"])]
+                + [num(row["plain_tok_s"]), num(row["spec_tok_s"])]
+                + [times(row["spec_tok_s"] / row["plain_tok_s"]), accept]
+            )
+    return table(header, rows, SPEC_RUNS)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "multiturn": multiturn,
     "llama-cpp": llama_cpp,
@@ -274,6 +299,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "kv-events-dp2": kv_events_dp2,
     "h200-throughput": h200_throughput,
     "h200-multiturn": h200_multiturn,
+    "spec-decode": spec_decode,
 }
 
 
