@@ -7,10 +7,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import threading
 import time
 import zipfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -133,13 +133,22 @@ def test_abort_ends_a_running_request(
     _, stub = grpc_server
     got: list[pb.GenerateResponse] = []
     stream = stub.Generate(_request("long", PROMPT, max_new=900, stream=True))
-    reader = threading.Thread(target=lambda: got.extend(stream), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 30
-    while not got and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert stub.Abort(pb.AbortRequest(request_id="long")).success
-    reader.join(30)
+
+    def read() -> None:
+        for response in stream:
+            got.append(response)
+
+    # the reader's error (the stream failing instead of ending) surfaces through .result()
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(read)
+        try:
+            deadline = time.monotonic() + 30
+            while not got and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert stub.Abort(pb.AbortRequest(request_id="long")).success
+            reading.result(timeout=30)
+        finally:
+            stream.cancel()  # a no-op once it ended; otherwise it ends the reader
     assert got[-1].WhichOneof("response") == "complete"
     assert got[-1].complete.finish_reason == "abort"
     assert got[-1].complete.completion_tokens < 900
@@ -174,30 +183,37 @@ def test_kv_events_stream_what_a_request_stores(
     batches: list[common_pb2.KvEventBatch] = []
     events = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
 
-    def read() -> None:
+    def read() -> grpc.StatusCode | None:
+        """How the stream ended: the status it failed with, None if it ended on its own."""
         try:
-            batches.extend(events)
-        except grpc.RpcError as exc:  # the cancel below ends the stream
-            assert exc.code() == grpc.StatusCode.CANCELLED
+            for batch in events:
+                batches.append(batch)
+        except grpc.RpcError as exc:
+            return exc.code()
+        return None
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    time.sleep(0.5)  # the relay's SUB joined
-    prompt = list(range(300, 340))
-    list(stub.Generate(_request("ev", prompt, max_new=2)))
-    deadline = time.monotonic() + 10
-    stored: list[int] = []
-    while time.monotonic() < deadline and stored[: len(prompt) - 1] != prompt[:-1]:
-        time.sleep(0.05)
-        stored = [
-            t
-            for b in list(batches)
-            for e in b.events
-            if e.WhichOneof("data") == "stored"
-            for block in e.stored.blocks
-            for t in block.token_ids
-        ]
-    events.cancel()
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(read)
+        try:
+            time.sleep(0.5)  # the relay's SUB joined
+            prompt = list(range(300, 340))
+            list(stub.Generate(_request("ev", prompt, max_new=2)))
+            deadline = time.monotonic() + 10
+            stored: list[int] = []
+            while time.monotonic() < deadline and stored[: len(prompt) - 1] != prompt[:-1]:
+                time.sleep(0.05)
+                stored = [
+                    t
+                    for b in list(batches)
+                    for e in b.events
+                    if e.WhichOneof("data") == "stored"
+                    for block in e.stored.blocks
+                    for t in block.token_ids
+                ]
+        finally:
+            events.cancel()
+        # a subscription runs until its client cancels it: it ends no other way
+        assert reading.result(timeout=10) == grpc.StatusCode.CANCELLED
     assert stored[: len(prompt) - 1] == prompt[:-1]  # the prompt's pages, in order
     seqs = [b.sequence_number for b in batches]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from kv_event_index import EventIndex, contents_of_nodes
+from kv_event_index import Contents, EventIndex, contents_of_nodes
 from serving_harness import Server, free_port, serving
 
 from radixserve.radix.kv_events import HOST
@@ -28,7 +28,9 @@ pytestmark = pytest.mark.timeout(180)
 
 
 class Subscriber:
-    """A SUB socket drained by a thread into an :class:`EventIndex`; sequence numbers checked."""
+    """A SUB socket drained by a thread into an :class:`EventIndex`; sequence numbers checked.
+    The index checks every event as it applies it: a check that fails in the thread is raised
+    in the test by :meth:`contents` and :meth:`close`."""
 
     def __init__(self, endpoint: str) -> None:
         self.ctx = zmq.Context()
@@ -37,21 +39,35 @@ class Subscriber:
         self.sub.connect(endpoint)
         self.index = EventIndex()
         self.seqs: list[int] = []
+        self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            if self.sub.poll(50):
-                _, seq, payload = self.sub.recv_multipart()
-                self.seqs.append(int.from_bytes(seq, "big"))
-                self.index.apply_payload(payload)
+        try:
+            while not self._stop.is_set():
+                if self.sub.poll(50):
+                    _, seq, payload = self.sub.recv_multipart()
+                    self.seqs.append(int.from_bytes(seq, "big"))
+                    self.index.apply_payload(payload)
+        except BaseException as exc:  # raised in the test's thread
+            self.error = exc
+
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise AssertionError("the subscriber's thread failed") from self.error
+
+    def contents(self) -> Contents:
+        self._raise_error()
+        return self.index.contents()
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
         self.ctx.destroy(linger=0)
+        assert not self._thread.is_alive(), "the subscriber's thread did not stop"
+        self._raise_error()
 
 
 def replayed_index(replay: str) -> tuple[EventIndex, int]:
@@ -116,9 +132,9 @@ def test_events_rebuild_the_cache_tree(events_server: tuple[Server, str, str]) -
         want = cache_tree_contents(server)
         assert any(medium == HOST for _, medium in want), "nothing reached the tier"
         deadline = time.monotonic() + 10
-        while live.index.contents() != want and time.monotonic() < deadline:
+        while live.contents() != want and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert live.index.contents() == want
+        assert live.contents() == want
         assert live.seqs == list(range(len(live.seqs))), "a gap in the sequence"
     finally:
         live.close()

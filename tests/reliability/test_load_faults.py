@@ -8,6 +8,7 @@ import asyncio
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -47,14 +48,15 @@ def test_a_full_fan_out_keeps_health_fast(guarded: Server) -> None:
                 latencies.append(time.monotonic() - start)
                 time.sleep(0.02)
 
-    prober = threading.Thread(target=probe)
-    prober.start()
-    try:
-        with guarded.client(timeout=120) as c:
-            resp = c.post("/v1/completions", json=body)
-    finally:
-        done.set()
-        prober.join(30)
+    # the probe's own failure (a /health that is not 200) surfaces through .result()
+    with ThreadPoolExecutor(1) as pool:
+        probing = pool.submit(probe)
+        try:
+            with guarded.client(timeout=120) as c:
+                resp = c.post("/v1/completions", json=body)
+        finally:
+            done.set()
+        probing.result(timeout=60)
     assert resp.status_code == 200, resp.text
     assert len(resp.json()["choices"]) == MAX_SUB_REQUESTS
     assert latencies and max(latencies) < 1.0, sorted(latencies)[-5:]
