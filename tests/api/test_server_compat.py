@@ -1,9 +1,6 @@
 """SGLang compatibility of the HTTP routes against a real server whose tokenizer renders
 tools (a Qwen2.5-style template): what SGLang's clients send, its newer routes, the model id,
-and the OpenAI routes' strictness, tools and structured output through the official client.
-
-The tests marked ``needs_grammar`` need the grammar engine (branch ``grammar``); they skip
-until ``SamplingParams`` has its ``regex`` field."""
+and the OpenAI routes' strictness, tools and structured output through the official client."""
 
 from __future__ import annotations
 
@@ -14,13 +11,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
-from radixserve.types import SamplingParams
-
-needs_grammar = pytest.mark.skipif(
-    "regex" not in SamplingParams.__dataclass_fields__,
-    reason="needs the grammar engine (branch grammar): enable after it is merged",
-)
 
 WEATHER = {
     "type": "object",

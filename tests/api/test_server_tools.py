@@ -1,9 +1,6 @@
 """Tools and structured output through the official ``openai`` client against a real server
 (``compat_server``: a tokenizer whose template renders tools). Outputs are checked with the
-reference validators (``jsonschema``, ``re.fullmatch``).
-
-The tests marked ``needs_grammar`` need the grammar engine (branch ``grammar``): they skip
-until ``SamplingParams`` has its ``regex`` field."""
+reference validators (``jsonschema``, ``re.fullmatch``)."""
 
 from __future__ import annotations
 
@@ -16,13 +13,6 @@ import httpx
 import jsonschema
 import openai
 import pytest
-
-from radixserve.types import SamplingParams
-
-needs_grammar = pytest.mark.skipif(
-    "regex" not in SamplingParams.__dataclass_fields__,
-    reason="needs the grammar engine (branch grammar): enable after it is merged",
-)
 
 WEATHER = {
     "type": "object",
@@ -107,7 +97,6 @@ def _check_calls(calls: Any, only: str | None = None) -> None:
         jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
-@needs_grammar
 @pytest.mark.parametrize("choice", ["required", "named"])
 def test_tool_choice_required_and_named_return_valid_calls(oai: openai.OpenAI, choice: str) -> None:
     named = {"type": "function", "function": {"name": "get_time"}}
@@ -129,7 +118,6 @@ def test_tool_choice_required_and_named_return_valid_calls(oai: openai.OpenAI, c
     _check_calls(final.choices[0].message.tool_calls, only)
 
 
-@needs_grammar
 @pytest.mark.parametrize("stream", [False, True])
 def test_auto_parses_the_models_own_tool_call_format(oai: openai.OpenAI, stream: bool) -> None:
     """A regex makes the random model write Qwen's format; ``auto`` parses it into calls."""
@@ -153,7 +141,6 @@ def test_auto_parses_the_models_own_tool_call_format(oai: openai.OpenAI, stream:
     _check_calls(message.tool_calls, "get_time")
 
 
-@needs_grammar
 def test_response_format_json_schema_returns_json_that_validates(oai: openai.OpenAI) -> None:
     schema = {
         "type": "object",
@@ -185,7 +172,6 @@ def test_response_format_json_schema_returns_json_that_validates(oai: openai.Ope
             assert c.finish_reason == "length"
 
 
-@needs_grammar
 def test_generate_regex_and_json_schema_object(http: httpx.Client) -> None:
     regex = r"(yes|no), [a-z]{2,5}"
     body: Any = {
@@ -204,7 +190,6 @@ def test_generate_regex_and_json_schema_object(http: httpx.Client) -> None:
     jsonschema.validate(json.loads(http.post("/generate", json=body).json()["text"]), schema)
 
 
-@needs_grammar
 @pytest.mark.parametrize(
     ("extra", "word"),
     [

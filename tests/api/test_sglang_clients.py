@@ -27,8 +27,6 @@ import httpx
 import pytest
 from serving_harness import Server
 
-from radixserve.types import SamplingParams
-
 # the first run builds the client venv (minutes); later runs reuse it
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -109,10 +107,6 @@ def test_sglang_frontend_runs_programs_unchanged(
     assert http.get("/get_server_info").json()["integrity_ok"] is True
 
 
-@pytest.mark.skipif(
-    "regex" not in SamplingParams.__dataclass_fields__,
-    reason="needs the grammar engine (branch grammar): enable after it is merged",
-)
 def test_sglang_frontend_gen_regex(
     sglang_python: Path, compat_server: Server, tmp_path: Path
 ) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from stop_oracle import clean_span, expected
+from stop_oracle import clean_span, expected, word_bias
 
 from radixserve import Engine
 
@@ -26,9 +26,10 @@ def unstopped(engine: Engine) -> dict[str, Any]:
     return engine.generate(PROMPT, PARAMS)
 
 
-def check(engine: Engine, stop: str, ids: list[int]) -> None:
+def check(engine: Engine, stop: str, ids: list[int], base: dict[str, Any] = PARAMS) -> None:
+    """``ids``: the output of ``base`` without the stop string."""
     want_ids, want_text = expected(engine.tokenizer, ids, stop)
-    params = {**PARAMS, "stop": [stop]}
+    params = {**base, "stop": [stop]}
     out = engine.generate(PROMPT, params)
     assert out["output_ids"] == want_ids
     assert out["text"] == want_text
@@ -47,17 +48,14 @@ def test_a_stop_string_longer_than_sixteen_tokens(engine: Engine, unstopped: dic
     check(engine, stop, ids)
 
 
-def test_a_stop_string_split_across_two_tokens(engine: Engine, unstopped: dict) -> None:
-    tok, ids = engine.tokenizer, unstopped["output_ids"]
-    for k in range(5, len(ids) - 1):
-        left = tok.decode(ids[k - 1 : k])
-        right = tok.decode(ids[k : k + 1])
-        if left.strip() and right.strip() and "\ufffd" not in left + right:
-            stop = left[-1] + right[0]
-            break
-    else:
-        pytest.skip("no two printable neighbouring tokens")
-    check(engine, stop, ids)
+def test_a_stop_string_split_across_two_tokens(engine: Engine) -> None:
+    """The output biased to words: every neighbouring pair of tokens is printable."""
+    tok = engine.tokenizer
+    params = {**PARAMS, "logit_bias": word_bias(tok)}
+    ids = engine.generate(PROMPT, params)["output_ids"]
+    left, right = tok.decode(ids[4:5]), tok.decode(ids[5:6])
+    assert left.strip() and right.strip() and "\ufffd" not in left + right, (left, right)
+    check(engine, left[-1] + right[0], ids, params)
 
 
 def test_the_last_allowed_token_completing_a_stop_string_is_a_stop(

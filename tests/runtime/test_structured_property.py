@@ -11,7 +11,9 @@ import json
 import re
 from typing import Any
 
+import jsonschema  # the test extra's
 import pytest
+import regex  # partial matches (a prefix that a length limit cut); transformers requires it
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,8 +21,6 @@ from radixserve import Engine
 from radixserve.config import SchedulerConstants
 from tests.runtime.grammar_strategies import json_schemas, nested_repeats, regexes
 
-jsonschema = pytest.importorskip("jsonschema")
-regex = pytest.importorskip("regex")  # partial matches: a prefix that a length limit cut
 pytest.importorskip("llguidance")
 
 # admission reserves little for the future tokens of running requests: decode runs out and retracts
