@@ -13,11 +13,13 @@ length
   whatever the model says; ``spec_llama_side.py`` explains it and the drafters), drafting up
   to ``num_draft_tokens - 1`` tokens as radixserve's longest draft, per drafter of
   ``--llama-drafters``: ``model`` (a one-layer model of the same vocabulary, which always
-  drafts; its decode's cost per step is printed) and ``ngram-mod`` (llama.cpp's n-gram table,
-  given the plain run's output to draft);
-- with llama.cpp's own ngram-mod speculation on a request sent again (``--real-workloads``,
-  default ``c``), no synthetic acceptance: random weights, so its acceptance says how well the
-  table replays a text seen once, nothing about real text.
+  drafts; its decode's cost per step is printed), ``ngram-mod`` (llama.cpp's n-gram table) and
+  ``ngram-cache`` (its lookup decoding), each given the plain run's output to draft, and
+  ``ngram-simple`` (prompt lookup in the request's own tokens, which cannot be given it);
+- with llama.cpp's own speculation on a request sent again (``--real-workloads``, default
+  ``c``), no synthetic acceptance, for each of ngram-mod and ngram-cache among the drafters
+  (those that keep what a request saw for the next): random weights, so its acceptance says how
+  well the drafter replays a text seen once, nothing about real text.
 
 Each llama.cpp speculative column comes with its measured accept length (from ``/metrics``).
 Without ``--llama-server`` only radixserve's columns are printed.
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -41,7 +44,7 @@ from llama_side import PAIRS
 from llamacpp import convert, gguf_path
 from spec_decode import add_arguments, ensure_model, texts
 from spec_decode import run as radixserve_run
-from spec_llama_side import DRAFTERS, LlamaSpecRunner, write_draft_model
+from spec_llama_side import DRAFTERS, REAL_DRAFTERS, LlamaSpecRunner, write_draft_model
 
 from radixserve.bench.models import model_label
 from radixserve.tokenizer_loader import load_tokenizer
@@ -78,7 +81,7 @@ def header(drafters: list[str]) -> str:
     if drafters:
         text += f"{'ll plain':>10}"
     for d in drafters:
-        text += f"{'ll ' + d:>14}{'speedup':>9}{'acc':>6}"
+        text += f"{'ll ' + d:>16}{'speedup':>9}{'acc':>6}"
     return text
 
 
@@ -92,10 +95,10 @@ def row_text(row: dict[str, Any], drafters: list[str]) -> str:
     for d in drafters:
         spec = row["llama_spec"].get(d)
         if spec is None:
-            text += f"{'-':>14}{'-':>9}{'-':>6}"
+            text += f"{'-':>16}{'-':>9}{'-':>6}"
         else:
             ratio = spec["tok_s"] / row["llama_plain"]
-            text += f"{spec['tok_s']:>14.1f}{ratio:>8.2f}x{spec['accept']:>6.2f}"
+            text += f"{spec['tok_s']:>16.1f}{ratio:>8.2f}x{spec['accept']:>6.2f}"
     return text
 
 
@@ -119,9 +122,10 @@ def llama_runner(args: argparse.Namespace) -> LlamaSpecRunner:
 
 def llama_columns(
     llama: LlamaSpecRunner, args: argparse.Namespace, row: dict[str, Any], prompt: list[int]
-) -> dict[str, Any] | None:
-    """Fills ``row``'s llama.cpp columns; returns the real ngram-mod run's figures when the
-    workload is one of ``--real-workloads``."""
+) -> list[dict[str, Any]]:
+    """Fills ``row``'s llama.cpp columns; returns the real runs' figures (one per drafter of
+    :data:`REAL_DRAFTERS` among ``--llama-drafters``) when the workload is one of
+    ``--real-workloads``."""
     bs, n = row["bs"], row["tokens"]
     prompts = [[1000 + i, *prompt] for i in range(bs)]  # as radixserve's side
     row["llama_plain"], outs = llama.plain(prompts, n)
@@ -134,9 +138,12 @@ def llama_columns(
     if "model" in args.llama_drafters:
         row["drafter_step_ms"] = llama.drafter_step_ms(prompts, n)
     if row["workload"] not in args.real_workloads:
-        return None
-    found = llama.real(prompts, n)
-    return dict(found, workload=row["workload"], bs=bs, plain=row["llama_plain"])
+        return []
+    real, plain = [d for d in args.llama_drafters if d in REAL_DRAFTERS], row["llama_plain"]
+    return [
+        dict(llama.real(d, prompts, n), drafter=d, workload=row["workload"], bs=bs, plain=plain)
+        for d in real
+    ]
 
 
 def main() -> None:
@@ -146,10 +153,10 @@ def main() -> None:
     parser.add_argument("--gguf", type=Path, default=None, help="default: converted beside")
     parser.add_argument("--llama-cpp-dir", default=None, help="for converting (or $LLAMA_CPP_DIR)")
     parser.add_argument("--llama-build", default="", help="a label of the build, for the JSON")
-    parser.add_argument("--llama-drafters", default=",".join(DRAFTERS), help="model,ngram-mod")
+    parser.add_argument("--llama-drafters", default=",".join(DRAFTERS), help=",".join(DRAFTERS))
     parser.add_argument("--threads", type=int, default=2, help="llama-server's -t and -tb")
     parser.add_argument("--slot-ctx", type=int, default=4096, help="each slot's context")
-    parser.add_argument("--real-workloads", default="c", help="ngram-mod's own runs ('' none)")
+    parser.add_argument("--real-workloads", default="c", help="real drafts' runs ('' none)")
     parser.add_argument("--out", type=Path, default=None, help="the results as JSON")
     args = parser.parse_args()
     args.llama_drafters = [d for d in args.llama_drafters.split(",") if d]
@@ -159,6 +166,7 @@ def main() -> None:
     if unknown := set(args.llama_drafters) - set(DRAFTERS):
         raise SystemExit(f"--llama-drafters: {sorted(unknown)} not among {DRAFTERS}")
     ensure_model(args.model_dir, args.shape, args.tiny)
+    load_start = os.getloadavg()
     llama = llama_runner(args) if args.llama_server is not None else None
     drafters = args.llama_drafters if llama is not None else []
     tokenizer = load_tokenizer(str(args.model_dir))
@@ -175,8 +183,8 @@ def main() -> None:
             row: dict[str, Any] = {"workload": workload, "bs": bs, "tokens": len(answer)}
             row.update(rs_plain=plain["tok_s"], rs_ngram=spec["tok_s"], rs_accept=spec["accept"])
             row["rs_speedup"] = spec["tok_s"] / plain["tok_s"]
-            if llama is not None and (found := llama_columns(llama, args, row, prompt)):
-                real.append(found)
+            if llama is not None:
+                real += llama_columns(llama, args, row, prompt)
             rows.append(row)
             print(row_text(row, drafters), flush=True)
     for row in rows:
@@ -188,7 +196,7 @@ def main() -> None:
             )
     for r in real:
         print(
-            f"llama.cpp ngram-mod, real drafts of the random model's own text sent again, "
+            f"llama.cpp {r['drafter']}, real drafts of the random model's own text sent again, "
             f"workload {r['workload']} bs {r['bs']}: {r['tok_s']:.1f} tok/s, "
             f"{r['tok_s'] / r['plain']:.2f}x plain, accept length {r['accept']:.2f} "
             f"over {r['verify_steps']:.0f} verify steps"
@@ -204,8 +212,10 @@ def main() -> None:
             "num_draft_tokens": args.num_draft_tokens,
             "llama_build": args.llama_build,
             "llama_version": llama_version(args.llama_server) if llama else None,
+            "llama_drafters": {d: llama.described(d) for d in drafters} if llama else {},
+            "load_avg": {"start": load_start, "end": os.getloadavg()},
             "rows": rows,
-            "llama_ngram_mod_real": real,
+            "llama_real": real,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")
