@@ -185,6 +185,7 @@ def main() -> None:
             row["rs_speedup"] = spec["tok_s"] / plain["tok_s"]
             if llama is not None:
                 real += llama_columns(llama, args, row, prompt)
+            row["load_avg_1m"] = os.getloadavg()[0]  # how busy the machine was (1 minute)
             rows.append(row)
             print(row_text(row, drafters), flush=True)
     for row in rows:
