@@ -282,11 +282,70 @@ def spec_decode() -> str:
         for row in r["rows"]:
             accept = f"{row['accept']:.2f}" if row["accept"] else "no drafts"
             rows.append(
-                [SHAPES.get(r["shape"], r["shape"]), date(r), WORKLOADS[row["workload"]], str(row["bs"])]
+                [
+                    SHAPES.get(r["shape"], r["shape"]),
+                    date(r),
+                    WORKLOADS[row["workload"]],
+                    str(row["bs"]),
+                ]
                 + [num(row["plain_tok_s"]), num(row["spec_tok_s"])]
                 + [times(row["spec_tok_s"] / row["plain_tok_s"]), accept]
             )
     return table(header, rows, SPEC_RUNS)
+
+
+SPEC_LLAMA = "benchmarks/results/spec-llamacpp-2026-11-27.json"
+DRAFTER_NAMES = {"model": "model drafter"}
+
+
+def _spec_cell(spec: dict[str, Any] | None, plain: float) -> list[str]:
+    """A llama.cpp speculative run's tokens/s (its accept length) and its speedup; empty where
+    it did not run (radixserve drafted nothing to take the acceptance from)."""
+    if spec is None:
+        return ["", ""]
+    accept = f"{spec['accept']:.2f}" if spec["verify_steps"] else "no drafts"
+    return [f"{spec['tok_s']:.1f} ({accept})", f"{spec['tok_s'] / plain:.2f}x"]
+
+
+def _spec_llama_table(path: str) -> str:
+    """``spec_llamacpp.py``'s rows: radixserve's NGRAM and llama-server's drafters at its
+    accept length, then llama.cpp's own drafts of a request sent again, where the run has any."""
+    r = load(path)
+    drafters = list(r["rows"][0]["llama_spec"])
+    header = ["workload", "bs", "radixserve plain", "radixserve NGRAM", "speedup"]
+    header += ["accept length", "llama.cpp plain"]
+    for d in drafters:
+        header += [f"llama.cpp spec, {DRAFTER_NAMES.get(d, d)}", "speedup"]
+    rows = []
+    for row in r["rows"]:
+        accept = f"{row['rs_accept']:.2f}" if row["rs_accept"] else "no drafts"
+        rows.append(
+            [WORKLOADS[row["workload"]], str(row["bs"]), f"{row['rs_plain']:.1f}"]
+            + [f"{row['rs_ngram']:.1f}", f"{row['rs_speedup']:.2f}x", accept]
+            + [f"{row['llama_plain']:.1f}"]
+            + [c for d in drafters for c in _spec_cell(row["llama_spec"][d], row["llama_plain"])]
+        )
+    lines = table(header, rows, [path]).split("\n")
+    real = r.get("llama_real")
+    if real is None:  # the first run's key: ngram-mod's real runs alone
+        real = [dict(x, drafter="ngram-mod") for x in r["llama_ngram_mod_real"]]
+    if real:
+        header = ["workload", "bs", "llama.cpp's own drafts", "plain", "speculative"]
+        header += ["speedup", "accept length", "verify steps"]
+        rows = [
+            [WORKLOADS[x["workload"]], str(x["bs"]), x["drafter"], f"{x['plain']:.1f}"]
+            + [f"{x['tok_s']:.1f}", f"{x['tok_s'] / x['plain']:.2f}x"]
+            + [f"{x['accept']:.2f}" if x["verify_steps"] else "no drafts"]
+            + [f"{x['verify_steps']:.0f}"]
+            for x in real
+        ]
+        lines[-1:-1] = table(header, rows, []).split("\n")[:-1]
+    return "\n".join(lines)
+
+
+def spec_llamacpp() -> str:
+    """The first run beside llama-server: the model and ngram-mod drafters, workloads a-d."""
+    return _spec_llama_table(SPEC_LLAMA)
 
 
 TABLES: dict[str, Callable[[], str]] = {
@@ -300,6 +359,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "h200-throughput": h200_throughput,
     "h200-multiturn": h200_multiturn,
     "spec-decode": spec_decode,
+    "spec-llamacpp": spec_llamacpp,
 }
 
 
