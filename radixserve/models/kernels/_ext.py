@@ -2,8 +2,10 @@
 
 One C++ source set (``gemv.cpp``, ``gemm.cpp``, ``amx_gemm.cpp``, ``attention_kernel.cpp``, ``norm.cpp``,
 ``pointwise.cpp``, written against the SIMD vocabulary of ``simd.h``, bound in
-``bindings.cpp``) is compiled once per variant with that variant's ``-m`` flags (like
-llama.cpp's CPU variants or ATen's CPU capability dispatch):
+``bindings.cpp``; each kernel's compute is a header without torch beside its ``.cpp``, the torch
+entry: ``gemv.h``, ``gemm.h``, ``attention_kernel.h``, ``norm.h``, ``pointwise.h``) is compiled
+once per variant with that variant's ``-m`` flags (like llama.cpp's CPU variants or ATen's CPU
+capability dispatch):
 
 - ``avx2``: AVX2 + FMA + F16C (Haswell, Zen 1-3): 8 fp32 lanes;
 - ``avx512``: AVX-512 F/BW/VL/DQ (Skylake-X, Ice Lake, Zen 4): 16 lanes;
@@ -61,7 +63,20 @@ SOURCES = tuple(
     )
 )
 HEADERS = tuple(
-    _DIR / n for n in ("simd.h", "gemv_lanes.h", "linear.h", "amx.h", "attention_task.h")
+    _DIR / n
+    for n in (
+        "simd.h",
+        "gemv_lanes.h",
+        "linear_problem.h",
+        "linear.h",
+        "gemv.h",
+        "gemm.h",
+        "amx.h",
+        "attention_task.h",
+        "attention_kernel.h",
+        "norm.h",
+        "pointwise.h",
+    )
 )
 LDFLAGS = ("-fopenmp",)  # resolves to the libgomp torch already loaded (same soname)
 _AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c")

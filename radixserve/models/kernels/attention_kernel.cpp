@@ -1,34 +1,15 @@
-// Paged causal attention for fp32 or bf16 EXTEND batches, flash-attention style, one source
-// for every ISA (simd.h):
-//
-//   out[t, h, :] = softmax(scale * q[t, h] . K_b^T, causal, window) V_b   (t: a token of request b)
-//
-// K_b/V_b are read straight from the KV buffers [slots, kv_heads, d] through the request's
-// req_to_token row, so no padded copy of the sequence is made. Tasks of (request, KV head,
-// block of tokens) run over torch's intra-op threads; a task's rows are its tokens times the
-// query heads of that KV head (GQA folded in, so each K/V block is widened once for all of
-// them). Per 64-key block the task widens K (transposed: [d][64]) and V ([64][d]) to fp32, and
-// per 4-row tile computes S = Q K^T in registers, the online softmax in fp32 (masking only
-// blocks that cross the diagonal or the window) and O += P V in fp32. Storage may be bf16
-// (widened in registers, so CPUs without bf16 arithmetic run it at fp32 speed); the math is
-// fp32 throughout and the output is rounded once. In the amx variant, bf16 batches whose
-// requests extend by at least 16 query rows (prefill, not decode) run attention_amx.cpp instead:
-// Q K^T and P V on bf16 tiles with fp32 sums, P rounded to bf16 (2.2-2.6x faster on a 512-token
-// prefill and a 128-token extend of a 512-token prefix, 0.5B shape, 2 threads).
-#include <ATen/Parallel.h>
+// extend_attention: the paged causal attention of attention_kernel.h (in the amx variant, bf16
+// prefills on attention_amx.cpp's tiles) on the tensors it takes; ValueError for any others.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
 #include "amx.h"
+#include "attention_kernel.h"
 #include "attention_task.h"
 #include "simd.h"
 
@@ -37,124 +18,8 @@ namespace {
 using namespace rs;
 using namespace rs::attn;
 
-constexpr int64_t kBk = 64;       // keys per block
-constexpr int kTile = 4;          // query rows per register tile
-constexpr int64_t kRows = 64;     // target query rows per task
 constexpr int64_t kAmxRows = 256; // the same on AMX tiles: each packed block meets 16 row tiles
 constexpr int64_t kMaxDim = 256;  // head_dim limit (multiple of 16)
-
-struct Scratch {
-  std::vector<float> q, o;   // [rows][d]: widened queries, output accumulators
-  std::vector<float> m, l;   // [rows]: running max and sum
-  std::vector<int64_t> pos;  // [rows]: -1 for padding rows
-  std::vector<float> kt;     // [d][kBk]: the K block, transposed
-  std::vector<float> vb;     // [kBk][d]: the V block
-  std::vector<float> s;      // [kTile][kBk]: scores, then probabilities
-};
-
-// Widen keys [j0, j0 + nk) of (b, h) into kt/vb; the rest of the block stays zero.
-template <class T>
-void widen_block(const Problem<T>& p, const int32_t* slots, int64_t h, int64_t j0, int64_t nk,
-                 Scratch& s) {
-  const int64_t d = p.d;
-  std::fill(s.kt.begin(), s.kt.end(), 0.0f);
-  std::fill(s.vb.begin() + nk * d, s.vb.end(), 0.0f);
-  for (int64_t j = 0; j < nk; ++j) {
-    const int64_t base = static_cast<int64_t>(slots[j0 + j]) * p.kv_stride + h * d;
-    const T* kr = p.k + base;
-    const T* vr = p.v + base;
-    for (int64_t c = 0; c < d; ++c) s.kt[c * kBk + j] = to_float(kr[c]);
-    for (int64_t c = 0; c < d; c += W) store(&s.vb[j * d + c], load(vr + c));
-  }
-}
-
-// O rows [r0, r0 + 4) += P (4 x nk) V, for dims [c0, c0 + NV * W).
-template <int NV>
-inline void pv_chunk(int64_t d, int64_t nk, Scratch& s, int64_t r0, int64_t c0) {
-  VF acc[kTile][NV];
-  for (int r = 0; r < kTile; ++r)
-    for (int c = 0; c < NV; ++c) acc[r][c] = load(&s.o[(r0 + r) * d + c0 + W * c]);
-  for (int64_t j = 0; j < nk; ++j) {
-    VF vv[NV];
-    for (int c = 0; c < NV; ++c) vv[c] = load(&s.vb[j * d + c0 + W * c]);
-    for (int r = 0; r < kTile; ++r) {
-      const VF pr = set1(s.s[r * kBk + j]);
-      for (int c = 0; c < NV; ++c) acc[r][c] = fma(pr, vv[c], acc[r][c]);
-    }
-  }
-  for (int r = 0; r < kTile; ++r)
-    for (int c = 0; c < NV; ++c) store(&s.o[(r0 + r) * d + c0 + W * c], acc[r][c]);
-}
-
-// The scores of rows [r0, r0 + 4) against the widened block, scaled, into s.s.
-inline void scores(int64_t d, float scale, Scratch& s, int64_t r0) {
-  for (int64_t kc = 0; kc < kBk; kc += 2 * W) {
-    VF acc[kTile][2];
-    for (int r = 0; r < kTile; ++r) acc[r][0] = acc[r][1] = zero();
-    for (int64_t c = 0; c < d; ++c) {
-      const VF k0 = load(&s.kt[c * kBk + kc]), k1 = load(&s.kt[c * kBk + kc + W]);
-      for (int r = 0; r < kTile; ++r) {
-        const VF qr = set1(s.q[(r0 + r) * d + c]);
-        acc[r][0] = fma(qr, k0, acc[r][0]);
-        acc[r][1] = fma(qr, k1, acc[r][1]);
-      }
-    }
-    const VF sc = set1(scale);
-    for (int r = 0; r < kTile; ++r) {
-      store(&s.s[r * kBk + kc], mul(acc[r][0], sc));
-      store(&s.s[r * kBk + kc + W], mul(acc[r][1], sc));
-    }
-  }
-}
-
-// One 4-row tile against one widened block at key j0: scores, online softmax, P V.
-void tile_block(int64_t d, float scale, int64_t window, int64_t j0, int64_t nk, Scratch& s,
-                int64_t r0) {
-  scores(d, scale, s, r0);
-  for (int r = 0; r < kTile; ++r) {
-    const int64_t row = r0 + r, pos = s.pos[row];
-    float* sr = &s.s[r * kBk];
-    if (pos < 0) {
-      std::fill(sr, sr + kBk, 0.0f);
-      continue;
-    }
-    const auto keep = [sr](int64_t j, VF e) { store(sr + j, e); };
-    if (!softmax_step(sr, kBk, j0, pos, window, s.m[row], s.l[row], &s.o[row * d], d, keep)) {
-      std::fill(sr, sr + kBk, 0.0f);
-    }
-  }
-  int64_t c0 = 0;
-  for (; c0 + 2 * W <= d; c0 += 2 * W) pv_chunk<2>(d, nk, s, r0, c0);
-  if (c0 < d) pv_chunk<1>(d, nk, s, r0, c0);
-}
-
-template <class T>
-void run_task(const Problem<T>& p, const Task& t, Scratch& s) {
-  const int64_t d = p.d;
-  const int64_t rows = (t.t1 - t.t0) * p.g, padded = (rows + kTile - 1) / kTile * kTile;
-  const auto widen_q = [&](int64_t r, const T* qs) {
-    float* qd = &s.q[r * d];
-    if (qs == nullptr) {
-      std::fill(qd, qd + d, 0.0f);
-      return;
-    }
-    for (int64_t c = 0; c < d; c += W) store(qd + c, load(qs + c));
-  };
-  const auto [pmin, pmax] =
-      init_rows(p, t, padded, s.pos.data(), s.m.data(), s.l.data(), widen_q);
-  std::fill(s.o.begin(), s.o.begin() + padded * d, 0.0f);
-  const int32_t* slots = p.req_to_token + p.row[t.b] * p.r2t_stride;
-  const int64_t first = p.window > 0 ? std::max<int64_t>(0, pmin - p.window + 1) / kBk * kBk : 0;
-  for (int64_t j0 = first; j0 <= pmax; j0 += kBk) {
-    widen_block(p, slots, t.h, j0, std::min(kBk, p.seq[t.b] - j0), s);
-    for (int64_t r0 = 0; r0 < padded; r0 += kTile) {
-      if (!rows_see_block(&s.pos[r0], kTile, j0, kBk, p.window)) continue;
-      tile_block(d, p.scale, p.window, j0, std::min(kBk, p.seq[t.b] - j0), s, r0);
-    }
-  }
-  store_rows(p, t, s.o.data(), s.l.data());
-}
-
 
 bool dense_kv(const at::Tensor& t, at::ScalarType dtype) {
   return t.device().is_cpu() && t.scalar_type() == dtype && t.layout() == at::kStrided;
@@ -186,7 +51,6 @@ void run(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
   const int64_t* pre = prefix_lens.data_ptr<int64_t>();
   const int64_t* ext = extend_lens.data_ptr<int64_t>();
   int64_t total_tokens = 0;
-  std::vector<Task> tasks;
 #if defined(RS_HAS_AMX)
   // AMX tiles for bf16 KV where the requests extend by enough tokens to fill 16-row tiles
   // (a decode step's g rows per request stay on the vector path, which is faster there)
@@ -208,13 +72,6 @@ void run(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
     p.seq.push_back(seq);
     p.q_start.push_back(total_tokens);
     total_tokens += ext[b];
-    for (int64_t h = 0; h < kvh; ++h) {
-      for (int64_t t0 = 0; t0 < ext[b]; t0 += tokens_per_task) {
-        const int64_t t1 = std::min(ext[b], t0 + tokens_per_task);
-        const int64_t keys = window > 0 ? std::min(window, pre[b] + t1) : pre[b] + t1;
-        tasks.push_back({b, h, t0, t1, (t1 - t0) * keys});
-      }
-    }
   }
   TORCH_CHECK_VALUE(total_tokens == num_tokens, "sum(extend_lens) must equal q.size(0)");
   for (int64_t b = 0; b < bs; ++b) {  // slots are read before any thread starts
@@ -223,26 +80,12 @@ void run(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
       TORCH_CHECK_VALUE(slots[j] >= 0 && slots[j] < k_buf.size(0), "KV slot out of range");
     }
   }
-  std::sort(tasks.begin(), tasks.end(),
-            [](const Task& a, const Task& b) { return a.cost > b.cost; });
-  const int64_t max_rows = (tokens_per_task * p.g + kTile - 1) / kTile * kTile;
-  const auto make_scratch = [&] {
-    Scratch s;
-    s.q.resize(max_rows * d);
-    s.o.resize(max_rows * d);
-    s.m.resize(max_rows);
-    s.l.resize(max_rows);
-    s.pos.resize(max_rows);
-    s.kt.resize(d * kBk);
-    s.vb.resize(kBk * d);
-    s.s.resize(kTile * kBk);
-    return s;
-  };
+  const std::vector<Task> tasks = plan_tasks(p, tokens_per_task);
+  const int64_t max_rows = max_task_rows(tokens_per_task, p.g);
   if constexpr (std::is_same_v<T, bf16>) {
     if (amx) return run_amx_tasks(p, tasks, max_rows);
   }
-  run_dynamic(static_cast<int64_t>(tasks.size()), make_scratch,
-              [&](Scratch& s, int64_t i) { run_task(p, tasks[i], s); });
+  run_tasks(p, tasks, max_rows);
 }
 
 }  // namespace

@@ -1,190 +1,16 @@
-// Skinny GEMM ("batched GEMV") for decode-shaped linear layers, one source for every ISA.
-//
-//   y[m, n] = s[n] * sum_k x[m, k] * w[n, k] (+ bias[n]),  x [M, K], w [N, K] (PyTorch layout).
-//
-// w is stored as fp32, bf16 or int8 (then s holds fp32 per-output-channel scales; otherwise
-// s = 1); x, y and bias are fp32 or bf16. fp32 and bf16 weights are widened to fp32 in registers
-// and multiply x in fp32 (x prepared once up front: it is small); int8 weights multiply x
-// quantized to int8 per block of 32 (llama.cpp's Q8_0 activations), with exact int32 products
-// per block; see gemv_lanes.h for each way of reading the operands. Sums are fp32, rounded once
-// at the end, so one source serves AVX2+FMA, AVX-512 and NEON alike: decode is bound by the
-// weight bytes streamed, which the narrow storage cuts, as long as the instructions per weight
-// byte stay few (hence dot_q for int8: 4W products per instruction or two, no widening).
-// The weight is streamed once in its native row-major layout; every weight vector loaded is
-// reused for all M rows of x (which stay in L1/L2), so the kernel runs at memory bandwidth
-// until the multiply-add work of M rows catches up with it. Work is split over N with
-// at::parallel_for (PyTorch's own OpenMP pool, so torch.set_num_threads applies).
-#include <ATen/Parallel.h>
+// try_linear: the skinny GEMM (gemv.h) and, for taller products, the packed GEMM (gemm.h) or
+// the AMX int8 GEMM (amx_gemm.cpp), on the tensors they take; None for any others.
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <optional>
-#include <type_traits>
-#include <vector>
 
 #include "amx.h"
-#include "gemv_lanes.h"
+#include "gemv.h"
 #include "linear.h"
-#include "simd.h"
 
 namespace {
-
-using namespace rs;
-
-// One register tile: R weight rows x MT rows of x over all of K; out[m * R + r] = dot(w[r], x[m]).
-// Small tiles keep U independent accumulator sets (alternating k steps) to hide FMA latency.
-// With P = L::prefetch(MT) > 0, each cache line of the rows it streams is prefetched P row
-// blocks ahead, once per line.
-template <class L, class WT, int R, int MT>
-inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t ldx, int64_t K,
-                     float* out) {
-  constexpr int T = R * MT;
-  constexpr int U = T >= 8 ? 1 : (T >= 4 ? 2 : 4);
-  constexpr int V = L::kStep;
-  constexpr int kLine = 64 / static_cast<int>(sizeof(WT));  // weight elements per line
-  constexpr int S = U * V >= kLine ? U : kLine / V;           // steps per iteration
-  constexpr int P = L::prefetch(MT);
-  VF acc[U * T];
-  for (int i = 0; i < U * T; ++i) acc[i] = zero();
-  auto step = [&](int u, int64_t k) {
-    typename L::VW wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = L::load_w(w + r * ldw + k);
-    for (int m = 0; m < MT; ++m) {
-      const auto xv = L::load_x(x + m * ldx, k);
-      VF* a = acc + u * T + m * R;
-      for (int r = 0; r < R; ++r) a[r] = L::madd(wv[r], xv, a[r]);
-    }
-  };
-  int64_t k = 0;
-  for (; k + S * V <= K; k += S * V) {
-    if constexpr (P > 0) {
-      for (int l = 0; l < S * V; l += kLine) {
-        for (int r = 0; r < R; ++r) prefetch(w + (P * R + r) * ldw + k + l);
-      }
-    }
-#pragma GCC unroll 16
-    for (int j = 0; j < S; ++j) step(j % U, k + j * V);
-  }
-  for (; k + V <= K; k += V) step(0, k);
-  if (k < K) {
-    const int64_t n = K - k;
-    typename L::VW wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = L::load_w_tail(w + r * ldw + k, n);
-    for (int m = 0; m < MT; ++m) {
-      const auto xv = L::load_x_tail(x + m * ldx, k, n);
-      for (int r = 0; r < R; ++r) acc[m * R + r] = L::madd(wv[r], xv, acc[m * R + r]);
-    }
-  }
-  for (int u = 1; u < U; ++u) {
-    for (int i = 0; i < T; ++i) acc[i] = add(acc[i], acc[u * T + i]);
-  }
-  for (int i = 0; i < T; ++i) out[i] = hsum(acc[i]);
-}
-
-// dot_tile with a runtime tile height mt <= MT (the last, partial tile of x rows).
-template <class L, class WT, int R, int MT>
-inline void dot_tile_upto(int64_t mt, const WT* w, int64_t ldw, const typename L::XS* x,
-                          int64_t ldx, int64_t K, float* out) {
-  if constexpr (MT > 1) {
-    if (mt < MT) return dot_tile_upto<L, WT, R, MT - 1>(mt, w, ldw, x, ldx, K, out);
-  }
-  dot_tile<L, WT, R, MT>(w, ldw, x, ldx, K, out);
-}
-
-// L: how tiles read the operands (gemv_lanes.h): x's rows as L reads them; XT: the dtype of y
-// and bias.
-template <class L, class WT, class XT>
-using Problem = Linear<WT, XT, typename L::XS>;
-
-// R output columns starting at n0, all M rows, in the fewest tiles of at most MT rows, of
-// near-equal heights (M = 8 as 4 + 4, not 6 + 2: a short tile wastes the weight it re-reads).
-template <class L, class WT, class XT, int R, int MT>
-void row_block(const Problem<L, WT, XT>& p, int64_t n0) {
-  float out[R * MT];
-  const WT* w = p.w + n0 * p.ldw;
-  const int64_t tiles = (p.M + MT - 1) / MT, base = p.M / tiles, extra = p.M % tiles;
-  for (int64_t i = 0, m0 = 0; i < tiles; ++i) {
-    const auto* x = p.x + m0 * p.ldx;
-    const int64_t mt = base + (i < extra ? 1 : 0);
-    dot_tile_upto<L, WT, R, MT>(mt, w, p.ldw, x, p.ldx, p.K, out);
-    for (int64_t m = 0; m < mt; ++m) {
-      XT* y = p.y + (m0 + m) * p.ldy + n0;
-      for (int r = 0; r < R; ++r) {
-        const float s = p.scale ? p.scale[n0 + r] : 1.0f;
-        const float b = p.bias ? to_float(p.bias[n0 + r]) : 0.0f;
-        y[r] = from_float<XT>(out[m * R + r] * s + b);
-      }
-    }
-    m0 += mt;
-  }
-}
-
-// Split N into blocks of R rows (a tail of single rows), spread over the intra-op threads.
-template <class L, class WT, class XT, int R, int MT>
-void run(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
-  const int64_t nblocks = p.N / R;
-  const int64_t tail = p.N - nblocks * R;
-  const int64_t block_bytes = R * p.K * static_cast<int64_t>(sizeof(WT));
-  const int64_t grain = std::max<int64_t>(1, min_task_bytes / std::max<int64_t>(1, block_bytes));
-  at::parallel_for(0, nblocks + (tail > 0 ? 1 : 0), grain, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      if (b < nblocks) {
-        row_block<L, WT, XT, R, MT>(p, b * R);
-      } else {
-        for (int64_t n = nblocks * R; n < p.N; ++n) row_block<L, WT, XT, 1, 4>(p, n);
-      }
-    }
-  });
-}
-
-// Tile choice: one row at a time against all of x is the most memory-friendly (a single
-// sequential stream per thread) while x stays in L1; otherwise R x MT tiles cut the cache traffic
-// of re-reading x per weight row and ready each weight vector once for MT rows of x (R = 4 with
-// the 32 registers of AVX-512 or NEON: R * MT accumulators + R weight vectors). Widen: 4 x 6
-// there, 3 x 4 with AVX2's 16 registers (measured on Zen 3, 1 thread, 256x896 bf16 weights in L2,
-// GMAC/s at M = 16 / 64 / 128: 3 x 4 33.1 / 33.4 / 31.1, the former 2 x 6 30.6 / 28.3 / 26.8,
-// 3 x 3 27.9 / 31.4 / 30.1, 4 x 3 27.7 / 27.4 / 26.9); Q8: 4 x 4, and 2 x 4 on AVX2, whose
-// int8 weight vectors take two registers each.
-constexpr int64_t kXL1Bytes = 32 * 1024;
-constexpr bool kWideRegs = kVectorRegisters >= 32;
-// R x MT tiles beyond the one-row ones (R = 0: one-row tiles only), which take x of at most
-// OneRowMaxM rows (and while it fits L1). Widen: 4 rows; beyond, the R x MT tiles stream more
-// (Zen 3, 2 threads, a decode pass of bf16 weights, GB/s one-row / R x MT tiles: M = 4 19.5 /
-// 19.2, 6 13.2 / 14.7, 8 10.0-10.5 / 10.8-12.7), while Q8's one-row tiles stay ahead to M = 8
-// (M = 8: 7.4-8.0 / 6.8-6.9).
-template <int R, int MT, int OneRowMaxM = 8>
-struct Tiles {
-  static constexpr int r = R, mt = MT, one_row_max_m = OneRowMaxM;
-};
-using WidenTiles = Tiles<kWideRegs ? 4 : 3, kWideRegs ? 6 : 4, 4>;
-using Q8Tiles = Tiles<kWideRegs ? 4 : 2, 4>;
-using OneRowOnly = Tiles<0, 0>;
-
-bool one_row_tiles(int64_t M, int64_t K, int64_t max_m) {  // x as fp32 fits L1
-  return M <= max_m && M * K * static_cast<int64_t>(sizeof(float)) <= kXL1Bytes;
-}
-
-// Big = OneRowOnly: a policy run in one-row tiles only (the caller checked one_row_tiles). A single row
-// of x (batch-1 decode) with weight rows of a page or more takes 4 weight rows per tile: fewer
-// horizontal sums and set-ups per weight byte. Shorter rows stay one per tile: four of them
-// interleave four streams within a page, which the prefetchers follow worse (AVX2, 1 thread,
-// cache-cold, GB/s of weight at 1 / 4 rows per tile: int8 896-wide 13.7 / 8.1, bf16 8.1 / 7.8;
-// 4864-wide int8 10.5 / 12.5, bf16 10.0 / 12.3).
-template <class Big, class L, class WT, class XT>
-void dispatch(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
-  if constexpr (Big::r > 0) {
-    if (!one_row_tiles(p.M, p.K, Big::one_row_max_m)) {
-      return run<L, WT, XT, Big::r, Big::mt>(p, min_task_bytes);
-    }
-  }
-  if (p.M == 1 && p.K * static_cast<int64_t>(sizeof(WT)) >= 4096) {
-    return run<L, WT, XT, 4, 1>(p, min_task_bytes);
-  }
-  run<L, WT, XT, 1, 8>(p, min_task_bytes);
-}
 
 bool dense_cpu(const at::Tensor& t) {
   return t.device().is_cpu() && t.layout() == at::kStrided && !t.is_neg() && !t.is_conj();
@@ -204,58 +30,6 @@ int64_t row_stride(const at::Tensor& x, int64_t K) {
     span = x.stride(i) * x.size(i);
   }
   return ld < 0 ? K : ld;
-}
-
-// x [M, K] (row stride ldx) as dense fp32 rows: x itself when it is fp32, else widened into buf.
-template <class XT>
-const float* widen_rows(const XT* x, int64_t ldx, int64_t M, int64_t K, std::vector<float>& buf,
-                        int64_t& ld) {
-  if constexpr (std::is_same_v<XT, float>) {
-    ld = ldx;
-    return x;
-  } else {
-    buf.resize(static_cast<size_t>(M * K));
-    for (int64_t m = 0; m < M; ++m) {
-      for (int64_t k = 0; k < K; ++k) buf[m * K + k] = to_float(x[m * ldx + k]);
-    }
-    ld = K;
-    return buf.data();
-  }
-}
-
-// The skinny GEMM of checked operands o (x as stored: fp32 or bf16), x read by the policy its
-// weight type takes.
-template <class WT, class XT>
-void run_typed(const Linear<WT, XT>& o, int64_t min_task_bytes) {
-  const XT* xs = o.x;
-  const int64_t ldx = o.ldx, M = o.M, K = o.K;
-  auto solve = [&](auto lanes, auto big, const auto* xl, int64_t ld) {
-    using L = decltype(lanes);
-    const Problem<L, WT, XT> p{xl, ld, o.w, o.ldw, o.scale, o.bias, o.y, o.ldy, o.M, o.N, K};
-    dispatch<decltype(big), L, WT, XT>(p, std::max<int64_t>(1, min_task_bytes));
-  };
-  if constexpr (std::is_same_v<WT, int8_t>) {
-    std::vector<int8_t> xq;
-    const int64_t ld = prepare_q8(xs, ldx, M, K, xq);
-    solve(Q8{}, Q8Tiles{}, xq.data(), ld);
-  } else {
-#if defined(RS_HAS_DPBF16)
-    // Measured on a Sapphire Rapids-class CPU (2 cores, 4864x896 weights): Pairs streams 12.3
-    // GB/s at M = 8 against Widen's 9.2, the same at M = 1 (memory-bound), and 3-15% less in
-    // the R x 6 tiles of M >= 16 (not explained: twice the multiply-adds per instruction bought
-    // nothing there), so it runs in the one-row tiles only.
-    if constexpr (std::is_same_v<WT, bf16> && std::is_same_v<XT, bf16>) {
-      if (one_row_tiles(M, K, OneRowOnly::one_row_max_m)) {
-        solve(Pairs{}, OneRowOnly{}, xs, ldx);  // x read in place: no widening of either operand
-        return;
-      }
-    }
-#endif
-    std::vector<float> xbuf;
-    int64_t ld = 0;
-    const float* xf = widen_rows(xs, ldx, M, K, xbuf, ld);
-    solve(Widen<WT>{}, WidenTiles{}, xf, ld);
-  }
 }
 
 bool is_vector(const at::Tensor& t, int64_t n, at::ScalarType dtype) {
@@ -302,7 +76,8 @@ std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
   rs::with_dtypes(wt, xt, [&](auto w_type, auto x_type) {
     using WT = decltype(w_type);
     using XT = decltype(x_type);
-    run_typed(rs::linear_operands<WT, XT>(x, ldx, w, scale, bias, M, y), min_task_bytes);
+    const auto operands = rs::linear_operands<WT, XT>(x, ldx, w, scale, bias, M, y);
+    rs::gemv::run_typed(operands, min_task_bytes);
   });
   return y;
 }

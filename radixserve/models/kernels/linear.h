@@ -1,7 +1,7 @@
 // What gemv.cpp (skinny GEMM) and gemm.cpp (packed GEMM) share: the typed operands of one
-// y = (x @ w.T) * scale + bias as try_linear checked them, the dispatch over their dtypes, and
-// the packed GEMM's entry point (called by try_linear for products taller than the skinny
-// GEMM's rows).
+// y = (x @ w.T) * scale + bias (linear_problem.h) made from the tensors try_linear checked, the
+// dispatch over their dtypes, and the packed GEMM's entry point (called by try_linear for
+// products taller than the skinny GEMM's rows).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -11,25 +11,10 @@
 #include <optional>
 #include <vector>
 
+#include "linear_problem.h"
 #include "simd.h"
 
 namespace rs {
-
-// x [M, K] (rows ldx apart), w [N, K] (rows ldw apart), scale [N] (int8 w) or nullptr, bias
-// [N] or nullptr, y [M, N] (rows ldy apart). XS: what x's rows are made of, XT (as stored) unless
-// a kernel prepared them (gemv.cpp's policies read widened or Q8 rows).
-template <class WT, class XT, class XS = XT>
-struct Linear {
-  const XS* x;
-  int64_t ldx;
-  const WT* w;
-  int64_t ldw;
-  const float* scale;
-  const XT* bias;
-  XT* y;
-  int64_t ldy;
-  int64_t M, N, K;
-};
 
 // Allocates y ([..., N] in x's dtype) and returns the typed operands.
 template <class WT, class XT>

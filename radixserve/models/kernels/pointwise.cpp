@@ -1,95 +1,28 @@
-// The small per-layer operations of a decode step around the projections, one call each, for
-// fp32 or bf16 rows (one source for every ISA, simd.h):
-//
-//   silu_mul:  out = T(T(silu(gate)) * up) for gate_up = [gate | up], torch's
-//              F.silu(gate) * up with its two roundings (silu in fp32, x / (1 + exp(-x)));
-//   rotary_:   x = T(T(x * cos) + T(swap(x) * sin)) in place over the heads of each token, the
-//              three roundings of pointwise.apply_rotary (swap: the two halves exchanged, sin
-//              signed); bit-identical to it; split_rope_ does it over the q and k columns of a
-//              qkv projection and returns the views q, k, v (pointwise.split_rope);
+// The small per-layer operations of a decode step around the projections, one call each, on
+// the tensors they take: silu_mul, rotary_ and split_rope_ (their math in pointwise.h), and
 //   store_kv:  k_buf[slots[t]] = k[t], v_buf[slots[t]] = v[t] (KVCache.set_kv's index_put_).
 //
 // At batch 1 torch spends 10-40 us per call on each of these (operator dispatch, TensorIterator
 // set-up, temporaries) for a few thousand values; here it is one call of a few us. Each returns
 // "not applicable" (nullopt / false) for shapes or dtypes it does not take, and the caller then
 // runs the torch path, which stays the reference.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <optional>
 #include <tuple>
-#include <type_traits>
 
+#include "pointwise.h"
 #include "simd.h"
 
 namespace {
 
 using namespace rs;
 
-// v rounded to T and widened back: v itself for fp32 (kept from contraction), bf16
-// round-to-nearest-even otherwise (NaN lanes are kept as they are: any NaN stays a NaN).
-template <class T>
-inline VF round_to(VF v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return opaque(v);
-  } else {
-    const VF rounded = as_float(slli(bf16_bits(v), 16));
-    return select_ge(v, set1(-std::numeric_limits<float>::infinity()), rounded, v);
-  }
-}
-
-// silu(x) = x / (1 + exp(-x)), computed as x * e / (1 + e) with e = exp(-x) <= 1 for x < 0
-// (so exp_nonpos serves both signs; within ~2 ulp of torch's fp32 silu).
-inline VF silu(VF x) {
-  const VF z = zero();
-  const VF e = exp_nonpos(sub(z, abs(x)));  // exp(-|x|)
-  return div(select_ge(x, z, x, mul(x, e)), add(set1(1.0f), e));
-}
-
 bool cpu_dtype(const at::Tensor& t, at::ScalarType dtype) {
   return t.device().is_cpu() && t.scalar_type() == dtype && !t.requires_grad();
-}
-
-template <class T>
-void silu_mul_rows(const T* in, T* out, int64_t rows, int64_t inter) {
-  at::parallel_for(0, rows, std::max<int64_t>(1, 65536 / inter), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const T* g = in + i * 2 * inter;
-      const T* u = g + inter;
-      T* o = out + i * inter;
-      for (int64_t c = 0; c < inter; c += W) {
-        const int64_t left = inter - c;
-        const VF s = round_to<T>(silu(load_n(g + c, left)));
-        store_n(o + c, mul(s, load_n(u + c, left)), left);
-      }
-    }
-  });
-}
-
-// One token: heads [nh][d] (rows `head_stride` apart), cos/sin [d].
-template <class T>
-void rotate_token(T* x, int64_t nh, int64_t head_stride, const T* cos, const T* sin,
-                  int64_t d) {
-  const int64_t half = d / 2;
-  for (int64_t h = 0; h < nh; ++h) {
-    T* a = x + h * head_stride;
-    T* b = a + half;
-    for (int64_t c = 0; c < half; c += W) {
-      const int64_t left = half - c;
-      const VF x1 = load_n(a + c, left), x2 = load_n(b + c, left);
-      const VF o1 = add(round_to<T>(mul(x1, load_n(cos + c, left))),
-                        round_to<T>(mul(x2, load_n(sin + c, left))));
-      const VF o2 = add(round_to<T>(mul(x2, load_n(cos + half + c, left))),
-                        round_to<T>(mul(x1, load_n(sin + half + c, left))));
-      store_n(a + c, o1, left);
-      store_n(b + c, o2, left);
-    }
-  }
 }
 
 template <class T>
@@ -145,9 +78,7 @@ bool try_rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   }
   const int64_t row = x.stride(0), hs = x.stride(1);
   auto run = [&](auto* xp, const auto* cp, const auto* sp) {
-    at::parallel_for(0, n, std::max<int64_t>(1, 16384 / (nh * d)), [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) rotate_token(xp + t * row, nh, hs, cp + t * d, sp + t * d, d);
-    });
+    rotate_tokens(xp, n, row, nh, hs, cp, sp, d);
   };
   if (dtype == at::kBFloat16) {
     run(static_cast<bf16*>(x.data_ptr()), static_cast<const bf16*>(cos.data_ptr()),

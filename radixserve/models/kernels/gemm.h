@@ -1,0 +1,226 @@
+// Packed GEMM for prefill-shaped linear layers (more rows of x than the skinny GEMM takes),
+// one source for every ISA:
+//
+//   y[m, n] = s[n] * sum_k x[m, k] * w[n, k] (+ bias[n]),  x [M, K], w [N, K] (PyTorch layout).
+//
+// Same operands as gemv.cpp (w fp32, bf16, or int8 with per-channel scales s; x, y, bias fp32
+// or bf16), but compute-bound: each weight element meets hundreds of rows of x, so the work is
+// the multiply-adds. x is packed once per call as fp32 tiles of MR rows, k-major ([K][MR]);
+// then, one panel of NR output columns at a time, the panel's weights are widened to fp32 and
+// packed k-major ([K][NR], in L2) and meet every tile of x in an MR x NR register tile of outer
+// products: per k, NV weight vectors and MR broadcast values of x feed MR * NV FMAs (AVX2: 6 x
+// 16, 12 accumulators of its 16 registers; 12 x 2W with 32 registers). Each panel streams all
+// of packed x from L3, which the hardware prefetchers follow (one sequential stream); a panel
+// taller than KC is done in passes whose fp32 sums (M x NR) stay in L1/L2. Measured on Zen 3
+// (1 thread, K = 896 / 4864): this order runs the tile at 90-96% of the FMA peak, where the
+// BLIS order (KC = 256 passes over all columns, fp32 sums of M x N) ran the whole product at
+// 80%, its sums streaming through memory on every pass; with 2 threads, M = 512, bf16 weights,
+// 170-181 GFLOP/s (89-92% of the peak) against torch's fp32 GEMM's 154-175 on fp32 weights
+// (grouping panels so that a tile of x meets several while in L1 gained nothing). Narrow
+// weights are widened in the packing, once per call: torch's route instead widens the whole
+// matrix into a temporary fp32 copy first. Sums are fp32 (int8 weights are exact in fp32; their
+// scales and the bias are applied once at the end, then y is rounded once), so the result
+// equals torch_linear's float32 product up to summation order. Work is split over N: the
+// intra-op threads (at::parallel_for) take chunks of panels from a shared counter; x is packed
+// by all of them first. Each column's sums are the same whichever thread takes it. The packed
+// copy of x (up to MB rows x K fp32 per calling thread) and each thread's panel buffer are kept
+// between calls.
+//
+// gemm.cpp is its torch entry (packed_gemm); nothing here needs torch but ATen/Parallel.h
+// (tests/models/kernel_check/ builds it with a stand-in of that header, per ISA).
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <new>
+
+#include "linear_problem.h"
+#include "simd.h"
+
+namespace rs::gemm {
+
+constexpr int NV = 2;                                 // weight vectors per tile row
+constexpr int NR = NV * W;                            // output columns per tile
+constexpr int MR = kVectorRegisters >= 32 ? 12 : 6;  // rows of x per tile
+constexpr int64_t KC = 8192;  // most of K per pass: a packed panel is at most KC * NR fp32
+constexpr int64_t MB = 1024;  // rows of x per round (bounds the packed copy of x)
+
+// The MR x NR tile of a [kc][MR] times b [kc][NR] (outer products over k), handed to `done`
+// in registers (acc[i][j]: row i, columns j * W..).
+template <class Done>
+inline void tile(int64_t kc, const float* __restrict a, const float* __restrict b, Done&& done) {
+  VF acc[MR][NV];
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NV; ++j) acc[i][j] = zero();
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    VF bv[NV];
+    for (int j = 0; j < NV; ++j) bv[j] = load(b + k * NR + j * W);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const VF av = set1(a[k * MR + i]);
+      for (int j = 0; j < NV; ++j) acc[i][j] = fma(av, bv[j], acc[i][j]);
+    }
+  }
+  done(acc);
+}
+
+// Rows [n, n + nr) of w, K range [pc, pc + kc), as one fp32 panel [kc][NR] (zero columns past
+// nr). A full panel goes W x W blocks at a time: W rows widened (one load each), transposed in
+// registers, stored as W k-rows of the panel (Zen 3, 9728 x 896 bf16: x4 faster than a
+// scalar scatter, which took a fifth of a 128-row product).
+template <class WT>
+void pack_w(const WT* w, int64_t ldw, int64_t n, int64_t nr, int64_t pc, int64_t kc,
+            float* out) {
+  int64_t k0 = 0;
+  if (nr == NR) {
+    for (; k0 + W <= kc; k0 += W) {
+      for (int h = 0; h < NV; ++h) {
+        VF v[W];
+        for (int i = 0; i < W; ++i) v[i] = load(w + (n + h * W + i) * ldw + pc + k0);
+        transpose(v);
+        for (int i = 0; i < W; ++i) store(out + (k0 + i) * NR + h * W, v[i]);
+      }
+    }
+  }
+  for (int64_t j = 0; j < NR; ++j) {
+    const WT* src = w + (n + j) * ldw + pc;
+    for (int64_t k = k0; k < kc; ++k) out[k * NR + j] = j < nr ? to_float(src[k]) : 0.0f;
+  }
+}
+
+// Prefetches what pack_w(w, ldw, n, nr, pc, kc) will read: NR rows read a few KB each are more
+// streams than the hardware prefetchers follow.
+template <class WT>
+void prefetch_w(const WT* w, int64_t ldw, int64_t n, int64_t nr, int64_t pc, int64_t kc) {
+  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(WT));
+  for (int64_t j = 0; j < nr; ++j) {
+    for (int64_t k = 0; k < kc; k += kLine) prefetch(w + (n + j) * ldw + pc + k);
+  }
+}
+
+// Rows [m0, m0 + mr) of x (mr <= MR), all of K, as one fp32 tile [K][MR] (zero rows past mr).
+template <class XT>
+void pack_x(const XT* x, int64_t ldx, int64_t m0, int64_t mr, int64_t K, float* out) {
+  for (int r = 0; r < MR; ++r) {
+    if (r < mr) {
+      const XT* src = x + (m0 + r) * ldx;
+      for (int64_t k = 0; k < K; ++k) out[k * MR + r] = to_float(src[k]);
+    } else {
+      for (int64_t k = 0; k < K; ++k) out[k * MR + r] = 0.0f;
+    }
+  }
+}
+
+// A buffer kept between calls (grown when a product needs more: a fresh multi-MB buffer per
+// call costs its page faults). Not zero-filled: every value is written before it is read.
+class Scratch {
+ public:
+  float* get(int64_t n) {
+    if (n > size_) {
+      data_.reset(new (std::align_val_t(64)) float[static_cast<size_t>(n)]);
+      size_ = n;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { operator delete[](p, std::align_val_t(64)); }
+  };
+  std::unique_ptr<float[], Free> data_;
+  int64_t size_ = 0;
+};
+
+// Where a tile of one pass over K goes: added to the fp32 sums of its rows (those of the passes
+// before, unless `first`), and after the last pass written to y as sums * scale + bias in y's
+// dtype. A tile is rows m.. (mr of them) x columns n.. (nr).
+template <class WT, class XT>
+struct Merge {
+  const Linear<WT, XT>& g;
+  bool first, last;
+  float* sums;  // [MR][NR]; unused when first and last
+  int64_t m, n;
+
+  void put(VF v, int64_t r, int64_t c, int64_t left) const {  // columns c.. of row r
+    float* s = sums + r * NR + c;
+    if (!first) v = add(load(s), v);
+    if (!last) return store(s, v);
+    if (g.scale) v = mul(v, load_n(g.scale + n + c, left));
+    if (g.bias) v = add(v, load_n(g.bias + n + c, left));
+    store_n(g.y + (m + r) * g.ldy + n + c, v, left);
+  }
+  void operator()(VF (&acc)[MR][NV], int64_t mr, int64_t nr) const {
+    if (mr == MR && nr == NR) {
+      for (int i = 0; i < MR; ++i) {
+        for (int j = 0; j < NV; ++j) put(acc[i][j], i, j * W, W);
+      }
+      return;
+    }
+    for (int64_t i = 0; i < mr; ++i) {
+      for (int64_t j = 0; j * W < nr; ++j) put(acc[i][j], i, j * W, nr - j * W);
+    }
+  }
+};
+
+// Columns [n0, n1) for the rows of x packed in xp (tiles of MR rows from row m0, rows in all).
+template <class WT, class XT>
+void run_task(const Linear<WT, XT>& g, const float* xp, int64_t m0, int64_t rows, int64_t n0,
+              int64_t n1, Scratch& wbuf, Scratch& sbuf) {
+  const int64_t passes = (g.K + KC - 1) / KC, kstep = (g.K + passes - 1) / passes;
+  const int64_t tiles = (rows + MR - 1) / MR;
+  float* const wp = wbuf.get(kstep * NR);
+  float* const sp = passes > 1 ? sbuf.get(tiles * MR * NR) : nullptr;
+  for (int64_t n = n0; n < n1; n += NR) {
+    const int64_t nr = std::min<int64_t>(NR, n1 - n);
+    for (int64_t pc = 0; pc < g.K; pc += kstep) {
+      const int64_t kc = std::min(kstep, g.K - pc);
+      pack_w(g.w, g.ldw, n, nr, pc, kc, wp);
+      if (pc + kc < g.K) {
+        prefetch_w(g.w, g.ldw, n, nr, pc + kc, std::min(kstep, g.K - pc - kc));
+      } else if (n + NR < n1) {
+        prefetch_w(g.w, g.ldw, n + NR, std::min<int64_t>(NR, n1 - n - NR), 0, kstep);
+      }
+      for (int64_t t = 0; t < tiles; ++t) {
+        float* const sums = sp ? sp + t * MR * NR : nullptr;
+        const Merge<WT, XT> out{g, pc == 0, pc + kc == g.K, sums, m0 + t * MR, n};
+        const int64_t mr = std::min<int64_t>(MR, rows - t * MR);
+        tile(kc, xp + t * MR * g.K + pc * MR, wp, [&](VF(&acc)[MR][NV]) { out(acc, mr, nr); });
+      }
+    }
+  }
+}
+
+template <class WT, class XT>
+void run(const Linear<WT, XT>& g) {
+  const int64_t panels = (g.N + NR - 1) / NR;
+  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), panels));
+  // The threads take chunks of panels as they go, about 8 per thread: a thread slowed by the
+  // host takes fewer (a 512-token bf16 prefill ran 2-6% faster in the median than with one
+  // fixed share per thread, Zen 3, 2 threads).
+  const int64_t chunk = std::max<int64_t>(1, panels / (8 * tasks));
+  thread_local Scratch xbuf;
+  for (int64_t m0 = 0; m0 < g.M; m0 += MB) {
+    const int64_t rows = std::min(MB, g.M - m0), tiles = (rows + MR - 1) / MR;
+    float* const xp = xbuf.get(tiles * MR * g.K);
+    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t mr = std::min<int64_t>(MR, rows - t * MR);
+        pack_x(g.x, g.ldx, m0 + t * MR, mr, g.K, xp + t * MR * g.K);
+      }
+    });
+    std::atomic<int64_t> next{0};  // the first panel no thread has taken yet
+    at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) {
+      thread_local Scratch wbuf, sbuf;
+      for (int64_t p0; (p0 = next.fetch_add(chunk)) < panels;) {
+        run_task(g, xp, m0, rows, p0 * NR, std::min(g.N, (p0 + chunk) * NR), wbuf, sbuf);
+      }
+    });
+  }
+}
+
+}  // namespace rs::gemm
