@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 30000
 PYTEST_ARGS ?=
 
-.PHONY: install serve test test-slow test-bench lint format bench clean gpu-wheels
+.PHONY: install serve test test-slow test-bench lint format bench clean gpu-wheels cross-tools
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,11 +30,27 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/python tools/check_file_length.py radixserve
 
+# The aarch64 cross compiler and qemu-user, with which tests/models/test_kernel_isas.py builds the
+# NEON kernels and runs them under emulation. Installed with apt-get where it is usable (as root);
+# otherwise, or when apt-get fails, this says what to install and goes on: those tests skip.
+CROSS_TOOLS := g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+cross-tools:
+	@if command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null; then \
+		exit 0; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "cross-tools: apt-get install $(CROSS_TOOLS)"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			-o DPkg::Lock::Timeout=120 --no-install-recommends $(CROSS_TOOLS) >/dev/null; } \
+		|| echo "cross-tools: apt-get failed; the NEON kernel tests will skip"; \
+	else \
+		echo "cross-tools: install $(CROSS_TOOLS) to run the NEON kernel tests (they skip)"; \
+	fi
+
 # pytest exits 5 when it collects no test: that is a failure here, never a pass.
-test: lint
+test: lint cross-tools
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) cross-tools
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 
 # every script in benchmarks/ on its smallest workload (tests/bench/test_bench_scripts.py)

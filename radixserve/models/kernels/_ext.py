@@ -26,8 +26,9 @@ never share (or fight over, rebuilding in turn) one build directory.
 Anything that goes wrong (not x86-64, a CPU without the variant's flags, no compiler or ninja, a
 compile error, a read-only cache) makes :func:`load_variant` return ``None`` and log once at
 DEBUG level; the callers then keep their torch paths (``F.linear``, the torch-native attention
-backend, ``F.rms_norm``). On aarch64 the ``neon`` variant (W = 4) is built; it is compile-checked
-on x86 with a cross compiler (``tests/models/test_kernel_isas.py``), not run here.
+backend, ``F.rms_norm``). On aarch64 the ``neon`` variant (W = 4) is built; on x86 its compute
+headers are built with a cross compiler and run under qemu-user against scalar references
+(``tests/models/test_kernel_isas.py``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 //   float (fp32), bf16 (uint16_t bit pattern: the high half of an fp32), int8_t (quantized).
 // The kernels are written once against this header and compiled per ISA (_ext.py builds one
 // extension per variant with its -m flags): AVX-512 (W = 16), AVX2 + FMA (W = 8) or aarch64
-// NEON (W = 4; compile-checked with a cross compiler by tests/models/test_kernel_isas.py).
+// NEON (W = 4; built with a cross compiler and run under qemu-user by
+// tests/models/test_kernel_isas.py).
 #pragma once
 
 #if defined(__x86_64__)
