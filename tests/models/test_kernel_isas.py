@@ -99,7 +99,7 @@ class Builds:
                 proc = None
                 if not exe.is_file():
                     CACHE.mkdir(parents=True, exist_ok=True)
-                    with tmp.with_suffix(".log").open("wb") as log:  # a file: no pipe to fill
+                    with Path(f"{tmp}.log").open("wb") as log:  # a file: no pipe to fill
                         proc = subprocess.Popen([*cmd, str(tmp)], stdout=log, stderr=log)
                 self._builds[source, variant.name] = (proc, tmp, exe)
 
@@ -110,15 +110,18 @@ class Builds:
             pytest.skip(f"{cxx} is not installed {MISSING}: {variant.name} cannot be built")
         proc, tmp, exe = self._builds[source, variant.name]
         if proc is not None:
-            log = tmp.with_suffix(".log")
+            log = Path(f"{tmp}.log")
             rc = proc.wait(timeout=300)
-            assert rc == 0, f"{source.name} ({variant.name}):\n{log.read_text()[-4000:]}"
+            self._builds[source, variant.name] = (None, tmp, exe)
+            output = log.read_text(errors="replace")
+            log.unlink()
+            if rc != 0:
+                tmp.unlink(missing_ok=True)
+                pytest.fail(f"{source.name} ({variant.name}) did not build:\n{output[-4000:]}")
             for old in CACHE.glob(f"{source.stem}_{variant.name}-*"):
                 if "." not in old.name:  # an earlier source's build (not one being written)
                     old.unlink(missing_ok=True)
             os.replace(tmp, exe)  # whole or absent, for a pytest beside this one too
-            log.unlink()
-            self._builds[source, variant.name] = (None, tmp, exe)
         return exe
 
     def close(self) -> None:
@@ -127,7 +130,7 @@ class Builds:
                 proc.kill()
                 proc.wait()
                 tmp.unlink(missing_ok=True)
-                tmp.with_suffix(".log").unlink(missing_ok=True)
+                Path(f"{tmp}.log").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
