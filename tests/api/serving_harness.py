@@ -40,7 +40,8 @@ class Server:
 
 def write_api_model(path: Path, tokenizer: object, **overrides: object) -> Path:
     """The servers' tiny random Llama (context ``MAX_CONTEXT_LEN``) with the real ChatML
-    tokenizer, written to ``path`` (``overrides``: other ``write_tiny_model`` arguments)."""
+    tokenizer, written to ``path`` (``overrides``: other ``write_tiny_model`` arguments, the
+    context's ``max_position_embeddings`` included)."""
     from radixserve.models.tiny import write_tiny_model
 
     return write_tiny_model(
@@ -51,9 +52,12 @@ def write_api_model(path: Path, tokenizer: object, **overrides: object) -> Path:
         num_heads=4,
         num_kv_heads=2,
         intermediate_size=128,
-        max_position_embeddings=MAX_CONTEXT_LEN,
         tokenizer=tokenizer,
-        **{"seed": 3, **overrides},  # type: ignore[arg-type]
+        **{  # type: ignore[arg-type]
+            "seed": 3,
+            "max_position_embeddings": MAX_CONTEXT_LEN,
+            **overrides,
+        },
     )
 
 

@@ -1,20 +1,31 @@
 """64 concurrent streaming clients over shared prefixes, some leaving midway: the others all
-complete, the ones that left are aborted, and no KV leaks."""
+complete, the ones that left are aborted, and no KV leaks.
+
+The server sees a client leave only when its event loop next looks (uvicorn drops writes to a
+closed connection silently; the tokenizer manager polls the client every 0.5 s), which on a
+loaded host can take seconds: time enough for the tiny model to make 500 tokens. So the leavers
+ask for far more than that, from a server of their own whose context holds it."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
-from serving_harness import Server
+import pytest
+from serving_harness import Server, serving, write_api_model
 
 NUM_CLIENTS = 64
 NUM_GROUPS = 4
 MAX_TOKENS = 24
-LEAVER_MAX_TOKENS = 500  # would run for a long time if the abort did not happen
+# a leaver's request runs for seconds if no abort comes, longer than the server takes to notice
+# that its client left even on a loaded host (500 tokens were not: on a busy 2-core host every
+# leaver finished them first, and a non-streaming one its whole answer inside its 0.3 s)
+LEAVER_MAX_TOKENS = 7000  # and the prompt (some 200 tokens) within the context
+CONTEXT_LEN = 8192
 
 
 def system_prompt(group: int) -> str:
@@ -90,6 +101,18 @@ def wait_idle(client: httpx.Client, timeout: float = 60.0) -> dict[str, Any]:
         time.sleep(0.2)
 
 
+@pytest.fixture(scope="module")
+def server(tiny_tokenizer: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The servers' tiny model with a context that holds the leavers' long requests."""
+    tmp = tmp_path_factory.mktemp("leavers")
+    model = write_api_model(tmp / "tiny-llama", tiny_tokenizer, max_position_embeddings=CONTEXT_LEN)
+    args = ["--model", str(model), "--max-total-tokens", "131072", "--log-level", "info"]
+    with serving(args, tmp / "server.log") as srv:
+        yield srv
+    assert " ERROR " not in srv.log(), srv.log()[-6000:]
+
+
+@pytest.mark.timeout(300)  # a server of its own, on a loaded machine
 def test_many_streaming_clients_with_leavers(server: Server, client: httpx.Client) -> None:
     before = wait_idle(client)["scheduler"]
     results = asyncio.run(run_clients(server.url))
