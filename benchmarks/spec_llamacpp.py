@@ -46,7 +46,7 @@ from spec_decode import add_arguments, ensure_model, texts
 from spec_decode import run as radixserve_run
 from spec_llama_side import DRAFTERS, REAL_DRAFTERS, LlamaSpecRunner, write_draft_model
 
-from radixserve.bench.models import model_label
+from radixserve.bench.models import BENCH_MODEL_LABELS, model_label
 from radixserve.tokenizer_loader import load_tokenizer
 
 
@@ -100,6 +100,18 @@ def row_text(row: dict[str, Any], drafters: list[str]) -> str:
             ratio = spec["tok_s"] / row["llama_plain"]
             text += f"{spec['tok_s']:>16.1f}{ratio:>8.2f}x{spec['accept']:>6.2f}"
     return text
+
+
+def model_name(args: argparse.Namespace) -> str:
+    """The model as the report names it: a bench model's label, else its shape (``--shape``:
+    the random model ``ensure_model`` writes; the texts are forced, so weights never matter)."""
+    label = model_label(str(args.model_dir))
+    if label.endswith("random weights"):
+        return label
+    if args.tiny:
+        return "a tiny model, random weights"
+    key = args.shape.replace("qwen2.5-0.5b", "qwen25-05b")
+    return BENCH_MODEL_LABELS.get(key, f"{args.shape}-shaped, random weights")
 
 
 def llama_runner(args: argparse.Namespace) -> LlamaSpecRunner:
@@ -207,7 +219,7 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d"),
             "cpu": cpu_summary(),
             "command": command(),
-            "model": model_label(str(args.model_dir)),
+            "model": model_name(args),
             "dtype": args.dtype,
             "max_new_tokens": args.max_new_tokens,
             "num_draft_tokens": args.num_draft_tokens,
