@@ -295,6 +295,7 @@ def spec_decode() -> str:
 
 
 SPEC_LLAMA = "benchmarks/results/spec-llamacpp-2026-11-27.json"
+SPEC_LLAMA_NGRAM = "benchmarks/results/spec-llamacpp-ngram-2026-11-27.json"
 DRAFTER_NAMES = {"model": "model drafter"}
 
 
@@ -348,6 +349,11 @@ def spec_llamacpp() -> str:
     return _spec_llama_table(SPEC_LLAMA)
 
 
+def spec_llamacpp_ngram() -> str:
+    """The run with llama.cpp's three n-gram drafters and the model drafter."""
+    return _spec_llama_table(SPEC_LLAMA_NGRAM)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "multiturn": multiturn,
     "llama-cpp": llama_cpp,
@@ -360,6 +366,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "h200-multiturn": h200_multiturn,
     "spec-decode": spec_decode,
     "spec-llamacpp": spec_llamacpp,
+    "spec-llamacpp-ngram": spec_llamacpp_ngram,
 }
 
 
