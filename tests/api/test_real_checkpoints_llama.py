@@ -15,6 +15,9 @@ from serving_harness import Server, serving
 from radixserve.models.checkpoint_shapes import TEMPLATES
 
 pytest.importorskip("llguidance")
+# slow: a 1B-shaped checkpoint's server for two checks (about 16 s); .ci/run runs them after
+# the default suite
+pytestmark = pytest.mark.slow
 
 TEMPLATE = TEMPLATES / "llama3.1_json_tools.jinja"
 WEATHER = {

@@ -67,6 +67,8 @@ def _fuzz_operation(
     run()
 
 
+# slow: a server of its own and about 11 s of fuzzing; .ci/run runs it after the default suite
+@pytest.mark.slow
 def test_fuzzing_the_spec_finds_no_5xx(guarded: Server) -> None:
     problems = fuzz(guarded, examples=12, budget_s=150)
     assert not problems, "\n".join(problems[:10])
