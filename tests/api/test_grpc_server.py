@@ -20,7 +20,8 @@ from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
-pytestmark = pytest.mark.timeout(180)
+# slow: servers of their own (about 8 s each to start); .ci/run runs them after the default suite
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 PROMPT = list(range(20, 60))
 
 

@@ -24,7 +24,9 @@ from radixserve.server.kv_event_publisher import END_SEQ
 
 POOL = 192
 GREEDY = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}
-pytestmark = pytest.mark.timeout(180)
+# slow: a server of its own (about 8 s to start) for four checks; .ci/run runs them after the
+# default suite
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
 class Subscriber:

@@ -22,6 +22,10 @@ from radixserve.models.tiny_lora import (  # noqa: E402
     write_tiny_lora,
 )
 
+# slow: a server with three adapters of its own (about 11 s to start); .ci/run runs them after
+# the default suite
+pytestmark = pytest.mark.slow
+
 MAX_NEW = 8
 PROMPT = [11, 250, 37, 990, 4, 61, 700, 13, 88, 5]
 
