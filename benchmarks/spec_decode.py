@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import re
 import subprocess
 import sys
 import time
@@ -179,16 +179,22 @@ def command(args: argparse.Namespace) -> str:
     return out.replace(str(args.json), args.json.name) if args.json else out
 
 
+def cpu_summary() -> str:
+    """The CPU's model name and which of AVX2, AVX-512 and AMX it has."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    name = re.search(r"^model name\s*:\s*(.*)$", info, re.MULTILINE)
+    found = re.search(r"^flags\s*:\s*(.*)$", info, re.MULTILINE)
+    flags = set(found.group(1).split()) if found else set()
+    isa = (("AVX2", "avx2"), ("AVX-512", "avx512f"), ("AMX", "amx_tile"))
+    have = [label for label, flag in isa if flag in flags]
+    return f"{name.group(1) if name else 'unknown CPU'} ({', '.join(have) or 'no AVX2'})"
+
+
 def machine() -> str:
-    """The CPU's model name (``lscpu``) and the torch threads, or the GPU's name."""
+    """The GPU's name, or the CPU's (``cpu_summary``) and the torch threads."""
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        name = next(x.split(":", 1)[1].strip() for x in out.splitlines() if "Model name" in x)
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        name = platform.processor() or "unknown CPU"
-    return f"{name}, {torch.get_num_threads()} threads"
+    return f"{cpu_summary()}, {torch.get_num_threads()} threads"
 
 
 def main() -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -42,23 +41,12 @@ from typing import Any
 
 from llama_side import PAIRS
 from llamacpp import convert, gguf_path
-from spec_decode import add_arguments, ensure_model, texts
+from spec_decode import add_arguments, cpu_summary, ensure_model, texts
 from spec_decode import run as radixserve_run
 from spec_llama_side import DRAFTERS, REAL_DRAFTERS, LlamaSpecRunner, write_draft_model
 
 from radixserve.bench.models import BENCH_MODEL_LABELS, model_label
 from radixserve.tokenizer_loader import load_tokenizer
-
-
-def cpu_summary() -> str:
-    """The CPU's model name and which of AVX2, AVX-512 and AMX it has."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    name = re.search(r"^model name\s*:\s*(.*)$", info, re.MULTILINE)
-    found = re.search(r"^flags\s*:\s*(.*)$", info, re.MULTILINE)
-    flags = set(found.group(1).split()) if found else set()
-    isa = (("AVX2", "avx2"), ("AVX-512", "avx512f"), ("AMX", "amx_tile"))
-    have = [label for label, flag in isa if flag in flags]
-    return f"{name.group(1) if name else 'unknown CPU'} ({', '.join(have) or 'no AVX2'})"
 
 
 def llama_version(binary: Path) -> str:

@@ -267,9 +267,18 @@ def h200_throughput() -> str:
 SPEC_RUNS = [  # spec_decode.py --json: the Qwen3-1.7B shape at batch 1, 8 and 32
     f"benchmarks/results/spec-qwen3-1.7b-b{bs}-2026-11-27.json" for bs in (1, 8, 32)
 ]
-WORKLOADS = {"a": "(a) code edit", "b": "(b) chat quoting its notes", "c": "(c) sent again"}
-WORKLOADS["d"] = "(d) prose"
+WORKLOADS = {
+    "a": "(a) code edit",
+    "b": "(b) chat quoting its notes",
+    "c": "(c) sent again",
+    "d": "(d) prose",
+}
 SHAPES = {"qwen3-1.7b": "Qwen3-1.7B", "qwen2.5-0.5b": "Qwen2.5-0.5B"}
+
+
+def accept_len(accept: float, drafted: object) -> str:
+    """A speculative run's accept length, or "no drafts" where it verified none."""
+    return f"{accept:.2f}" if drafted else "no drafts"
 
 
 def spec_decode() -> str:
@@ -280,7 +289,7 @@ def spec_decode() -> str:
     for path in SPEC_RUNS:
         r = load(path)
         for row in r["rows"]:
-            accept = f"{row['accept']:.2f}" if row["accept"] else "no drafts"
+            accept = accept_len(row["accept"], row["accept"])
             rows.append(
                 [
                     SHAPES.get(r["shape"], r["shape"]),
@@ -304,7 +313,7 @@ def _spec_cell(spec: dict[str, Any] | None, plain: float) -> list[str]:
     it did not run (radixserve drafted nothing to take the acceptance from)."""
     if spec is None:
         return ["", ""]
-    accept = f"{spec['accept']:.2f}" if spec["verify_steps"] else "no drafts"
+    accept = accept_len(spec["accept"], spec["verify_steps"])
     return [f"{spec['tok_s']:.1f} ({accept})", f"{spec['tok_s'] / plain:.2f}x"]
 
 
@@ -319,7 +328,7 @@ def _spec_llama_table(path: str) -> str:
         header += [f"llama.cpp spec, {DRAFTER_NAMES.get(d, d)}", "speedup"]
     rows = []
     for row in r["rows"]:
-        accept = f"{row['rs_accept']:.2f}" if row["rs_accept"] else "no drafts"
+        accept = accept_len(row["rs_accept"], row["rs_accept"])
         rows.append(
             [WORKLOADS[row["workload"]], str(row["bs"]), f"{row['rs_plain']:.1f}"]
             + [f"{row['rs_ngram']:.1f}", f"{row['rs_speedup']:.2f}x", accept]
@@ -336,7 +345,7 @@ def _spec_llama_table(path: str) -> str:
         rows = [
             [WORKLOADS[x["workload"]], str(x["bs"]), x["drafter"], f"{x['plain']:.1f}"]
             + [f"{x['tok_s']:.1f}", f"{x['tok_s'] / x['plain']:.2f}x"]
-            + [f"{x['accept']:.2f}" if x["verify_steps"] else "no drafts"]
+            + [accept_len(x["accept"], x["verify_steps"])]
             + [f"{x['verify_steps']:.0f}"]
             for x in real
         ]
