@@ -6,6 +6,8 @@ its own kernels on a GPU) and the CPU kernel of each ISA variant this CPU runs."
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from test_attention_backends import SPECS, Setup, _needs_flashinfer
@@ -34,11 +36,13 @@ def verify_setup(spec: AttentionSpec, dtype: torch.dtype, device: str = "cpu") -
     return s
 
 
-def check(spec: AttentionSpec, make: object, dtype: torch.dtype, tol: float) -> None:
+def check(
+    spec: AttentionSpec, make: Callable[[Setup], object], dtype: torch.dtype, tol: float
+) -> None:
     """``make(setup)`` -> a backend: its VERIFY output is the contract's, its K/V written."""
     for layer in range(2):
         s = verify_setup(spec, dtype)
-        out = s.run(make(s), layer)  # type: ignore[operator]
+        out = s.run(make(s), layer)
         assert torch.equal(s.kv.k_buffer[layer][s.batch.out_cache_loc], s.k)
         torch.testing.assert_close(out.float(), s.reference(layer).float(), rtol=tol, atol=tol)
 
