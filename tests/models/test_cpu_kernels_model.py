@@ -113,7 +113,7 @@ def check_against_reference(
 ) -> str:
     """Runs the model on ``kernels`` and on its float32 torch reference, asserts the bounds of
     the module docstring, and returns the kernels' attention backend name."""
-    q8 = replace(TORCH_Q8, int8_max_m=kernels.int8_max_m, amx_int8=kernels.amx_int8)  # routing
+    q8 = replace(TORCH_Q8, int8_max_m=kernels.int8_max_m, int8_rows=kernels.int8_rows)  # routing
     reference = q8 if quantization == "int8" else TORCH_ONLY
     ref, ref_backend = run_model(path, reference, "float32", quantization, prompts)
     assert ref_backend == "TorchNativeBackend"

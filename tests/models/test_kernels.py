@@ -36,6 +36,7 @@ from radixserve.models.kernels.cpu_kernels import (
     GEMM_BF16_MAX_M,
     GEMM_INT8_MAX_M,
     PACKED_GEMM_VARIANTS,
+    VNNI_INT8_MAX_M,
 )
 
 RTOL = {torch.bfloat16: 2.0**-8, torch.float32: 1e-6}
@@ -96,8 +97,8 @@ def test_skinny_matches_reference(
         q8 = Q8_BLOCK if w_dtype == torch.int8 else None
         _assert_close(y, x, w, b, q8)
         routed = variant_kernels.linear(x, wk, b, scale)  # the dispatching route
-        if q8 and m > variant_kernels.int8_max_m and variant_kernels.amx_int8:
-            _assert_close(routed, x, w, b, k)  # the AMX GEMM: x quantized per row
+        if q8 and m > variant_kernels.int8_max_m and variant_kernels.int8_rows:
+            _assert_close(routed, x, w, b, k)  # the AMX or VNNI GEMM: x quantized per row
         elif q8 and m > variant_kernels.int8_max_m and variant_kernels.int8_gemm:
             _assert_close(routed, x, w, b)  # the packed GEMM: x not quantized
         elif q8 and m > variant_kernels.int8_max_m:
@@ -241,8 +242,9 @@ def test_packed_gemm_matches_reference(
     variant_kernels: CpuKernels, x_dtype: torch.dtype, w_dtype: torch.dtype
 ) -> None:
     """gemm.cpp (more rows than the skinny GEMM takes) against F.linear in float32 on the same
-    stored values; x is not quantized there, whatever the weight, except for int8 weights in
-    the amx variant, which take them to amx_gemm.cpp (x quantized per row)."""
+    stored values; x is not quantized there, whatever the weight, except for int8 weights where
+    the kernels have AMX or AVX-512 VNNI, which take them to amx_gemm.cpp or gemm_q8.h (x
+    quantized per row)."""
     module = variant_kernels.module
     assert module is not None
     gen = torch.Generator().manual_seed(7)
@@ -253,8 +255,8 @@ def test_packed_gemm_matches_reference(
         b = torch.randn(n, generator=gen).to(x_dtype) if with_bias else None
         y = module.try_linear(x, wk, scale, b, MAX_M, 1, True)
         assert y is not None
-        amx = w_dtype == torch.int8 and variant_kernels.amx_int8
-        _assert_close(y, x, w, b, k if amx else None)
+        rows = w_dtype == torch.int8 and variant_kernels.int8_rows
+        _assert_close(y, x, w, b, k if rows else None)
         assert module.try_linear(x, wk, scale, b, MAX_M, 1) is None  # without gemm: torch's
 
 
@@ -321,16 +323,22 @@ def test_routing_follows_the_variant_not_the_cpu() -> None:
     """Each variant routes as a CPU of that variant would, whatever this CPU has: so
     ``RADIXSERVE_CPU_ISA=avx2`` on an AMX Xeon routes as an AVX2 CPU (packed GEMM, fp32 GEMMs)."""
     avx2 = CpuKernels.routing("avx2")
-    assert avx2.gemm and avx2.int8_gemm and avx2.gemm_in_fp32 and not avx2.amx_int8
+    assert avx2.gemm and avx2.int8_gemm and avx2.gemm_in_fp32 and not avx2.int8_rows
     assert (avx2.bf16_max_m, avx2.int8_max_m) == (GEMM_BF16_MAX_M, GEMM_INT8_MAX_M)
-    for name in ("avx512", "avx512_bf16", "neon"):
+    for name in ("avx512", "neon"):  # avx512 as on Skylake-X: no VNNI
         k = CpuKernels.routing(name)
-        assert not k.gemm and not k.amx_int8 and (k.bf16_max_m, k.int8_max_m) == (MAX_M, MAX_M)
-        assert k.gemm_in_fp32 == (name != "avx512_bf16")
-        assert k.int8_gemm == (name == "avx512_bf16")  # int8 past MAX_M rows: the packed GEMM
+        assert not k.gemm and not k.int8_gemm and not k.int8_rows and k.gemm_in_fp32
+        assert (k.bf16_max_m, k.int8_max_m) == (MAX_M, MAX_M)
+    # AVX-512 with VNNI (every avx512_bf16 CPU; avx512 where the CPU has it): int8 past
+    # VNNI_INT8_MAX_M rows on the VNNI GEMM, x quantized per row
+    for k in (CpuKernels.routing("avx512_bf16"), CpuKernels.routing("avx512", "vnni")):
+        assert k.int8_gemm and k.int8_rows and not k.gemm
+        assert (k.bf16_max_m, k.int8_max_m) == (MAX_M, VNNI_INT8_MAX_M)
+        assert k.gemm_in_fp32 == (k.variant == "avx512")
     amx = CpuKernels.routing("amx")
-    assert amx.amx_int8 and amx.int8_gemm and not amx.gemm and not amx.gemm_in_fp32
+    assert amx.int8_rows and amx.int8_gemm and not amx.gemm and not amx.gemm_in_fp32
     assert (amx.bf16_max_m, amx.int8_max_m) == (AMX_BF16_MAX_M, AMX_INT8_MAX_M) < (MAX_M, MAX_M)
+    assert CpuKernels.routing("amx", "vnni").int8_max_m == VNNI_INT8_MAX_M  # AMX not granted
     assert CpuKernels.routing("amx").module is None  # the decision alone, nothing built
 
 

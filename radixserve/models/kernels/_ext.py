@@ -1,6 +1,7 @@
 """Build and load the CPU kernels extension, one build per ISA variant, never raising.
 
-One C++ source set (``gemv.cpp``, ``gemm.cpp``, ``amx_gemm.cpp``, ``attention_kernel.cpp``, ``norm.cpp``,
+One C++ source set (``gemv.cpp``, ``gemm.cpp``, ``amx_gemm.cpp``, ``gemm_q8.cpp``,
+``attention_kernel.cpp``, ``norm.cpp``,
 ``pointwise.cpp``, written against the SIMD vocabulary of ``simd.h``, bound in
 ``bindings.cpp``; each kernel's compute is a header without torch beside its ``.cpp``, the torch
 entry: ``gemv.h``, ``gemm.h``, ``attention_kernel.h``, ``norm.h``, ``pointwise.h``) is compiled
@@ -55,6 +56,7 @@ SOURCES = tuple(
         "gemv.cpp",
         "gemm.cpp",
         "amx_gemm.cpp",
+        "gemm_q8.cpp",
         "attention_kernel.cpp",
         "attention_amx.cpp",
         "norm.cpp",
@@ -72,6 +74,8 @@ HEADERS = tuple(
         "linear.h",
         "gemv.h",
         "gemm.h",
+        "q8_rows.h",
+        "gemm_q8.h",
         "amx.h",
         "attention_task.h",
         "attention_kernel.h",

@@ -3,10 +3,8 @@
 //
 //   y[m, n] = s[n] * d[m] * sum_k q[m, k] * w[n, k] (+ bias[n]),  x [M, K] -> q, d; w [N, K] int8
 //
-// x is quantized per row, once per call: d[m] = max_k |x[m, k]| / 127, q = round-half-even(x *
-// (1 / d)) (0 where d = 0), the int8 activations of SGLang's and vLLM's W8A8 paths on CPUs; the
-// torch reference is linear.py's q8_reference with one block per row. Products are exact int32
-// sums over all of K, scaled once at the end in fp32.
+// x is quantized per row, once per call (q8_rows.h). Products are exact int32 sums over all of
+// K, scaled once at the end in fp32.
 //
 // The tiles compute y's transpose: a tile of 16 weight rows x 64 bytes of K is read straight
 // from w's row-major layout (the A operand, rows ldw apart: the weights are never packed or
@@ -30,6 +28,7 @@
 
 #include "amx.h"
 #include "linear.h"
+#include "q8_rows.h"
 #include "simd.h"
 
 #if defined(RS_HAS_AMX)
@@ -46,50 +45,6 @@ constexpr int64_t kTile = kTm * kTk;  // bytes per tile
 // Packed x per chunk of rows (see run). 512 KB, 1 MB and 2 MB measured alike (2 threads, 0.5B
 // shapes, M = 128 and 512: within 5%, the host's noise).
 constexpr int64_t kChunkBytes = 1 << 20;
-
-// One row of x quantized: d = max|x| / 127, q = round-half-even(x * (1 / d)) into out (K bytes).
-template <class XT>
-float quantize_row(const XT* x, int64_t K, int8_t* out) {
-  VF amax = zero();
-  int64_t k = 0;
-  for (; k + W <= K; k += W) amax = max(amax, abs(load(x + k)));
-  if (k < K) amax = max(amax, abs(load_tail(x + k, K - k)));
-  const float d = hmax(amax) / 127.0f;
-  const VF inv = set1(d > 0.0f ? 1.0f / d : 0.0f);
-  for (k = 0; k < K; k += W) {
-    const int64_t n = std::min<int64_t>(W, K - k);
-    const VF v = n == W ? load(x + k) : load_tail(x + k, n);
-    _mm_mask_storeu_epi8(out + k, first_lanes(n), _mm512_cvtsepi32_epi8(to_int(round(mul(v, inv)))));
-  }
-  return d;
-}
-
-// x's rows quantized per row (d[m]) and packed for the B tiles: for row block mb and k block kb,
-// 1 KB at ((mb * nkb) + kb) * kTile, holding int32 word (k4, j) = the 4 bytes q[16 mb + j][64 kb
-// + 4 k4 .. + 3]: each k block of 16 rows transposed as 16 x 16 words. Rows past M and k past K
-// are zero.
-template <class XT>
-void quantize_pack(const XT* x, int64_t ldx, int64_t M, int64_t K, int64_t nkb, int8_t* packed,
-                   float* d) {
-  const int64_t K64 = nkb * kTk;
-  at::parallel_for(0, (M + kTm - 1) / kTm, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<int8_t> rows(static_cast<size_t>(kTm * K64));
-    for (int64_t mb = b0; mb < b1; ++mb) {
-      std::fill(rows.begin(), rows.end(), 0);
-      for (int64_t j = 0; j < kTm && mb * kTm + j < M; ++j) {
-        const int64_t m = mb * kTm + j;
-        d[m] = quantize_row(x + m * ldx, K, rows.data() + j * K64);
-      }
-      int8_t* out = packed + mb * nkb * kTile;
-      for (int64_t kb = 0; kb < nkb; ++kb) {
-        __m512 v[16];
-        for (int j = 0; j < 16; ++j) v[j] = _mm512_loadu_ps(reinterpret_cast<const float*>(rows.data() + j * K64 + kb * kTk));
-        transpose16(v);
-        for (int k4 = 0; k4 < 16; ++k4) _mm512_storeu_ps(reinterpret_cast<float*>(out + kb * kTile + k4 * kTk), v[k4]);
-      }
-    }
-  });
-}
 
 // C (tiles 0-3) = sum over nkb k blocks of the NB weight tiles at a (rows lda apart, 16 rows
 // each, the second 16 rows after the first) times the MB packed x tiles at b (the second one
@@ -152,7 +107,7 @@ void epilogue(const Linear<int8_t, XT>& o, const float* d, const int32_t* c, int
         const __m512 acc = _mm512_cvtepi32_ps(_mm512_loadu_si512(t + r * kTm));
         v[r] = _mm512_mul_ps(acc, _mm512_mul_ps(dm, _mm512_set1_ps(s)));
       }
-      transpose16(v);  // v[m - mb]: lanes n - nb
+      transpose(v);  // v[m - mb]: lanes n - nb
       for (int64_t r = 0; r < mm; ++r) {
         XT* out = o.y + (mb + r) * o.ldy + nb;
         const __m512 y = _mm512_add_ps(v[r], bias);
@@ -172,7 +127,7 @@ void run(const Linear<int8_t, XT>& o) {
   const int64_t mbs = (o.M + kTm - 1) / kTm;
   std::vector<int8_t> packed(static_cast<size_t>(mbs * nkb * kTile));
   std::vector<float> d(static_cast<size_t>(o.M));
-  quantize_pack(o.x, o.ldx, o.M, o.K, nkb, packed.data(), d.data());
+  q8_rows::quantize_pack(o.x, o.ldx, o.M, o.K, K64, packed.data(), d.data(), false);
   const int64_t pairs = (o.N + 2 * kTm - 1) / (2 * kTm);  // blocks of 32 weight rows
   // Rows of w read in place: whole pairs of 16 rows when K is whole 64-byte blocks (else a
   // tile row of the last weight row would read past the tensor), other pairs from a padded copy.

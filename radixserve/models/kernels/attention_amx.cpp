@@ -52,7 +52,7 @@ void pack_block(const Problem<bf16>& p, const int32_t* slots, int64_t h, int64_t
         const int64_t key = n * 16 + j;
         v[j] = load_row_or_zero(key < nk ? row(key) + c * 32 : nullptr, key < nk);
       }
-      transpose16(v);
+      transpose(v);
       int32_t* out = s.kp.data() + (n * chunks + c) * 256;
       for (int64_t w = 0; w < 16; ++w) _mm512_storeu_ps(reinterpret_cast<float*>(out + w * 16), v[w]);
     }

@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -12,6 +13,16 @@ std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
                                      const std::optional<at::Tensor>& scale,
                                      const std::optional<at::Tensor>& bias, int64_t max_m,
                                      int64_t min_task_bytes, bool gemm);
+
+bool amx_available();
+bool vnni_available();
+
+// Which GEMM try_linear gives int8 products taller than max_m (with gemm): "amx" (amx_gemm.cpp),
+// "vnni" (gemm_q8.cpp), both quantizing x per row, or "packed" (gemm.cpp, x as it is).
+std::string int8_gemm() {
+  if (amx_available()) return "amx";
+  return vnni_available() ? "vnni" : "packed";
+}
 
 at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                             const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
@@ -48,6 +59,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("w"), py::arg("scale"), py::arg("bias"), py::arg("max_m"),
         py::arg("min_task_bytes"), py::arg("gemm") = false,
         py::call_guard<py::gil_scoped_release>());
+  m.def("int8_gemm", &int8_gemm,
+        "the GEMM of int8 products taller than the skinny GEMM's rows: amx, vnni or packed");
   m.def("extend_attention", &extend_attention,
         "paged causal attention of an fp32 or bf16 EXTEND batch",
         py::call_guard<py::gil_scoped_release>());

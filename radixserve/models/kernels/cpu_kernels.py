@@ -16,9 +16,12 @@ the weights widened in its packing) from ``GEMM_BF16_MAX_M`` / ``GEMM_INT8_MAX_M
 fp32 weights to torch's GEMM beyond ``MAX_M``; elsewhere torch's GEMM takes them all. With the
 ``amx`` variant (CPUs with AMX), bf16 weights go to torch's GEMM (oneDNN, on the AMX tiles) from
 ``AMX_BF16_MAX_M`` rows on, and int8 weights to ``amx_gemm.cpp`` from ``AMX_INT8_MAX_M``: int8
-tiles (TDPBSSD) times ``x`` quantized per row, the weights read in place. The routing follows the
-variant, not the CPU: a lower variant forced (``RADIXSERVE_CPU_ISA``) routes as a CPU of that
-variant would (torch's own GEMMs still use what the CPU has).
+tiles (TDPBSSD) times ``x`` quantized per row, the weights read in place. On AVX-512 CPUs with
+VNNI but no AMX, int8 weights go to ``gemm_q8.h`` from ``VNNI_INT8_MAX_M`` rows on: VPDPBUSD
+times ``x`` quantized per row, the weights read in place too. The routing follows the variant,
+not the CPU: a lower variant forced (``RADIXSERVE_CPU_ISA``) routes as a CPU of that variant
+would (torch's own GEMMs still use what the CPU has; the ``avx512`` variant asks the CPU for
+VNNI).
 """
 
 from __future__ import annotations
@@ -75,12 +78,16 @@ PACKED_GEMM_VARIANTS = frozenset({"avx2"})
 """Variants whose packed GEMM is measured and used (on CPUs without native bf16); the others are
 built and tested with it but keep torch's GEMM until measured on their CPUs."""
 
-INT8_PACKED_GEMM_VARIANTS = frozenset({"avx512_bf16"})
-"""Variants with native bf16 but no AMX whose int8 products taller than ``MAX_M`` rows go to the
-packed GEMM: torch would widen every weight to bf16 per call. Measured on an AMX Xeon forced to
-this variant (``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16``, 2 threads, ``gemm_bench.py --int8``, one
-0.5B layer, GFLOP/s): M = 128: packed 253, skinny 251, torch 191; M = 512: packed 280, skinny
-198, torch 187."""
+VNNI_INT8_MAX_M = 5
+"""Most rows of ``x`` sent to the skinny GEMM with int8 weights where the AVX-512 VNNI int8 GEMM
+(``gemm_q8.h``) takes the taller products. Measured on Zen 4 (2 threads, one 0.5B layer, GOP/s,
+``gemm_bench.py --int8``, median of 7): skinny 166 / 179 / 185 / 202 at M = 4 / 5 / 6 / 8, the
+VNNI GEMM 144 / 171 / 196 / 278, and 549 / 565 / 655 / 665 at M = 16 / 32 / 128 / 512 (torch's
+bf16 GEMM on the same weights in bf16: 380 at M = 512)."""
+
+INT8_ROW_GEMMS = {"amx": AMX_INT8_MAX_M, "vnni": VNNI_INT8_MAX_M}
+"""The int8 GEMMs that quantize ``x`` per row (``amx_gemm.cpp``, ``gemm_q8.h``), by the name the
+extension's ``int8_gemm()`` gives, with the most rows the skinny GEMM keeps before them."""
 
 MIN_TASK_BYTES = 64 * 1024
 """Weight bytes per thread task; a smaller product runs on one thread."""
@@ -99,7 +106,7 @@ class CpuKernels:
     int8_gemm: bool = False  # int8 products taller than int8_max_m stay in the kernels
     bf16_max_m: int = MAX_M  # most rows of x for the skinny GEMM with bf16 weights
     int8_max_m: int = MAX_M  # the same with int8 weights
-    amx_int8: bool = False  # int8 products taller than int8_max_m on AMX tiles, x per row
+    int8_rows: bool = False  # int8 products taller than int8_max_m: AMX or VNNI GEMM, x per row
     q8_reference: bool = False  # torch only: int8 products see x as the kernels quantize it
 
     @classmethod
@@ -113,24 +120,31 @@ class CpuKernels:
         module = _ext.load_variant(variant) if variant and (dense or attention) else None
         if module is None or variant is None:
             return TORCH_ONLY
-        return replace(cls.routing(variant), module=module, dense=dense, attention=attention)
+        routing = cls.routing(variant, module.int8_gemm())
+        return replace(routing, module=module, dense=dense, attention=attention)
 
     @classmethod
-    def routing(cls, variant: str) -> CpuKernels:
+    def routing(cls, variant: str, int8_gemm: str | None = None) -> CpuKernels:
         """How ``variant``'s kernels route products (no module: the decision alone). A function
         of the variant, never of this CPU's other flags: a forced lower variant routes as a CPU
-        of that variant would."""
+        of that variant would. The one exception is ``int8_gemm``, the extension's own word for
+        its taller int8 products (``"amx"``, ``"vnni"`` or ``"packed"``): the ``avx512``
+        variant's CPUs may or may not have VNNI (Skylake-X has not; Cascade Lake, Ice Lake and
+        Zen 4 have), so its build asks the CPU. By default, what the variant's CPUs have."""
         amx = variant == "amx"
         native_bf16 = variant in NATIVE_BF16_VARIANTS
         gemm = not native_bf16 and variant in PACKED_GEMM_VARIANTS
+        if int8_gemm is None:
+            int8_gemm = {"amx": "amx", "avx512_bf16": "vnni"}.get(variant, "packed")
+        rows = int8_gemm in INT8_ROW_GEMMS
         return cls(
             variant=variant,
             gemm_in_fp32=not native_bf16,
             gemm=gemm,
             bf16_max_m=AMX_BF16_MAX_M if amx else GEMM_BF16_MAX_M if gemm else MAX_M,
-            int8_max_m=AMX_INT8_MAX_M if amx else GEMM_INT8_MAX_M if gemm else MAX_M,
-            int8_gemm=gemm or amx or variant in INT8_PACKED_GEMM_VARIANTS,
-            amx_int8=amx,
+            int8_max_m=(INT8_ROW_GEMMS[int8_gemm] if rows else GEMM_INT8_MAX_M if gemm else MAX_M),
+            int8_gemm=gemm or rows,
+            int8_rows=rows,
         )
 
     def linear(
@@ -150,7 +164,7 @@ class CpuKernels:
         if self.q8_reference and scale is not None:
             if x.numel() <= self.int8_max_m * x.shape[-1]:  # the skinny GEMM's Q8 blocks
                 return torch_linear(q8_reference(x), weight, bias, scale).to(x.dtype)
-            if self.amx_int8:  # the AMX GEMM's rows
+            if self.int8_rows:  # the AMX or VNNI GEMM's rows
                 return torch_linear(q8_reference(x, x.shape[-1]), weight, bias, scale).to(x.dtype)
         return torch_linear(x, weight, bias, scale, fp32_compute=self.gemm_in_fp32)
 
@@ -287,6 +301,6 @@ TORCH_ONLY = CpuKernels()
 TORCH_Q8 = CpuKernels(q8_reference=True)
 """No kernels, but the kernels' numerics in torch: int8 products of at most ``int8_max_m`` rows
 multiply ``x`` quantized per block of 32 (``q8_reference``), as the skinny GEMM does, and with
-``amx_int8`` taller ones ``x`` quantized per row, as the AMX GEMM does (give it the
-``int8_max_m`` and ``amx_int8`` of the kernels it stands for: ``dataclasses.replace``). The
+``int8_rows`` taller ones ``x`` quantized per row, as the AMX and VNNI GEMMs do (give it the
+``int8_max_m`` and ``int8_rows`` of the kernels it stands for: ``dataclasses.replace``). The
 reference of the kernels' int8 route in tests."""

@@ -32,6 +32,8 @@ int64_t row_stride(const at::Tensor& x, int64_t K) {
   return ld < 0 ? K : ld;
 }
 
+constexpr int64_t kMaxVnniK = 65536;  // gemm_q8.h's kMaxK: its int32 sums fit
+
 bool is_vector(const at::Tensor& t, int64_t n, at::ScalarType dtype) {
   return dense_cpu(t) && t.scalar_type() == dtype && t.dim() == 1 && t.size(0) == n &&
          (t.stride(0) == 1 || n == 1) && !t.requires_grad();
@@ -43,8 +45,9 @@ bool is_vector(const at::Tensor& t, int64_t n, at::ScalarType dtype) {
 // kernels: x (and bias) fp32 or bf16, w fp32 or bf16 (no scale) or int8 (fp32 scale required),
 // dense CPU tensors, no autograd, and 1 <= M = x.numel() / K <= max_m (the skinny GEMM; tasks
 // of at least min_task_bytes of weight are spread over torch's intra-op threads) or, with
-// `gemm`, any larger M (int8 weights on AMX tiles in the amx variant, amx_gemm.cpp; otherwise
-// gemm.cpp's packed GEMM); otherwise None, and the caller uses its torch path.
+// `gemm`, any larger M (int8 weights on AMX tiles in the amx variant, amx_gemm.cpp, or with
+// AVX-512 VNNI, gemm_q8.cpp; otherwise gemm.cpp's packed GEMM); otherwise None, and the caller
+// uses its torch path.
 std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
                                      const std::optional<at::Tensor>& scale,
                                      const std::optional<at::Tensor>& bias, int64_t max_m,
@@ -70,6 +73,9 @@ std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
   if (ldx < 0) return std::nullopt;
   if (M > max_m) {
     if (wt == at::kChar && amx_available()) return amx_int8_gemm(x, ldx, w, *scale, bias, M);
+    if (wt == at::kChar && K <= kMaxVnniK && vnni_available()) {
+      return vnni_int8_gemm(x, ldx, w, *scale, bias, M);
+    }
     return packed_gemm(x, ldx, w, scale, bias, M);
   }
   at::Tensor y;

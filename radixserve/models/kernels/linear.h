@@ -61,3 +61,9 @@ at::Tensor packed_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
 at::Tensor amx_int8_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
                          const at::Tensor& scale, const std::optional<at::Tensor>& bias,
                          int64_t M);
+// The int8 GEMM with AVX-512 VNNI (gemm_q8.cpp), the same product and quantization of x as
+// amx_int8_gemm. Only where vnni_available(): an AVX-512 variant on a CPU with AVX-512 VNNI.
+bool vnni_available();
+at::Tensor vnni_int8_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
+                          const at::Tensor& scale, const std::optional<at::Tensor>& bias,
+                          int64_t M);

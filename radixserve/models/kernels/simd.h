@@ -108,16 +108,37 @@ inline bool any_nan(VF v) { return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0; 
 inline VI load_bits(const void* p) { return _mm512_loadu_si512(p); }
 inline VF cvt_f(VI v) { return _mm512_cvtepi32_ps(v); }
 
-// v[i][j] <-> v[j][i] (see the AVX2 block); here through memory (not measured: this build is
-// not run where the packed GEMM is tuned).
+// v[i][j] <-> v[j][i] (see the AVX2 block), in registers: 32-bit and 64-bit unpacks make 4 x 4
+// blocks inside each 128-bit lane, two rounds of 128-bit lane shuffles place them.
 inline void transpose(VF (&v)[W]) {
-  alignas(64) float m[W][W];
-  for (int i = 0; i < W; ++i) _mm512_store_ps(m[i], v[i]);
-  for (int i = 0; i < W; ++i) {
-    alignas(64) float col[W];
-    for (int j = 0; j < W; ++j) col[j] = m[j][i];
-    v[i] = _mm512_load_ps(col);
+  VF t[16];
+  for (int a = 0; a < 8; ++a) {
+    t[2 * a] = _mm512_unpacklo_ps(v[2 * a], v[2 * a + 1]);
+    t[2 * a + 1] = _mm512_unpackhi_ps(v[2 * a], v[2 * a + 1]);
   }
+  VF u[16];  // u[4g + c], 128-bit lane l: column 4l + c of rows 4g .. 4g + 3
+  for (int g = 0; g < 4; ++g) {
+    const __m512d t0 = _mm512_castps_pd(t[4 * g]), t1 = _mm512_castps_pd(t[4 * g + 1]);
+    const __m512d t2 = _mm512_castps_pd(t[4 * g + 2]), t3 = _mm512_castps_pd(t[4 * g + 3]);
+    u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const VF v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
+    const VF v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+    const VF v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+    const VF v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+    v[c] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+    v[4 + c] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+    v[8 + c] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+    v[12 + c] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
+  }
+}
+
+inline __mmask16 first_lanes(int64_t n) {  // lanes [0, n)
+  return n >= W ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
 }
 
 // int8 x int8 dot products: a VQ holds Q = 4W int8 values; lane i of dot_q(w, x) is the exact

@@ -1,0 +1,36 @@
+// vnni_int8_gemm: the AVX-512 VNNI int8 GEMM (gemm_q8.h) on the tensors try_linear (gemv.cpp)
+// checked; vnni_available() says whether this build and CPU run it.
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+#include "gemm_q8.h"
+#include "linear.h"
+
+#if defined(RS_HAS_Q8_GEMM)
+
+bool vnni_available() { return rs::gemm_q8::available(); }
+
+at::Tensor vnni_int8_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
+                          const at::Tensor& scale, const std::optional<at::Tensor>& bias,
+                          int64_t M) {
+  TORCH_CHECK(w.size(1) <= rs::gemm_q8::kMaxK, "vnni_int8_gemm: K past ", rs::gemm_q8::kMaxK);
+  at::Tensor y;
+  if (x.scalar_type() == at::kBFloat16) {
+    rs::gemm_q8::run(rs::linear_operands<int8_t, rs::bf16>(x, ldx, w, scale, bias, M, y));
+  } else {
+    rs::gemm_q8::run(rs::linear_operands<int8_t, float>(x, ldx, w, scale, bias, M, y));
+  }
+  return y;
+}
+
+#else  // not AVX-512
+
+bool vnni_available() { return false; }
+
+at::Tensor vnni_int8_gemm(const at::Tensor&, int64_t, const at::Tensor&, const at::Tensor&,
+                          const std::optional<at::Tensor>&, int64_t) {
+  TORCH_CHECK(false, "vnni_int8_gemm: this build has no AVX-512");
+}
+
+#endif
