@@ -33,6 +33,7 @@ from radixserve.models.kernels import (
 from radixserve.models.kernels.cpu_kernels import (
     AMX_BF16_MAX_M,
     AMX_INT8_MAX_M,
+    AVX512_BF16_MAX_M,
     GEMM_BF16_MAX_M,
     GEMM_INT8_MAX_M,
     PACKED_GEMM_VARIANTS,
@@ -333,8 +334,9 @@ def test_routing_follows_the_variant_not_the_cpu() -> None:
     # VNNI_INT8_MAX_M rows on the VNNI GEMM, x quantized per row
     for k in (CpuKernels.routing("avx512_bf16"), CpuKernels.routing("avx512", "vnni")):
         assert k.int8_gemm and k.int8_rows and not k.gemm
-        assert (k.bf16_max_m, k.int8_max_m) == (MAX_M, VNNI_INT8_MAX_M)
         assert k.gemm_in_fp32 == (k.variant == "avx512")
+        bf16_max_m = MAX_M if k.gemm_in_fp32 else AVX512_BF16_MAX_M  # native: torch's bf16 GEMM
+        assert (k.bf16_max_m, k.int8_max_m) == (bf16_max_m, VNNI_INT8_MAX_M)
     amx = CpuKernels.routing("amx")
     assert amx.int8_rows and amx.int8_gemm and not amx.gemm and not amx.gemm_in_fp32
     assert (amx.bf16_max_m, amx.int8_max_m) == (AMX_BF16_MAX_M, AMX_INT8_MAX_M) < (MAX_M, MAX_M)

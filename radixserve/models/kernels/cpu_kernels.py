@@ -61,6 +61,12 @@ skinny GEMM (VNNI) 22.0 / 18.0 / 13.3 / 10.8 / 6.6 / 3.3 / 1.8 / 1.0 / 0.2 at M 
 3.2, torch's bf16 GEMM on the same weights in bf16 6.6 ... 2.1 (the same work). Batch 1 keeps
 the skinny GEMM: as fast, and its x blocks of 32 are finer than one scale per row."""
 
+AVX512_BF16_MAX_M = 10
+"""The same on AVX512-BF16 CPUs without AMX (Zen 4, Cooper Lake), where torch's bf16 GEMM (oneDNN)
+runs on VDPBF16PS. Measured on Zen 4 (2 threads, one 0.5B layer, GFLOP/s, skinny / torch, two
+rounds): M = 8: 179-212 / 156-183; 10: 156-177 / 165-183; 12: 175-186 / 206-222; 16: 183-185 /
+233-242; 32: 181 / 271; 128: 164 / 352."""
+
 GEMM_BF16_MAX_M = 24
 """Most rows of ``x`` sent to the skinny GEMM with bf16 weights where the packed GEMM takes the
 taller products. Measured on the AVX2 host (2 threads, 0.5B-shape weights 9728x896, 896x4864,
@@ -137,11 +143,16 @@ class CpuKernels:
         if int8_gemm is None:
             int8_gemm = {"amx": "amx", "avx512_bf16": "vnni"}.get(variant, "packed")
         rows = int8_gemm in INT8_ROW_GEMMS
+        bf16_max_m = MAX_M  # beyond: the packed GEMM, or torch's (native bf16, or fp32)
+        if native_bf16:
+            bf16_max_m = AMX_BF16_MAX_M if amx else AVX512_BF16_MAX_M
+        elif gemm:
+            bf16_max_m = GEMM_BF16_MAX_M
         return cls(
             variant=variant,
             gemm_in_fp32=not native_bf16,
             gemm=gemm,
-            bf16_max_m=AMX_BF16_MAX_M if amx else GEMM_BF16_MAX_M if gemm else MAX_M,
+            bf16_max_m=bf16_max_m,
             int8_max_m=(INT8_ROW_GEMMS[int8_gemm] if rows else GEMM_INT8_MAX_M if gemm else MAX_M),
             int8_gemm=gemm or rows,
             int8_rows=rows,
