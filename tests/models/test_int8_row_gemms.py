@@ -21,7 +21,7 @@ from test_kernels import _assert_close, _weights, on_one_and_many_threads
 from radixserve.models.kernels import MAX_M, TORCH_Q8, CpuKernels, _ext, q8_reference, quantize_int8
 
 # (variant, the int8 GEMM its extension must report): the AMX tiles, and VPDPBUSD compiled in
-# (avx512_bf16) or as a function target the CPU is asked for (avx512)
+# (avx512_bf16) or as inline asm run where the CPU has VNNI (avx512)
 GEMMS = [("amx", "amx"), ("avx512_bf16", "vnni"), ("avx512", "vnni")]
 
 

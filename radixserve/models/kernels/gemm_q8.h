@@ -14,9 +14,9 @@
 //
 // x's rows go in chunks of about 1 MB packed (kept in L2); per chunk, the intra-op threads take
 // blocks of NW weight rows from a shared counter (weights of a block stay in L1/L2 while they
-// meet every row of the chunk). The VNNI code is compiled for VNNI whatever the variant's flags
-// (a function target): in the avx512 variant it runs only where available() says the CPU has
-// it. gemm_q8.cpp is its torch entry.
+// meet every row of the chunk). The avx512 variant, built without VNNI, carries VPDPBUSD as
+// inline asm and runs it only where available() says the CPU has it. gemm_q8.cpp is its torch
+// entry.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -34,12 +34,6 @@
 #if defined(__AVX512F__)
 #define RS_HAS_Q8_GEMM 1
 
-#if defined(__AVX512VNNI__)
-#define RS_VNNI_TARGET
-#else
-#define RS_VNNI_TARGET __attribute__((target("avx512vnni")))
-#endif
-
 namespace rs::gemm_q8 {
 
 constexpr int64_t kMaxK = 65536;  // the int32 sums cannot overflow up to here
@@ -55,6 +49,19 @@ inline bool available() {
 #endif
 }
 
+// acc + the dot products of u8's unsigned bytes with s8's signed bytes, 4 per 32-bit lane
+// (VPDPBUSD). Built without VNNI (the avx512 variant), it is the instruction in inline asm,
+// run only where available(): a function target instead made GCC confine the sums to the 16
+// registers VEX can name, copying them in and out around every instruction (half the speed).
+inline __m512i dpbusd(__m512i acc, __m512i u8, __m512i s8) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, u8, s8);
+#else
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
+  return acc;
+#endif
+}
+
 // Bytes [4g, 4g + 4) of a weight row as one int32 word; past K (the last, partial group) zero.
 inline int32_t word(const int8_t* row, int64_t g, int64_t K) {
   int32_t v = 0;
@@ -64,15 +71,15 @@ inline int32_t word(const int8_t* row, int64_t g, int64_t K) {
 
 // 128 * sum_k w[r, k] for the rows of one weight block (rows past the end repeat the last).
 template <int NW>
-RS_VNNI_TARGET inline void offsets(const int8_t* const (&rows)[NW], int64_t K, int32_t* out) {
+inline void offsets(const int8_t* const (&rows)[NW], int64_t K, int32_t* out) {
   const __m512i ones = _mm512_set1_epi8(1);
   for (int r = 0; r < NW; ++r) {
     __m512i acc = _mm512_setzero_si512();
     int64_t k = 0;
-    for (; k + 64 <= K; k += 64) acc = _mm512_dpbusd_epi32(acc, ones, _mm512_loadu_si512(rows[r] + k));
+    for (; k + 64 <= K; k += 64) acc = dpbusd(acc, ones, _mm512_loadu_si512(rows[r] + k));
     if (k < K) {
       const __mmask64 tail = (~0ULL) >> (64 - (K - k));
-      acc = _mm512_dpbusd_epi32(acc, ones, _mm512_maskz_loadu_epi8(tail, rows[r] + k));
+      acc = dpbusd(acc, ones, _mm512_maskz_loadu_epi8(tail, rows[r] + k));
     }
     out[r] = 128 * _mm512_reduce_add_epi32(acc);
   }
@@ -80,35 +87,41 @@ RS_VNNI_TARGET inline void offsets(const int8_t* const (&rows)[NW], int64_t K, i
 
 // One group of 4 k: the MV vectors of x at group g times the NW weight words b.
 template <int NW, int MV>
-RS_VNNI_TARGET inline void step(const int8_t* x, int64_t block, int64_t g, const int32_t (&b)[NW],
+inline void step(const int8_t* x, int64_t block, int64_t g, const int32_t (&b)[NW],
                                 __m512i (&acc)[NW][MV]) {
   __m512i xv[MV];
   for (int v = 0; v < MV; ++v) xv[v] = _mm512_loadu_si512(x + v * block + g * 64);
   for (int r = 0; r < NW; ++r) {
     const __m512i wb = _mm512_set1_epi32(b[r]);
-    for (int v = 0; v < MV; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], xv[v], wb);
+    for (int v = 0; v < MV; ++v) acc[r][v] = dpbusd(acc[r][v], xv[v], wb);
   }
 }
 
 // The int32 sums of NW weight rows x MV * 16 packed rows of x (blocks `block` bytes apart),
 // over all of K: acc[r][v] lane j = sum_k (q + 128)[16 v + j, k] * w[r, k].
 template <int NW, int MV>
-RS_VNNI_TARGET inline void tile(const int8_t* const (&rows)[NW], const int8_t* x, int64_t block,
+inline void tile(const int8_t* const (&rows)[NW], const int8_t* x, int64_t block,
                                 int64_t K, __m512i (&acc)[NW][MV]) {
+  // Sums in a local array, copied out at the end: acc's memory could alias the weight bytes
+  // read in the loop, which would keep the sums in memory where tile is not inlined.
+  __m512i sums[NW][MV];
   for (int r = 0; r < NW; ++r) {
-    for (int v = 0; v < MV; ++v) acc[r][v] = _mm512_setzero_si512();
+    for (int v = 0; v < MV; ++v) sums[r][v] = _mm512_setzero_si512();
   }
   const int64_t whole = K / 4;
   int64_t g = 0;
   for (; g < whole; ++g) {
     int32_t b[NW];
     for (int r = 0; r < NW; ++r) std::memcpy(&b[r], rows[r] + 4 * g, 4);
-    step(x, block, g, b, acc);
+    step(x, block, g, b, sums);
   }
   if (g * 4 < K) {  // the last, partial group of 4 k
     int32_t b[NW];
     for (int r = 0; r < NW; ++r) b[r] = word(rows[r], g, K);
-    step(x, block, g, b, acc);
+    step(x, block, g, b, sums);
+  }
+  for (int r = 0; r < NW; ++r) {
+    for (int v = 0; v < MV; ++v) acc[r][v] = sums[r][v];
   }
 }
 
