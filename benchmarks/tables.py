@@ -105,31 +105,44 @@ def _vs(base: dict[str, Any], other: dict[str, Any]) -> str:
     return f"{other['wall_s']:.1f} s ({base['requests_per_s'] / other['requests_per_s']:.2f}x)"
 
 
-LLAMA_RUNS = [  # (what is compared, shape, JSON): the latest run of each
-    ("Qwen2.5-0.5B, bf16 vs BF16 GGUF", "(a)", "docs/bench-llama-cpp-a-bf16-s8.json"),
-    ("Qwen2.5-0.5B, int8 vs Q8_0 GGUF", "(a)", "docs/bench-llama-cpp-a-int8-s8.json"),
-    ("Qwen3-1.7B, bf16 vs BF16 GGUF", "(a)", "docs/bench-llama-cpp-a-qwen3-1.7b-bf16.json"),
-    ("Qwen2.5-0.5B, bf16 vs BF16 GGUF", "(b)", "docs/bench-llama-cpp-b.json"),
+ZEN3, ZEN4 = "AMD EPYC Zen 3 (AVX2)", "AMD EPYC Zen 4 (AVX-512, BF16, VNNI)"
+LLAMA_RUNS = [  # (what is compared, shape, machine, JSON): the latest run of each; 2 vCPUs each
+    ("Qwen2.5-0.5B, bf16 vs BF16 GGUF", "(a)", ZEN3, "docs/bench-llama-cpp-a-bf16-s8.json"),
+    ("Qwen2.5-0.5B, int8 vs Q8_0 GGUF", "(a)", ZEN3, "docs/bench-llama-cpp-a-int8-s8.json"),
+    ("Qwen3-1.7B, bf16 vs BF16 GGUF", "(a)", ZEN3, "docs/bench-llama-cpp-a-qwen3-1.7b-bf16.json"),
+    ("Qwen2.5-0.5B, bf16 vs BF16 GGUF", "(b)", ZEN3, "docs/bench-llama-cpp-b.json"),
+    (
+        "Qwen3-1.7B, bf16 vs BF16 GGUF",
+        "(a)",
+        ZEN4,
+        "docs/bench-llama-cpp-a-qwen3-1.7b-bf16-zen4.json",
+    ),
+    (
+        "Qwen3-1.7B, int8 vs Q8_0 GGUF",
+        "(a)",
+        ZEN4,
+        "docs/bench-llama-cpp-a-qwen3-1.7b-int8-zen4.json",
+    ),
 ]
 
 
 def llama_cpp() -> str:
     """radixserve against llama-server on the same weights, one trace each, one after the other."""
-    header = ["weights", "shape", "date", "radixserve", "llama-server", "throughput"]
+    header = ["weights", "shape", "machine", "date", "radixserve", "llama-server", "throughput"]
     header += ["TTFT p50 ms", "TTFT p99 ms", "hit rate (optimal)"]
     rows = []
-    for label, shape, path in LLAMA_RUNS:
+    for label, shape, machine, path in LLAMA_RUNS:
         r = load(path)
         rs = next(s for s in r["systems"] if s["kind"] == "radixserve")
         ll = next(s for s in r["systems"] if s["kind"] == "compare")
         rows.append(
-            [label, shape, date(r), f"{rs['wall_s']:.1f} s", f"{ll['wall_s']:.1f} s"]
+            [label, shape, machine, date(r), f"{rs['wall_s']:.1f} s", f"{ll['wall_s']:.1f} s"]
             + [times(rs["requests_per_s"] / ll["requests_per_s"])]
             + [f"{ms(rs['ttft_s']['p50'])} vs {ms(ll['ttft_s']['p50'])}"]
             + [f"{ms(rs['ttft_s']['p99'])} vs {ms(ll['ttft_s']['p99'])}"]
             + [f"{pct(rs['hit_rate'])} vs {pct(ll['hit_rate'])} ({pct(rs['optimal_hit_rate'])})"]
         )
-    return table(header, rows, [path for _, _, path in LLAMA_RUNS])
+    return table(header, rows, [path for *_, path in LLAMA_RUNS])
 
 
 def kv_tier() -> str:
@@ -264,6 +277,50 @@ def h200_throughput() -> str:
     return table(header, rows, [f"{H200}/{name}" for name in files.values()])
 
 
+ZEN4 = "benchmarks/results/zen4-2026-11-28"
+
+
+def zen4_step() -> str:
+    """One step at a time on Zen 4: prefill and decode beside transformers and llama-server."""
+    path = f"{ZEN4}/step-qwen25-0.5b.json"
+    header = ["row", "rs bf16", "rs int8", "HF bf16", "llama BF16", "llama Q8_0", "int8 / bf16"]
+    header += ["rs bf16 / llama BF16", "rs int8 / llama Q8_0", "rs int8 / HF bf16"]
+    rows = []
+    for row in load(path)["rows"]:
+        t = row["tokens_per_s"]
+        bf, i8, hf = t["rs bfloat16"], t["rs bfloat16+int8"], t["HF bfloat16"]
+        lb, lq = t["llama bf16"], t["llama q8_0"]
+        rows.append(
+            [row["row"]]
+            + [num(v) for v in (bf, i8, hf, lb, lq)]
+            + [times(i8 / bf), times(bf / lb), times(i8 / lq), times(i8 / hf)]
+        )
+    return table(header, rows, [path])
+
+
+def zen4_multiturn() -> str:
+    """Shape (a) on the Qwen3-1.7B shape: the tree before the VNNI GEMM, after, llama-server."""
+    header = ["weights", "before", "after", "after / before", "llama-server", "after / llama"]
+    header += ["TTFT p99 before / after / llama"]
+    rows, files = [], []
+    for dtype, gguf in (("bf16", "BF16"), ("int8", "Q8_0")):
+        before_path = f"{ZEN4}/multiturn-qwen3-1.7b-{dtype}-before.json"
+        after_path = f"docs/bench-llama-cpp-a-qwen3-1.7b-{dtype}-zen4.json"
+        files += [before_path, after_path]
+        before = next(s for s in load(before_path)["systems"] if s["kind"] == "radixserve")
+        after_run = load(after_path)["systems"]
+        after = next(s for s in after_run if s["kind"] == "radixserve")
+        llama = next(s for s in after_run if s["kind"] == "compare")
+        p99 = " / ".join(ms(s["ttft_s"]["p99"]) for s in (before, after, llama))
+        rows.append(
+            [f"{dtype} (llama: {gguf})", f"{before['wall_s']:.1f} s", f"{after['wall_s']:.1f} s"]
+            + [times(after["requests_per_s"] / before["requests_per_s"])]
+            + [f"{llama['wall_s']:.1f} s", times(after["requests_per_s"] / llama["requests_per_s"])]
+            + [p99]
+        )
+    return table(header, rows, files)
+
+
 SPEC_RUNS = [  # spec_decode.py --json: the Qwen3-1.7B shape at batch 1, 8 and 32
     f"benchmarks/results/spec-qwen3-1.7b-b{bs}-2026-11-27.json" for bs in (1, 8, 32)
 ]
@@ -372,6 +429,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "kv-events-sim": kv_events_sim,
     "kv-events-dp2": kv_events_dp2,
     "h200-throughput": h200_throughput,
+    "zen4-step": zen4_step,
+    "zen4-multiturn": zen4_multiturn,
     "h200-multiturn": h200_multiturn,
     "spec-decode": spec_decode,
     "spec-llamacpp": spec_llamacpp,
