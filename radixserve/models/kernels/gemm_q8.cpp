@@ -14,7 +14,7 @@ bool vnni_available() { return rs::gemm_q8::available(); }
 at::Tensor vnni_int8_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
                           const at::Tensor& scale, const std::optional<at::Tensor>& bias,
                           int64_t M) {
-  TORCH_CHECK(w.size(1) <= rs::gemm_q8::kMaxK, "vnni_int8_gemm: K past ", rs::gemm_q8::kMaxK);
+  TORCH_CHECK(w.size(1) <= rs::kVnniMaxK, "vnni_int8_gemm: K past ", rs::kVnniMaxK);
   at::Tensor y;
   if (x.scalar_type() == at::kBFloat16) {
     rs::gemm_q8::run(rs::linear_operands<int8_t, rs::bf16>(x, ldx, w, scale, bias, M, y));

@@ -32,8 +32,6 @@ int64_t row_stride(const at::Tensor& x, int64_t K) {
   return ld < 0 ? K : ld;
 }
 
-constexpr int64_t kMaxVnniK = 65536;  // gemm_q8.h's kMaxK: its int32 sums fit
-
 bool is_vector(const at::Tensor& t, int64_t n, at::ScalarType dtype) {
   return dense_cpu(t) && t.scalar_type() == dtype && t.dim() == 1 && t.size(0) == n &&
          (t.stride(0) == 1 || n == 1) && !t.requires_grad();
@@ -73,7 +71,7 @@ std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
   if (ldx < 0) return std::nullopt;
   if (M > max_m) {
     if (wt == at::kChar && amx_available()) return amx_int8_gemm(x, ldx, w, *scale, bias, M);
-    if (wt == at::kChar && K <= kMaxVnniK && vnni_available()) {
+    if (wt == at::kChar && K <= rs::kVnniMaxK && vnni_available()) {
       return vnni_int8_gemm(x, ldx, w, *scale, bias, M);
     }
     return packed_gemm(x, ldx, w, scale, bias, M);

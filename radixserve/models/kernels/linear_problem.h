@@ -23,4 +23,9 @@ struct Linear {
   int64_t M, N, K;
 };
 
+// Most K the VNNI int8 GEMM (gemm_q8.h) takes: its int32 sums of x offset by 128 times int8
+// weights, |sum| <= 255 * 127 * K, stay below 2^31 up to here (try_linear sends longer rows to
+// the packed GEMM).
+constexpr int64_t kVnniMaxK = 65536;
+
 }  // namespace rs
