@@ -35,7 +35,7 @@ namespace rs::gemv {
 
 // One register tile: R weight rows x MT rows of x over all of K; out[m * R + r] = dot(w[r], x[m]).
 // Small tiles keep U independent accumulator sets (alternating k steps) to hide FMA latency.
-// With P = L::prefetch(MT) > 0, each cache line of the rows it streams is prefetched P row
+// With P = L::prefetch(MT, R) > 0, each cache line of the rows it streams is prefetched P row
 // blocks ahead, once per line.
 template <class L, class WT, int R, int MT>
 inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t ldx, int64_t K,
@@ -45,7 +45,7 @@ inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t 
   constexpr int V = L::kStep;
   constexpr int kLine = 64 / static_cast<int>(sizeof(WT));  // weight elements per line
   constexpr int S = U * V >= kLine ? U : kLine / V;           // steps per iteration
-  constexpr int P = L::prefetch(MT);
+  constexpr int P = L::prefetch(MT, R);
   VF acc[U * T];
   for (int i = 0; i < U * T; ++i) acc[i] = zero();
   auto step = [&](int u, int64_t k) {
