@@ -22,7 +22,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -121,18 +120,14 @@ void row_block(const Problem<L, WT, XT>& p, int64_t n0) {
   }
 }
 
-// Split N into blocks of R rows (a tail of single rows), spread over the intra-op threads in
-// chunks taken from a shared counter. Against a static split (the same process, interleaved,
-// Zen 4, 2 threads, 4 products of the 0.5B / 1.7B layer shapes, GB/s of weight): M = 1
-// 24.5-26.3 / 26.9-27.6 -> 27.9-30.5 / 28.6-29.1; M = 4 25.3 / 21.7 -> 28.9 / 22.8.
+// Split N into blocks of R rows (a tail of single rows), spread over the intra-op threads.
 template <class L, class WT, class XT, int R, int MT>
 void run(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
   const int64_t nblocks = p.N / R;
   const int64_t tail = p.N - nblocks * R;
   const int64_t block_bytes = R * p.K * static_cast<int64_t>(sizeof(WT));
   const int64_t grain = std::max<int64_t>(1, min_task_bytes / std::max<int64_t>(1, block_bytes));
-  const int64_t items = nblocks + (tail > 0 ? 1 : 0);
-  auto blocks = [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, nblocks + (tail > 0 ? 1 : 0), grain, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       if (b < nblocks) {
         row_block<L, WT, XT, R, MT>(p, b * R);
@@ -140,15 +135,6 @@ void run(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
         for (int64_t n = nblocks * R; n < p.N; ++n) row_block<L, WT, XT, 1, 4>(p, n);
       }
     }
-  };
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (items + grain - 1) / grain);
-  if (threads <= 1) return blocks(0, items);
-  // The threads take chunks of about 1/16 of their share as they go, from a shared counter: a
-  // thread the host slows takes fewer (a static split waits for the slowest half).
-  const int64_t chunk = std::max<int64_t>(grain, items / (16 * threads));
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t b0; (b0 = next.fetch_add(chunk)) < items;) blocks(b0, std::min(items, b0 + chunk));
   });
 }
 
