@@ -298,6 +298,17 @@ def zen4_step() -> str:
     return table(header, rows, [path])
 
 
+def zen4_forced_avx512() -> str:
+    """Zen 4 forced to the avx512 variant (standing in for an AVX-512 CPU without BF16)."""
+    path = f"{ZEN4}/step-forced-avx512.json"
+    rows = []
+    for row in load(path)["rows"]:
+        t = row["tokens_per_s"]
+        bf, i8 = t["rs bfloat16"], t["rs bfloat16+int8"]
+        rows.append([row["row"], num(bf), num(i8), times(i8 / bf)])
+    return table(["row", "rs bf16", "rs int8", "int8 / bf16"], rows, [path])
+
+
 def zen4_multiturn() -> str:
     """Shape (a) on the Qwen3-1.7B shape: the tree before the VNNI GEMM, after, llama-server."""
     header = ["weights", "before", "after", "after / before", "llama-server", "after / llama"]
@@ -431,6 +442,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "h200-throughput": h200_throughput,
     "zen4-step": zen4_step,
     "zen4-multiturn": zen4_multiturn,
+    "zen4-forced-avx512": zen4_forced_avx512,
     "h200-multiturn": h200_multiturn,
     "spec-decode": spec_decode,
     "spec-llamacpp": spec_llamacpp,
