@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include "linear.h"
 #include "simd.h"
 
 std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
@@ -14,14 +15,15 @@ std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
                                      const std::optional<at::Tensor>& bias, int64_t max_m,
                                      int64_t min_task_bytes, bool gemm);
 
-bool amx_available();
-bool vnni_available();
-
-// Which GEMM try_linear gives int8 products taller than max_m (with gemm): "amx" (amx_gemm.cpp),
-// "vnni" (gemm_q8.cpp), both quantizing x per row, or "packed" (gemm.cpp, x as it is).
+// Which GEMM try_linear gives int8 products taller than max_m (with gemm), by name: "amx"
+// (amx_gemm.cpp), "vnni" (gemm_q8.cpp), both quantizing x per row, or "packed" (gemm.cpp, x as
+// it is).
 std::string int8_gemm() {
-  if (amx_available()) return "amx";
-  return vnni_available() ? "vnni" : "packed";
+  switch (int8_gemm_kind()) {
+    case Int8Gemm::kAmx: return "amx";
+    case Int8Gemm::kVnni: return "vnni";
+    default: return "packed";
+  }
 }
 
 at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,

@@ -39,6 +39,11 @@ bool is_vector(const at::Tensor& t, int64_t n, at::ScalarType dtype) {
 
 }  // namespace
 
+Int8Gemm int8_gemm_kind() {
+  if (amx_available()) return Int8Gemm::kAmx;
+  return vnni_available() ? Int8Gemm::kVnni : Int8Gemm::kPacked;
+}
+
 // y [..., N] = (x [..., K] @ w [N, K]^T) * scale [N] (+ bias [N]) when the tensors suit the
 // kernels: x (and bias) fp32 or bf16, w fp32 or bf16 (no scale) or int8 (fp32 scale required),
 // dense CPU tensors, no autograd, and 1 <= M = x.numel() / K <= max_m (the skinny GEMM; tasks
@@ -70,9 +75,12 @@ std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
   const int64_t ldx = row_stride(x, K);
   if (ldx < 0) return std::nullopt;
   if (M > max_m) {
-    if (wt == at::kChar && amx_available()) return amx_int8_gemm(x, ldx, w, *scale, bias, M);
-    if (wt == at::kChar && K <= rs::kVnniMaxK && vnni_available()) {
-      return vnni_int8_gemm(x, ldx, w, *scale, bias, M);
+    if (wt == at::kChar) {
+      const Int8Gemm kind = int8_gemm_kind();
+      if (kind == Int8Gemm::kAmx) return amx_int8_gemm(x, ldx, w, *scale, bias, M);
+      if (kind == Int8Gemm::kVnni && K <= rs::kVnniMaxK) {
+        return vnni_int8_gemm(x, ldx, w, *scale, bias, M);
+      }
     }
     return packed_gemm(x, ldx, w, scale, bias, M);
   }
