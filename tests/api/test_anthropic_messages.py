@@ -85,11 +85,13 @@ def test_a_forced_tool_call_and_its_result(claude: anthropic.Anthropic) -> None:
 
 def test_a_streamed_tool_call(claude: anthropic.Anthropic) -> None:
     messages: Any = [{"role": "user", "content": "Weather in Oslo for 1 day?"}]
+    # sampled at temperature 1: one call at most, so the output's length has a bound (parallel
+    # calls let a random model go on adding them up to max_tokens)
     with claude.messages.stream(
         model=MODEL,
         system=_system(),
         tools=TOOLS,
-        tool_choice=FORCED,
+        tool_choice={**FORCED, "disable_parallel_tool_use": True},
         messages=messages,
         max_tokens=128,
     ) as stream:
@@ -97,8 +99,9 @@ def test_a_streamed_tool_call(claude: anthropic.Anthropic) -> None:
         final = stream.get_final_message()
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
     assert "content_block_start" in kinds and "message_delta" in kinds
-    call = next(b for b in final.content if b.type == "tool_use")
-    jsonschema.validate(call.input, WEATHER)
+    calls = [b for b in final.content if b.type == "tool_use"]
+    assert len(calls) == 1, final
+    jsonschema.validate(calls[0].input, WEATHER)
     assert final.stop_reason == "tool_use" and final.usage.output_tokens > 0
 
 

@@ -123,6 +123,8 @@ class CountTokensRequest(_Strict):
             ]
         if self.tool_choice is not None and self.tools:
             fields["tool_choice"] = _tool_choice(self.tool_choice)
+            if self.tool_choice.disable_parallel_tool_use:  # at most one call
+                fields["parallel_tool_calls"] = False
         return fields
 
 
