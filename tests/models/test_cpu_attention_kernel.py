@@ -24,6 +24,8 @@ KERNEL_SPECS = {
     **{k: v for k, v in SPECS.items() if v.head_dim % 16 == 0},
     "qwen": AttentionSpec(14, 2, 64, 0.125, (None, 70)),
     "wide": AttentionSpec(4, 4, 128, 128**-0.5, (None, 33)),
+    # the most query heads per KV head the decode path takes; d not a multiple of 2 AVX-512 vectors
+    "gqa8": AttentionSpec(16, 2, 48, 48**-0.5, (40, None)),
 }
 KERNEL_BATCHES = {**BATCHES, "long_prefix": ([300, 5, 130], [41, 200, 1])}
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}

@@ -78,6 +78,7 @@ HEADERS = tuple(
         "gemm_q8.h",
         "amx.h",
         "attention_task.h",
+        "attention_decode.h",
         "attention_kernel.h",
         "norm.h",
         "pointwise.h",

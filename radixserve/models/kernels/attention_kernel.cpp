@@ -80,8 +80,8 @@ void run(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
       TORCH_CHECK_VALUE(slots[j] >= 0 && slots[j] < k_buf.size(0), "KV slot out of range");
     }
   }
-  const std::vector<Task> tasks = plan_tasks(p, tokens_per_task);
-  const int64_t max_rows = max_task_rows(tokens_per_task, p.g);
+  const std::vector<Task> tasks = plan_tasks(p, tokens_per_task, !amx);
+  const int64_t max_rows = max_task_rows(tokens_per_task, p.g, amx ? 1 : kvh);
   if constexpr (std::is_same_v<T, bf16>) {
     if (amx) return run_amx_tasks(p, tasks, max_rows);
   }

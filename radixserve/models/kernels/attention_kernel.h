@@ -16,6 +16,9 @@
 // Q K^T and P V on bf16 tiles with fp32 sums, P rounded to bf16 (2.2-2.6x faster on a 512-token
 // prefill and a 128-token extend of a 512-token prefix, 0.5B shape, 2 threads).
 //
+// Decode tasks (one token, at most kDecodeRows query heads per KV head) take attention_decode.h's
+// path instead: K and V read in place, several KV heads per task.
+//
 // attention_kernel.cpp is its torch entry (extend_attention); nothing here needs torch but
 // ATen/Parallel.h (tests/models/kernel_check/ builds it with a stand-in of that header, per ISA).
 #pragma once
@@ -24,12 +27,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention_decode.h"
 #include "attention_task.h"
 #include "simd.h"
 
 namespace rs::attn {
 
-constexpr int64_t kBk = 64;       // keys per block
 constexpr int kTile = 4;          // query rows per register tile
 constexpr int64_t kRows = 64;     // target query rows per task
 
@@ -39,7 +42,7 @@ struct Scratch {
   std::vector<int64_t> pos;  // [rows]: -1 for padding rows
   std::vector<float> kt;     // [d][kBk]: the K block, transposed
   std::vector<float> vb;     // [kBk][d]: the V block
-  std::vector<float> s;      // [kTile][kBk]: scores, then probabilities
+  std::vector<float> s;      // [max(kTile, rows)][kBk]: scores, then probabilities
 };
 
 // Widen keys [j0, j0 + nk) of (b, h) into kt/vb; the rest of the block stays zero.
@@ -146,17 +149,26 @@ void run_task(const Problem<T>& p, const Task& t, Scratch& s) {
 }
 
 // The tasks of p's requests (their fields in p filled), costliest first: per request and KV
-// head, blocks of at most tokens_per_task tokens.
+// head, blocks of at most tokens_per_task tokens; with group_decode, a decode request's tasks
+// (one token, g <= kDecodeRows) take several KV heads each (decode_heads).
 template <class T>
-std::vector<Task> plan_tasks(const Problem<T>& p, int64_t tokens_per_task) {
+std::vector<Task> plan_tasks(const Problem<T>& p, int64_t tokens_per_task, bool group_decode) {
+  const int64_t bs = static_cast<int64_t>(p.seq.size());
+  int64_t heads = 1;
+  if (group_decode && p.g <= kDecodeRows) {
+    int64_t n_decode = 0;
+    for (int64_t b = 0; b < bs; ++b) n_decode += p.seq[b] - p.prefix[b] == 1;
+    heads = decode_heads(p.kvh, n_decode, at::get_num_threads(), 4);
+  }
   std::vector<Task> tasks;
-  for (int64_t b = 0; b < static_cast<int64_t>(p.seq.size()); ++b) {
+  for (int64_t b = 0; b < bs; ++b) {
     const int64_t pre = p.prefix[b], ext = p.seq[b] - pre;
-    for (int64_t h = 0; h < p.kvh; ++h) {
+    const int64_t nh = ext == 1 ? heads : 1;
+    for (int64_t h = 0; h < p.kvh; h += nh) {
       for (int64_t t0 = 0; t0 < ext; t0 += tokens_per_task) {
         const int64_t t1 = std::min(ext, t0 + tokens_per_task);
         const int64_t keys = p.window > 0 ? std::min(p.window, pre + t1) : pre + t1;
-        tasks.push_back({b, h, t0, t1, (t1 - t0) * keys});
+        tasks.push_back({b, h, t0, t1, (t1 - t0) * keys * nh, nh});
       }
     }
   }
@@ -165,9 +177,10 @@ std::vector<Task> plan_tasks(const Problem<T>& p, int64_t tokens_per_task) {
   return tasks;
 }
 
-// The most query rows of a task of tokens_per_task tokens, padded to whole register tiles.
-inline int64_t max_task_rows(int64_t tokens_per_task, int64_t g) {
-  return (tokens_per_task * g + kTile - 1) / kTile * kTile;
+// The most query rows of a task of tokens_per_task tokens, padded to whole register tiles, or
+// of a decode task of all H = kvh * g query heads.
+inline int64_t max_task_rows(int64_t tokens_per_task, int64_t g, int64_t kvh = 1) {
+  return std::max((tokens_per_task * g + kTile - 1) / kTile * kTile, kvh * g);
 }
 
 // The tasks over torch's threads on the vector path, each worker with scratch for max_rows.
@@ -183,11 +196,18 @@ void run_tasks(const Problem<T>& p, const std::vector<Task>& tasks, int64_t max_
     s.pos.resize(max_rows);
     s.kt.resize(d * kBk);
     s.vb.resize(kBk * d);
-    s.s.resize(kTile * kBk);
+    s.s.resize(std::max<int64_t>(kTile, max_rows) * kBk);
     return s;
   };
   run_dynamic(static_cast<int64_t>(tasks.size()), make_scratch,
-              [&](Scratch& s, int64_t i) { run_task(p, tasks[i], s); });
+              [&](Scratch& s, int64_t i) {
+                const Task& t = tasks[i];
+                if (t.t1 - t.t0 == 1 && p.g <= kDecodeRows) {  // attention_decode.h
+                  return run_decode_task(p, t, s.q.data(), s.o.data(), s.m.data(), s.l.data(),
+                                         s.s.data());
+                }
+                run_task(p, t, s);
+              });
 }
 
 }  // namespace rs::attn

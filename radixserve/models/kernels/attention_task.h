@@ -18,6 +18,7 @@
 namespace rs::attn {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kBk = 64;  // keys per block (of the vector paths' online softmax)
 
 template <class T>
 struct Problem {
@@ -38,6 +39,7 @@ struct Problem {
 
 struct Task {
   int64_t b, h, t0, t1, cost;
+  int64_t nh = 1;  // KV heads [h, h + nh): more than one only for decode (attention_decode.h)
 };
 
 // Tasks 0..n-1 over torch's threads: each worker makes its state once, then pulls the next

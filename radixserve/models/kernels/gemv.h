@@ -148,35 +148,36 @@ void run(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
 // int8 weight vectors take two registers each.
 constexpr int64_t kXL1Bytes = 32 * 1024;
 constexpr bool kWideRegs = kVectorRegisters >= 32;
-// R x MT tiles beyond the one-row ones (R = 0: one-row tiles only), which take x of at most
-// OneRowMaxM rows (and while it fits L1). Widen: 4 rows; beyond, the R x MT tiles stream more
-// (Zen 3, 2 threads, a decode pass of bf16 weights, GB/s one-row / R x MT tiles: M = 4 19.5 /
-// 19.2, 6 13.2 / 14.7, 8 10.0-10.5 / 10.8-12.7), while Q8's one-row tiles stay ahead to M = 8
-// (M = 8: 7.4-8.0 / 6.8-6.9).
+// R x MT tiles beyond the one-row ones, which take x of at most OneRowMaxM rows (and while it
+// fits L1). Widen: 4 rows; beyond, the R x MT tiles stream more (Zen 3, 2 threads, a decode pass
+// of bf16 weights, GB/s one-row / R x MT tiles: M = 4 19.5 / 19.2, 6 13.2 / 14.7, 8 10.0-10.5 /
+// 10.8-12.7), while Q8's one-row tiles stay ahead to M = 8 (M = 8: 7.4-8.0 / 6.8-6.9). Pairs:
+// 4 rows where weight rows are shorter than a page, else from 2 rows on (Zen 4, 2 threads, a
+// layer's weights cache-cold, GB/s one-row / 4 x 6 tiles: 0.5B M = 4 21.9 / 19.6, 6 19.7 /
+// 19.1, 8 15.4 / 18.0; 1.7B M = 2 23.2 / 30.1, 4 21.8 / 27.6).
 template <int R, int MT, int OneRowMaxM = 8>
 struct Tiles {
   static constexpr int r = R, mt = MT, one_row_max_m = OneRowMaxM;
 };
 using WidenTiles = Tiles<kWideRegs ? 4 : 3, kWideRegs ? 6 : 4, 4>;
 using Q8Tiles = Tiles<kWideRegs ? 4 : 2, 4>;
-using OneRowOnly = Tiles<0, 0>;
+using PairsTiles = Tiles<4, 6, 4>;  // AVX512-BF16 only (32 registers)
+using PairsPageTiles = Tiles<4, 6, 1>;  // the same for weight rows of a page or more
 
 inline bool one_row_tiles(int64_t M, int64_t K, int64_t max_m) {  // x as fp32 fits L1
   return M <= max_m && M * K * static_cast<int64_t>(sizeof(float)) <= kXL1Bytes;
 }
 
-// Big = OneRowOnly: a policy run in one-row tiles only (the caller checked one_row_tiles). A single row
-// of x (batch-1 decode) with weight rows of a page or more takes 4 weight rows per tile: fewer
+// Big: the policy's R x MT tiles and where its one-row tiles stop (Tiles). A single row of x
+// (batch-1 decode) with weight rows of a page or more takes 4 weight rows per tile: fewer
 // horizontal sums and set-ups per weight byte. Shorter rows stay one per tile: four of them
 // interleave four streams within a page, which the prefetchers follow worse (AVX2, 1 thread,
 // cache-cold, GB/s of weight at 1 / 4 rows per tile: int8 896-wide 13.7 / 8.1, bf16 8.1 / 7.8;
 // 4864-wide int8 10.5 / 12.5, bf16 10.0 / 12.3).
 template <class Big, class L, class WT, class XT>
 void dispatch(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
-  if constexpr (Big::r > 0) {
-    if (!one_row_tiles(p.M, p.K, Big::one_row_max_m)) {
-      return run<L, WT, XT, Big::r, Big::mt>(p, min_task_bytes);
-    }
+  if (!one_row_tiles(p.M, p.K, Big::one_row_max_m)) {
+    return run<L, WT, XT, Big::r, Big::mt>(p, min_task_bytes);
   }
   if (p.M == 1 && p.K * static_cast<int64_t>(sizeof(WT)) >= 4096) {
     return run<L, WT, XT, 4, 1>(p, min_task_bytes);
@@ -218,15 +219,20 @@ void run_typed(const Linear<WT, XT>& o, int64_t min_task_bytes) {
     solve(Q8{}, Q8Tiles{}, xq.data(), ld);
   } else {
 #if defined(RS_HAS_DPBF16)
-    // Measured on a Sapphire Rapids-class CPU (2 cores, 4864x896 weights): Pairs streams 12.3
-    // GB/s at M = 8 against Widen's 9.2, the same at M = 1 (memory-bound), and 3-15% less in
-    // the R x 6 tiles of M >= 16 (not explained: twice the multiply-adds per instruction bought
-    // nothing there), so it runs in the one-row tiles only.
+    // bf16 times bf16: x read in place, no widening of either operand, one VDPBF16PS per 2W
+    // products, in one-row tiles while they suit, else in R x MT tiles. Zen 4, 2 threads, a
+    // layer of each shape's weights cache-cold, GB/s Pairs 4 x 6 / Widen 4 x 6 / torch (oneDNN):
+    // Qwen3-1.7B M = 6: 24.7 / 22.7 / 18.0, 8: 20.7 / 17.2 / 17.1, 16: 14.9 / 11.2 / 13.3, 24:
+    // 11.8 / 7.7 / 10.9; Qwen2.5-0.5B M = 16: 14.9 / 9.7 / 11.1, 24: 11.3 / 7.0 / 9.2. (A
+    // Sapphire Rapids-class CPU gave Pairs 12.3 GB/s at M = 8 in one-row tiles against Widen's
+    // 9.2, and 3-15% less in R x 6 tiles at M >= 16, where its AMX GEMM takes over anyway.)
     if constexpr (std::is_same_v<WT, bf16> && std::is_same_v<XT, bf16>) {
-      if (one_row_tiles(M, K, OneRowOnly::one_row_max_m)) {
-        solve(Pairs{}, OneRowOnly{}, xs, ldx);  // x read in place: no widening of either operand
-        return;
+      if (K * static_cast<int64_t>(sizeof(bf16)) >= 4096) {
+        solve(Pairs{}, PairsPageTiles{}, xs, ldx);
+      } else {
+        solve(Pairs{}, PairsTiles{}, xs, ldx);
       }
+      return;
     }
 #endif
     std::vector<float> xbuf;

@@ -251,8 +251,8 @@ void check_attention(int64_t H, int64_t kvh, int64_t d, int64_t window,
     p.q_start.push_back(q_start);
     q_start += reqs[b].extend;
   }
-  attn::run_tasks(p, attn::plan_tasks(p, tokens_per_task),
-                  attn::max_task_rows(tokens_per_task, p.g));
+  attn::run_tasks(p, attn::plan_tasks(p, tokens_per_task, true),
+                  attn::max_task_rows(tokens_per_task, p.g, kvh));
 
   char what[128];
   std::snprintf(what, sizeof what, "attention %s, H %lld kv %lld d %lld window %lld, %lld requests",

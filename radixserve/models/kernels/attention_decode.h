@@ -1,0 +1,199 @@
+// Decode-shaped tasks of the paged attention kernel (attention_kernel.h): one query token of one
+// request against nh KV heads [t.h, t.h + nh), each with its g query heads (g at most
+// kDecodeRows). All rows sit at one position and see the same keys, so each K and V row is read
+// once, straight from the KV buffer through the request's slots, and widened in registers: no
+// block copy, no transpose, no padding rows (the extend path widens and transposes each 64-key
+// block into scratch and computes 4-row tiles, which decode's 1-2 rows per KV head leave mostly
+// empty). Keys are visited in order with all nh heads of each: a slot's rows of those heads lie
+// side by side in the KV buffer ([slots, kv_heads, d]), so the task streams them, where one head
+// alone reads d values every kv_heads * d. Zen 4, 2 threads, bf16, 28 layers of 8 requests x 512
+// tokens x 8 KV heads of 128 (Qwen3-1.7B), cache-cold, GB/s of KV read: the extend path 5.7;
+// this path with one head per task 12.5, with all 8 heads 18.1, and with VDPBF16PS scores 19.0
+// (21.8 at 32 requests). A batch too small to keep the threads busy splits heads over tasks
+// (decode_heads). Scores are dot products per key, the softmax the extend path's online one per
+// block of kBk keys, P V g rows at a time.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "attention_task.h"
+#include "simd.h"
+
+namespace rs::attn {
+
+constexpr int64_t kDecodeRows = 8;  // the most query heads per KV head this path takes
+constexpr int64_t kAhead = 8;       // keys ahead whose K rows a one-head task prefetches
+
+// acc[i][r] += q_r . k_i over d: G rows of q (qf: [G][d] fp32; qb: the same rows as stored) and
+// NJ keys. bf16 rows with AVX512-BF16 multiply as raw pairs (VDPBF16PS: exact products, half
+// the instructions and no widening), others widened to fp32.
+template <int G, int NJ, class T>
+inline void dot_rows(const float* qf, const T* qb, const T* const* k, int64_t d, VF (&acc)[NJ][G]) {
+#if defined(RS_HAS_DPBF16)
+  if constexpr (std::is_same_v<T, bf16>) {
+    for (int64_t c = 0; c < d; c += 2 * W) {
+      const int64_t rem = d - c;
+      const auto pairs = [rem](const bf16* at) {
+        return rem >= 2 * W ? load_pairs(at) : load_pairs_tail(at, rem);
+      };
+      VB kv[NJ];
+      for (int i = 0; i < NJ; ++i) kv[i] = pairs(k[i] + c);
+      for (int r = 0; r < G; ++r) {
+        const VB qv = pairs(qb + r * d + c);
+        for (int i = 0; i < NJ; ++i) acc[i][r] = dot_pairs(qv, kv[i], acc[i][r]);
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t c = 0; c < d; c += W) {
+    VF kv[NJ];
+    for (int i = 0; i < NJ; ++i) kv[i] = load(k[i] + c);
+    for (int r = 0; r < G; ++r) {
+      const VF qv = load(qf + r * d + c);
+      for (int i = 0; i < NJ; ++i) acc[i][r] = fma(qv, kv[i], acc[i][r]);
+    }
+  }
+}
+
+// sr[(hh * G + r) * ld + j] = scale * q_{hh,r} . k_{hh, j0 + j} for j < n and heads hh < nh from
+// h0: G rows of q per head (qf: dense [nh * G][d] fp32; qb: as stored, rows d apart) against the
+// keys at slots[j0 ..], of which the request has `avail` from j0. J keys at a time: G * J
+// independent sums. Each key prefetches its V rows, which decode_pv reads next, and a task of
+// one head (rows kv_heads * d apart, which the hardware prefetchers miss) the K row kAhead keys
+// on; rows of several heads side by side stream faster without (Zen 4, 2 threads, 8 requests x
+// 512 tokens, 8 heads per task, GB/s of KV: 18.1 without, 13.1 with).
+template <int G, class T>
+inline void decode_scores(const Problem<T>& p, const int32_t* slots, int64_t h0, int64_t nh,
+                          int64_t j0, int64_t n, int64_t avail, const float* qf, const T* qb,
+                          float* sr, int64_t ld) {
+  constexpr int J = 2 * G + 3 <= kVectorRegisters ? 2 : 1;
+  const int64_t d = p.d, span = nh * d * static_cast<int64_t>(sizeof(T));
+  int64_t j = 0;
+  auto keys = [&](auto nj) {
+    constexpr int NJ = decltype(nj)::value;
+    int64_t base[NJ];
+    for (int i = 0; i < NJ; ++i) {
+      base[i] = static_cast<int64_t>(slots[j0 + j + i]) * p.kv_stride + h0 * d;
+      const auto* vn = reinterpret_cast<const char*>(p.v + base[i]);
+      for (int64_t b = 0; b < span; b += 64) prefetch(vn + b);
+      if (nh == 1) {
+        const int64_t ahead = std::min(j + i + kAhead, avail - 1);
+        const auto* kn = reinterpret_cast<const char*>(
+            p.k + static_cast<int64_t>(slots[j0 + ahead]) * p.kv_stride + h0 * d);
+        for (int64_t b = 0; b < span; b += 64) prefetch(kn + b);
+      }
+    }
+    for (int64_t hh = 0; hh < nh; ++hh) {
+      const T* kr[NJ];
+      for (int i = 0; i < NJ; ++i) kr[i] = p.k + base[i] + hh * d;
+      VF acc[NJ][G];
+      for (int i = 0; i < NJ; ++i)
+        for (int r = 0; r < G; ++r) acc[i][r] = zero();
+      dot_rows<G, NJ>(qf + hh * G * d, qb + hh * G * d, kr, d, acc);
+      for (int i = 0; i < NJ; ++i)
+        for (int r = 0; r < G; ++r) sr[(hh * G + r) * ld + j + i] = hsum(acc[i][r]) * p.scale;
+    }
+  };
+  for (; j + J <= n; j += J) keys(std::integral_constant<int, J>{});
+  for (; j < n; ++j) keys(std::integral_constant<int, 1>{});
+}
+
+// o[r] (dense [G][d]) += sum_j pr[r * ld + j] v_{h, j0 + j} over j < n, NV vectors of d at a time.
+template <int G, class T>
+inline void decode_pv(const Problem<T>& p, const int32_t* slots, int64_t h, int64_t j0, int64_t n,
+                      const float* pr, int64_t ld, float* o) {
+  constexpr int NV = G * 2 + 3 <= kVectorRegisters ? 2 : 1;
+  const int64_t d = p.d;
+  const T* vh = p.v + h * d;
+  auto chunk = [&](int64_t c0, auto nv) {
+    constexpr int V = decltype(nv)::value;
+    VF acc[G][V];
+    for (int r = 0; r < G; ++r)
+      for (int c = 0; c < V; ++c) acc[r][c] = load(o + r * d + c0 + c * W);
+    for (int64_t j = 0; j < n; ++j) {
+      const T* vr = vh + static_cast<int64_t>(slots[j0 + j]) * p.kv_stride + c0;
+      VF vv[V];
+      for (int c = 0; c < V; ++c) vv[c] = load(vr + c * W);
+      for (int r = 0; r < G; ++r) {
+        const VF pj = set1(pr[r * ld + j]);
+        for (int c = 0; c < V; ++c) acc[r][c] = fma(pj, vv[c], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < G; ++r)
+      for (int c = 0; c < V; ++c) store(o + r * d + c0 + c * W, acc[r][c]);
+  };
+  int64_t c0 = 0;
+  for (; c0 + NV * W <= d; c0 += NV * W) chunk(c0, std::integral_constant<int, NV>{});
+  for (; c0 < d; c0 += W) chunk(c0, std::integral_constant<int, 1>{});
+}
+
+// Task t (one token: t.t1 == t.t0 + 1; heads [t.h, t.h + t.nh)) with G = p.g: R = t.nh * G
+// query rows, consecutive in q and out. q, o: [R][d] scratch; m, l: [R]; s: [R][kBk] scratch for
+// scores, then probabilities.
+template <int G, class T>
+void decode_task(const Problem<T>& p, const Task& t, float* q, float* o, float* m, float* l,
+                 float* s) {
+  const int64_t d = p.d, pos = p.prefix[t.b] + t.t0, rows = t.nh * G;
+  const int64_t at = (p.q_start[t.b] + t.t0) * p.H + t.h * G;  // first row's index in out
+  const T* qt = p.q + (p.q_start[t.b] + t.t0) * p.q_stride + t.h * G * d;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < d; c += W) {
+      store(q + r * d + c, load(qt + r * d + c));
+      store(o + r * d + c, zero());
+    }
+    m[r] = kNegInf;
+    l[r] = 0.0f;
+  }
+  const int32_t* slots = p.req_to_token + p.row[t.b] * p.r2t_stride;
+  const int64_t first = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+  for (int64_t j0 = first; j0 <= pos; j0 += kBk) {
+    const int64_t n = std::min(kBk, pos + 1 - j0), padded = (n + W - 1) / W * W;
+    decode_scores<G>(p, slots, t.h, t.nh, j0, n, pos + 1 - j0, q, qt, s, kBk);
+    for (int64_t r = 0; r < rows; ++r) {  // keys past n (past pos) are masked out, as padding
+      float* sr = s + r * kBk;
+      const auto keep = [sr](int64_t j, VF e) { store(sr + j, e); };
+      if (!softmax_step(sr, padded, j0, pos, p.window, m[r], l[r], o + r * d, d, keep)) {
+        std::fill(sr, sr + padded, 0.0f);
+      }
+    }
+    for (int64_t hh = 0; hh < t.nh; ++hh) {
+      decode_pv<G>(p, slots, t.h + hh, j0, n, s + hh * G * kBk, kBk, o + hh * G * d);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    T* dst = p.out + (at + r) * d;
+    const VF inv = set1(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+    for (int64_t c = 0; c < d; c += W) store(dst + c, mul(load(o + r * d + c), inv));
+  }
+}
+
+// decode_task with G = p.g <= kDecodeRows (the caller checked).
+template <class T>
+void run_decode_task(const Problem<T>& p, const Task& t, float* q, float* o, float* m, float* l,
+                     float* s) {
+  switch (p.g) {
+    case 1: return decode_task<1>(p, t, q, o, m, l, s);
+    case 2: return decode_task<2>(p, t, q, o, m, l, s);
+    case 3: return decode_task<3>(p, t, q, o, m, l, s);
+    case 4: return decode_task<4>(p, t, q, o, m, l, s);
+    case 5: return decode_task<5>(p, t, q, o, m, l, s);
+    case 6: return decode_task<6>(p, t, q, o, m, l, s);
+    case 7: return decode_task<7>(p, t, q, o, m, l, s);
+    default: return decode_task<8>(p, t, q, o, m, l, s);
+  }
+}
+
+// KV heads per decode task for n_decode decode requests: the fewest groups of kvh heads (a
+// divisor) that give every thread `per_thread` tasks, so heads stay together where the batch
+// alone keeps the threads busy.
+inline int64_t decode_heads(int64_t kvh, int64_t n_decode, int64_t threads, int64_t per_thread) {
+  for (int64_t groups = 1; groups < kvh; ++groups) {
+    if (kvh % groups == 0 && n_decode * groups >= threads * per_thread) return kvh / groups;
+  }
+  return 1;
+}
+
+}  // namespace rs::attn
