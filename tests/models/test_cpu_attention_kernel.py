@@ -24,10 +24,16 @@ KERNEL_SPECS = {
     **{k: v for k, v in SPECS.items() if v.head_dim % 16 == 0},
     "qwen": AttentionSpec(14, 2, 64, 0.125, (None, 70)),
     "wide": AttentionSpec(4, 4, 128, 128**-0.5, (None, 33)),
-    # the most query heads per KV head the decode path takes; d not a multiple of 2 AVX-512 vectors
-    "gqa8": AttentionSpec(16, 2, 48, 48**-0.5, (40, None)),
+    # the most query heads per KV head the decode path takes; d not a multiple of 2 AVX-512
+    # vectors; a window long enough for long_decode's keys to split over tasks within it
+    "gqa8": AttentionSpec(16, 2, 48, 48**-0.5, (600, None)),
 }
-KERNEL_BATCHES = {**BATCHES, "long_prefix": ([300, 5, 130], [41, 200, 1])}
+# long_decode: a decode batch of few requests whose keys split over tasks (kSplitKeys = 256)
+KERNEL_BATCHES = {
+    **BATCHES,
+    "long_prefix": ([300, 5, 130], [41, 200, 1]),
+    "long_decode": ([1100, 700], [1, 1]),
+}
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
@@ -44,7 +50,7 @@ def test_cpu_attention_kernel_follows_the_contract(
     prefix, extend = _lengths(KERNEL_BATCHES[batch_name], decode)
     tol = TOL[dtype]
     for layer in range(2):
-        s = Setup(spec, prefix, extend, decode, dtype, num_slots=1024)
+        s = Setup(spec, prefix, extend, decode, dtype, num_slots=2048)
         out = s.run(CpuKernelBackend(spec, s.kv, s.pool, variant_kernels), layer)
         assert out.dtype == dtype
         assert torch.equal(s.kv.k_buffer[layer][s.batch.out_cache_loc], s.k)

@@ -9,12 +9,15 @@
 // alone reads d values every kv_heads * d. Zen 4, 2 threads, bf16, 28 layers of 8 requests x 512
 // tokens x 8 KV heads of 128 (Qwen3-1.7B), cache-cold, GB/s of KV read: the extend path 5.7;
 // this path with one head per task 12.5, with all 8 heads 18.1, and with VDPBF16PS scores 19.0
-// (21.8 at 32 requests). A batch too small to keep the threads busy splits heads over tasks
-// (decode_heads). Scores are dot products per key, the softmax the extend path's online one per
-// block of kBk keys, P V g rows at a time.
+// (21.8 at 32 requests). A batch too small to keep the threads busy splits each request's keys
+// over tasks, at least kSplitKeys each, whose results merge_parts combines (one request of 4096
+// tokens: 12.9 -> 20.7 GB/s; two of 1024: 12.6 -> 19.6), and then its heads (decode_heads).
+// Scores are dot products per key, the softmax the extend path's online one per block of kBk
+// keys, P V g rows at a time.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -132,10 +135,11 @@ inline void decode_pv(const Problem<T>& p, const int32_t* slots, int64_t h, int6
 
 // Task t (one token: t.t1 == t.t0 + 1; heads [t.h, t.h + t.nh)) with G = p.g: R = t.nh * G
 // query rows, consecutive in q and out. q, o: [R][d] scratch; m, l: [R]; s: [R][kBk] scratch for
-// scores, then probabilities.
+// scores, then probabilities. A task of part of the keys (t.part >= 0) leaves each row's m, l
+// and unnormalised o, d + 2 floats, in parts + t.part for merge_parts.
 template <int G, class T>
 void decode_task(const Problem<T>& p, const Task& t, float* q, float* o, float* m, float* l,
-                 float* s) {
+                 float* s, float* parts) {
   const int64_t d = p.d, pos = p.prefix[t.b] + t.t0, rows = t.nh * G;
   const int64_t at = (p.q_start[t.b] + t.t0) * p.H + t.h * G;  // first row's index in out
   const T* qt = p.q + (p.q_start[t.b] + t.t0) * p.q_stride + t.h * G * d;
@@ -148,12 +152,14 @@ void decode_task(const Problem<T>& p, const Task& t, float* q, float* o, float* 
     l[r] = 0.0f;
   }
   const int32_t* slots = p.req_to_token + p.row[t.b] * p.r2t_stride;
-  const int64_t first = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
-  for (int64_t j0 = first; j0 <= pos; j0 += kBk) {
-    const int64_t n = std::min(kBk, pos + 1 - j0), padded = (n + W - 1) / W * W;
-    decode_scores<G>(p, slots, t.h, t.nh, j0, n, pos + 1 - j0, q, qt, s, kBk);
-    for (int64_t r = 0; r < rows; ++r) {  // keys past n (past pos) are masked out, as padding
+  const int64_t first = (p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0) + t.k0;
+  const int64_t last = t.k1 < 0 ? pos : std::min(pos, first - t.k0 + t.k1 - 1);
+  for (int64_t j0 = first; j0 <= last; j0 += kBk) {
+    const int64_t n = std::min(kBk, last + 1 - j0), padded = (n + W - 1) / W * W;
+    decode_scores<G>(p, slots, t.h, t.nh, j0, n, last + 1 - j0, q, qt, s, kBk);
+    for (int64_t r = 0; r < rows; ++r) {
       float* sr = s + r * kBk;
+      std::fill(sr + n, sr + padded, kNegInf);  // padding: past the task's keys
       const auto keep = [sr](int64_t j, VF e) { store(sr + j, e); };
       if (!softmax_step(sr, padded, j0, pos, p.window, m[r], l[r], o + r * d, d, keep)) {
         std::fill(sr, sr + padded, 0.0f);
@@ -162,6 +168,15 @@ void decode_task(const Problem<T>& p, const Task& t, float* q, float* o, float* 
     for (int64_t hh = 0; hh < t.nh; ++hh) {
       decode_pv<G>(p, slots, t.h + hh, j0, n, s + hh * G * kBk, kBk, o + hh * G * d);
     }
+  }
+  if (t.part >= 0) {
+    float* out = parts + t.part;
+    for (int64_t r = 0; r < rows; ++r, out += d + 2) {
+      out[0] = m[r];
+      out[1] = l[r];
+      std::copy(o + r * d, o + (r + 1) * d, out + 2);
+    }
+    return;
   }
   for (int64_t r = 0; r < rows; ++r) {
     T* dst = p.out + (at + r) * d;
@@ -173,16 +188,40 @@ void decode_task(const Problem<T>& p, const Task& t, float* q, float* o, float* 
 // decode_task with G = p.g <= kDecodeRows (the caller checked).
 template <class T>
 void run_decode_task(const Problem<T>& p, const Task& t, float* q, float* o, float* m, float* l,
-                     float* s) {
+                     float* s, float* parts) {
   switch (p.g) {
-    case 1: return decode_task<1>(p, t, q, o, m, l, s);
-    case 2: return decode_task<2>(p, t, q, o, m, l, s);
-    case 3: return decode_task<3>(p, t, q, o, m, l, s);
-    case 4: return decode_task<4>(p, t, q, o, m, l, s);
-    case 5: return decode_task<5>(p, t, q, o, m, l, s);
-    case 6: return decode_task<6>(p, t, q, o, m, l, s);
-    case 7: return decode_task<7>(p, t, q, o, m, l, s);
-    default: return decode_task<8>(p, t, q, o, m, l, s);
+    case 1: return decode_task<1>(p, t, q, o, m, l, s, parts);
+    case 2: return decode_task<2>(p, t, q, o, m, l, s, parts);
+    case 3: return decode_task<3>(p, t, q, o, m, l, s, parts);
+    case 4: return decode_task<4>(p, t, q, o, m, l, s, parts);
+    case 5: return decode_task<5>(p, t, q, o, m, l, s, parts);
+    case 6: return decode_task<6>(p, t, q, o, m, l, s, parts);
+    case 7: return decode_task<7>(p, t, q, o, m, l, s, parts);
+    default: return decode_task<8>(p, t, q, o, m, l, s, parts);
+  }
+}
+
+// The output rows of decode task t's request and heads from the n tasks over parts of its keys
+// whose results start at parts + at[i] (decode_task's layout), merged.
+template <class T>
+void merge_parts(const Problem<T>& p, const Task& t, const int64_t* at, int64_t n,
+                 const float* parts) {
+  const int64_t d = p.d, rows = t.nh * p.g;
+  const int64_t first = (p.q_start[t.b] + t.t0) * p.H + t.h * p.g;
+  for (int64_t r = 0; r < rows; ++r) {
+    float mx = kNegInf;
+    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, parts[at[i] + r * (d + 2)]);
+    float l = 0.0f;
+    for (int64_t c = 0; c < d; c += W) {
+      VF acc = zero();
+      for (int64_t i = 0; i < n; ++i) {
+        const float* part = parts + at[i] + r * (d + 2);
+        const float scale = part[0] == kNegInf ? 0.0f : std::exp(part[0] - mx);
+        if (c == 0) l += part[1] * scale;
+        acc = fma(set1(scale), load(part + 2 + c), acc);
+      }
+      store(p.out + (first + r) * d + c, mul(acc, set1(l > 0.0f ? 1.0f / l : 0.0f)));
+    }
   }
 }
 

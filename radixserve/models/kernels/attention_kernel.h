@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "attention_decode.h"
@@ -148,27 +149,46 @@ void run_task(const Problem<T>& p, const Task& t, Scratch& s) {
   store_rows(p, t, s.o.data(), s.l.data());
 }
 
+// Fewest keys per part of a decode request's keys split over tasks (decode_parts).
+constexpr int64_t kSplitKeys = 256;
+
 // The tasks of p's requests (their fields in p filled), costliest first: per request and KV
-// head, blocks of at most tokens_per_task tokens; with group_decode, a decode request's tasks
-// (one token, g <= kDecodeRows) take several KV heads each (decode_heads).
+// head, blocks of at most tokens_per_task tokens. With group_decode, a decode request's tasks
+// (one token, g <= kDecodeRows) take several KV heads each and, in a batch of too few requests
+// to keep the threads busy, part of the keys each: the batch's requests split into `want` tasks
+// where their keys allow, then their heads (decode_heads). Split tasks get disjoint places for
+// their partial results (Task::part, counted from 0).
 template <class T>
 std::vector<Task> plan_tasks(const Problem<T>& p, int64_t tokens_per_task, bool group_decode) {
-  const int64_t bs = static_cast<int64_t>(p.seq.size());
-  int64_t heads = 1;
-  if (group_decode && p.g <= kDecodeRows) {
-    int64_t n_decode = 0;
-    for (int64_t b = 0; b < bs; ++b) n_decode += p.seq[b] - p.prefix[b] == 1;
-    heads = decode_heads(p.kvh, n_decode, at::get_num_threads(), 4);
-  }
+  const int64_t bs = static_cast<int64_t>(p.seq.size()), threads = at::get_num_threads();
+  const bool decode_path = group_decode && p.g <= kDecodeRows;
+  int64_t n_decode = 0;
+  for (int64_t b = 0; b < bs && decode_path; ++b) n_decode += p.seq[b] - p.prefix[b] == 1;
+  const int64_t want = threads * 4, per_request = std::max<int64_t>(1, n_decode);
+  const int64_t split = std::max<int64_t>(1, (want + per_request - 1) / per_request);
   std::vector<Task> tasks;
+  int64_t next_part = 0;
   for (int64_t b = 0; b < bs; ++b) {
     const int64_t pre = p.prefix[b], ext = p.seq[b] - pre;
-    const int64_t nh = ext == 1 ? heads : 1;
-    for (int64_t h = 0; h < p.kvh; h += nh) {
+    if (decode_path && ext == 1) {
+      const int64_t keys = p.window > 0 ? std::min(p.window, pre + 1) : pre + 1;
+      const int64_t parts = std::clamp<int64_t>(keys / kSplitKeys, 1, split);
+      const int64_t nh = decode_heads(p.kvh, n_decode * parts, threads, 4);
+      const int64_t per = (keys + parts - 1) / parts;
+      for (int64_t h = 0; h < p.kvh; h += nh) {
+        for (int64_t k0 = 0; k0 < keys; k0 += per) {
+          const int64_t k1 = std::min(keys, k0 + per), part = parts > 1 ? next_part : -1;
+          if (parts > 1) next_part += nh * p.g * (p.d + 2);
+          tasks.push_back({b, h, 0, 1, (k1 - k0) * nh, nh, k0, parts > 1 ? k1 : -1, part});
+        }
+      }
+      continue;
+    }
+    for (int64_t h = 0; h < p.kvh; ++h) {
       for (int64_t t0 = 0; t0 < ext; t0 += tokens_per_task) {
         const int64_t t1 = std::min(ext, t0 + tokens_per_task);
         const int64_t keys = p.window > 0 ? std::min(p.window, pre + t1) : pre + t1;
-        tasks.push_back({b, h, t0, t1, (t1 - t0) * keys * nh, nh});
+        tasks.push_back({b, h, t0, t1, (t1 - t0) * keys});
       }
     }
   }
@@ -199,15 +219,39 @@ void run_tasks(const Problem<T>& p, const std::vector<Task>& tasks, int64_t max_
     s.s.resize(std::max<int64_t>(kTile, max_rows) * kBk);
     return s;
   };
+  // decode tasks over parts of their keys: (request, head, task) and the partial results' space
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> split;
+  int64_t part_floats = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(tasks.size()); ++i) {
+    const Task& t = tasks[i];
+    if (t.part < 0) continue;
+    split.emplace_back(t.b, t.h, i);
+    part_floats = std::max(part_floats, t.part + t.nh * p.g * (d + 2));
+  }
+  std::vector<float> parts(static_cast<size_t>(part_floats));
   run_dynamic(static_cast<int64_t>(tasks.size()), make_scratch,
               [&](Scratch& s, int64_t i) {
                 const Task& t = tasks[i];
                 if (t.t1 - t.t0 == 1 && p.g <= kDecodeRows) {  // attention_decode.h
                   return run_decode_task(p, t, s.q.data(), s.o.data(), s.m.data(), s.l.data(),
-                                         s.s.data());
+                                         s.s.data(), parts.data());
                 }
                 run_task(p, t, s);
               });
+  std::sort(split.begin(), split.end());
+  std::vector<int64_t> at;
+  for (size_t i = 0; i < split.size();) {  // each (request, head) group: merged
+    at.clear();
+    size_t j = i;
+    for (; j < split.size() && std::get<0>(split[j]) == std::get<0>(split[i]) &&
+           std::get<1>(split[j]) == std::get<1>(split[i]);
+         ++j) {
+      at.push_back(tasks[std::get<2>(split[j])].part);
+    }
+    merge_parts(p, tasks[std::get<2>(split[i])], at.data(), static_cast<int64_t>(at.size()),
+                parts.data());
+    i = j;
+  }
 }
 
 }  // namespace rs::attn

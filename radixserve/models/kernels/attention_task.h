@@ -40,6 +40,9 @@ struct Problem {
 struct Task {
   int64_t b, h, t0, t1, cost;
   int64_t nh = 1;  // KV heads [h, h + nh): more than one only for decode (attention_decode.h)
+  // decode only: the task's keys [k0, k1) of the visible ones (k1 < 0: all), and where a task
+  // of part of the keys leaves its rows' m, l and o for merge_parts (-1: it writes out itself)
+  int64_t k0 = 0, k1 = -1, part = -1;
 };
 
 // Tasks 0..n-1 over torch's threads: each worker makes its state once, then pulls the next
