@@ -282,7 +282,7 @@ ZEN4 = "benchmarks/results/zen4-2026-11-28"
 
 def zen4_step() -> str:
     """One step at a time on Zen 4: prefill and decode beside transformers and llama-server."""
-    path = f"{ZEN4}/step-qwen25-0.5b.json"
+    path = f"{ZEN4}/step-qwen25-0.5b-decode-attention.json"
     header = ["row", "rs bf16", "rs int8", "HF bf16", "llama BF16", "llama Q8_0", "int8 / bf16"]
     header += ["rs bf16 / llama BF16", "rs int8 / llama Q8_0", "rs int8 / HF bf16"]
     rows = []
@@ -310,23 +310,28 @@ def zen4_forced_avx512() -> str:
 
 
 def zen4_multiturn() -> str:
-    """Shape (a) on the Qwen3-1.7B shape: the tree before the VNNI GEMM, after, llama-server."""
-    header = ["weights", "before", "after", "after / before", "llama-server", "after / llama"]
-    header += ["TTFT p99 before / after / llama"]
+    """Shape (a) on the Qwen3-1.7B shape: the tree before the VNNI GEMM (40425c2), with it
+    (e30e3a4), with the decode attention and bf16 tiles after it (8d06975), llama-server."""
+    header = ["weights", "40425c2", "e30e3a4", "8d06975", "8d06975 / 40425c2", "llama-server"]
+    header += ["8d06975 / llama", "TTFT p99 40425c2 / 8d06975 / llama"]
     rows, files = [], []
     for dtype, gguf in (("bf16", "BF16"), ("int8", "Q8_0")):
-        before_path = f"{ZEN4}/multiturn-qwen3-1.7b-{dtype}-before.json"
-        after_path = f"docs/bench-llama-cpp-a-qwen3-1.7b-{dtype}-zen4.json"
-        files += [before_path, after_path]
-        before = next(s for s in load(before_path)["systems"] if s["kind"] == "radixserve")
-        after_run = load(after_path)["systems"]
-        after = next(s for s in after_run if s["kind"] == "radixserve")
-        llama = next(s for s in after_run if s["kind"] == "compare")
-        p99 = " / ".join(ms(s["ttft_s"]["p99"]) for s in (before, after, llama))
+        paths = [
+            f"{ZEN4}/multiturn-qwen3-1.7b-{dtype}-before.json",
+            f"{ZEN4}/multiturn-qwen3-1.7b-{dtype}-e30e3a4.json",
+            f"docs/bench-llama-cpp-a-qwen3-1.7b-{dtype}-zen4.json",
+        ]
+        files += paths
+        before, middle, now = (
+            next(s for s in load(path)["systems"] if s["kind"] == "radixserve") for path in paths
+        )
+        llama = next(s for s in load(paths[-1])["systems"] if s["kind"] == "compare")
+        p99 = " / ".join(ms(s["ttft_s"]["p99"]) for s in (before, now, llama))
         rows.append(
-            [f"{dtype} (llama: {gguf})", f"{before['wall_s']:.1f} s", f"{after['wall_s']:.1f} s"]
-            + [times(after["requests_per_s"] / before["requests_per_s"])]
-            + [f"{llama['wall_s']:.1f} s", times(after["requests_per_s"] / llama["requests_per_s"])]
+            [f"{dtype} (llama: {gguf})"]
+            + [f"{s['wall_s']:.1f} s" for s in (before, middle, now)]
+            + [times(now["requests_per_s"] / before["requests_per_s"])]
+            + [f"{llama['wall_s']:.1f} s", times(now["requests_per_s"] / llama["requests_per_s"])]
             + [p99]
         )
     return table(header, rows, files)
