@@ -149,7 +149,7 @@ void run_task(const Problem<T>& p, const Task& t, Scratch& s) {
   store_rows(p, t, s.o.data(), s.l.data());
 }
 
-// Fewest keys per part of a decode request's keys split over tasks (decode_parts).
+// Fewest keys per part of a decode request's keys split over tasks (plan_tasks).
 constexpr int64_t kSplitKeys = 256;
 
 // The tasks of p's requests (their fields in p filled), costliest first: per request and KV
@@ -157,7 +157,7 @@ constexpr int64_t kSplitKeys = 256;
 // (one token, g <= kDecodeRows) take several KV heads each and, in a batch of too few requests
 // to keep the threads busy, part of the keys each: the batch's requests split into `want` tasks
 // where their keys allow, then their heads (decode_heads). Split tasks get disjoint places for
-// their partial results (Task::part, counted from 0).
+// their partial results (Task::part: offsets in floats into run_tasks' buffer, from 0).
 template <class T>
 std::vector<Task> plan_tasks(const Problem<T>& p, int64_t tokens_per_task, bool group_decode) {
   const int64_t bs = static_cast<int64_t>(p.seq.size()), threads = at::get_num_threads();
