@@ -141,7 +141,6 @@ template <int G, class T>
 void decode_task(const Problem<T>& p, const Task& t, float* q, float* o, float* m, float* l,
                  float* s, float* parts) {
   const int64_t d = p.d, pos = p.prefix[t.b] + t.t0, rows = t.nh * G;
-  const int64_t at = (p.q_start[t.b] + t.t0) * p.H + t.h * G;  // first row's index in out
   const T* qt = p.q + (p.q_start[t.b] + t.t0) * p.q_stride + t.h * G * d;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < d; c += W) {
@@ -178,11 +177,7 @@ void decode_task(const Problem<T>& p, const Task& t, float* q, float* o, float* 
     }
     return;
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    T* dst = p.out + (at + r) * d;
-    const VF inv = set1(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
-    for (int64_t c = 0; c < d; c += W) store(dst + c, mul(load(o + r * d + c), inv));
-  }
+  store_rows(p, t, o, l);
 }
 
 // decode_task with G = p.g <= kDecodeRows (the caller checked).

@@ -96,13 +96,14 @@ inline bool rows_see_block(const int64_t* pos, int64_t n, int64_t j0, int64_t bl
   return !(window > 0 && j0 + block - 1 <= tmin - window);  // all left of the window
 }
 
-// The output of task t: each real row's o [d] over its sum l, rounded once to T.
+// The output of task t: each real row's o [d] over its sum l, rounded once to T. Rows run over
+// the task's tokens, then its query heads (the g of each of its nh KV heads, consecutive in out).
 template <class T>
 inline void store_rows(const Problem<T>& p, const Task& t, const float* o, const float* l) {
-  const int64_t g = p.g, d = p.d, rows = (t.t1 - t.t0) * g;
+  const int64_t heads = p.g * t.nh, d = p.d, rows = (t.t1 - t.t0) * heads;
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t tok = t.t0 + r / g;
-    T* dst = p.out + ((p.q_start[t.b] + tok) * p.H + t.h * g + r % g) * d;
+    const int64_t tok = t.t0 + r / heads;
+    T* dst = p.out + ((p.q_start[t.b] + tok) * p.H + t.h * p.g + r % heads) * d;
     const VF inv = set1(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
     for (int64_t c = 0; c < d; c += W) store(dst + c, mul(load(&o[r * d + c]), inv));
   }
