@@ -57,10 +57,18 @@ def test_text_then_a_chained_turn_hits_the_cache(oai: openai.OpenAI) -> None:
 
 def test_a_function_call_and_its_output(oai: openai.OpenAI) -> None:
     kwargs: Any = dict(model=MODEL, instructions=_instructions(), tools=TOOLS)
+    # sampled at temperature 1: one call at most, so the output's length has a bound (parallel
+    # calls let a random model go on adding them up to max_output_tokens)
     first = oai.responses.create(
-        **kwargs, input="Weather in Paris?", tool_choice="required", max_output_tokens=128
+        **kwargs,
+        input="Weather in Paris?",
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=128,
     )
-    call = next(item for item in first.output if item.type == "function_call")
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert len(calls) == 1, first
+    call = calls[0]
     assert call.name == "get_weather"
     jsonschema.validate(json.loads(call.arguments), WEATHER)
     output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
@@ -116,10 +124,12 @@ def test_a_streamed_function_call(oai: openai.OpenAI) -> None:
         input="Weather in Lima?",
         tools=TOOLS,
         tool_choice="required",
+        parallel_tool_calls=False,  # a bound on the output's length, as above
         max_output_tokens=128,
     ) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
     assert "response.function_call_arguments.delta" in kinds and kinds[-1] == "response.completed"
-    call = next(item for item in final.output if item.type == "function_call")
-    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    calls = [item for item in final.output if item.type == "function_call"]
+    assert len(calls) == 1, final
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER)

@@ -101,6 +101,7 @@ class ResponsesRequest(BaseModel):
             body["tools"] = [_chat_tool(tool) for tool in self.tools]
             if self.tool_choice is not None:
                 body["tool_choice"] = _tool_choice(self.tool_choice)
+            body["parallel_tool_calls"] = self.parallel_tool_calls
         fmt = (self.text or {}).get("format")
         if fmt and fmt.get("type") != "text":
             body["response_format"] = _response_format(fmt)
