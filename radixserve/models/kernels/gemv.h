@@ -169,17 +169,22 @@ inline bool one_row_tiles(int64_t M, int64_t K, int64_t max_m) {  // x as fp32 f
 }
 
 // Big: the policy's R x MT tiles and where its one-row tiles stop (Tiles). A single row of x
-// (batch-1 decode) with weight rows of a page or more takes 4 weight rows per tile: fewer
-// horizontal sums and set-ups per weight byte. Shorter rows stay one per tile: four of them
-// interleave four streams within a page, which the prefetchers follow worse (AVX2, 1 thread,
-// cache-cold, GB/s of weight at 1 / 4 rows per tile: int8 896-wide 13.7 / 8.1, bf16 8.1 / 7.8;
-// 4864-wide int8 10.5 / 12.5, bf16 10.0 / 12.3).
+// (batch-1 decode) with weight rows of a page or more takes 4 weight rows per tile in AVX2 and
+// NEON builds: fewer horizontal sums and set-ups per weight byte. Shorter rows stay one per
+// tile: four of them interleave four streams within a page, which the prefetchers follow worse
+// (AVX2, 1 thread, cache-cold, GB/s of weight at 1 / 4 rows per tile: int8 896-wide 13.7 / 8.1,
+// bf16 8.1 / 7.8; 4864-wide int8 10.5 / 12.5, bf16 10.0 / 12.3). AVX-512 builds keep one row per
+// tile at every width: on Zen 4 (2 threads, a batch-1 pass over huge pages, interleaved) the
+// 4-row tiles streamed less of every shape, bf16 pairs on the 1.7B shape 24.9 against 27.7 GB/s,
+// int8 on the 0.5B shape 18.7 against 31.2, bf16 widened (the avx512 variant) 18.6 against 33.4.
+constexpr bool kFourRowBatch1 = !kAvx512;
+
 template <class Big, class L, class WT, class XT>
 void dispatch(const Problem<L, WT, XT>& p, int64_t min_task_bytes) {
   if (!one_row_tiles(p.M, p.K, Big::one_row_max_m)) {
     return run<L, WT, XT, Big::r, Big::mt>(p, min_task_bytes);
   }
-  if (p.M == 1 && p.K * static_cast<int64_t>(sizeof(WT)) >= 4096) {
+  if (kFourRowBatch1 && p.M == 1 && p.K * static_cast<int64_t>(sizeof(WT)) >= 4096) {
     return run<L, WT, XT, 4, 1>(p, min_task_bytes);
   }
   run<L, WT, XT, 1, 8>(p, min_task_bytes);

@@ -59,6 +59,7 @@ inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 #endif
 constexpr int W = 16;
 constexpr int kVectorRegisters = 32;
+constexpr bool kAvx512 = true;
 using VF = __m512;
 using VI = __m512i;
 inline VF zero() { return _mm512_setzero_ps(); }
@@ -186,6 +187,7 @@ inline VF dot_pairs(VB a, VB b, VF acc) {
 #define RS_ISA_NAME "avx2"
 constexpr int W = 8;
 constexpr int kVectorRegisters = 16;
+constexpr bool kAvx512 = false;
 using VF = __m256;
 using VI = __m256i;
 inline VF zero() { return _mm256_setzero_ps(); }
@@ -283,6 +285,7 @@ inline VI dot_q(const QW& w, VQ x) {
 #define RS_ISA_NAME "neon"
 constexpr int W = 4;
 constexpr int kVectorRegisters = 32;
+constexpr bool kAvx512 = false;
 using VF = float32x4_t;
 using VI = int32x4_t;
 inline VF zero() { return vdupq_n_f32(0.0f); }
