@@ -31,7 +31,8 @@ SUBPROCESS_TIMEOUT_S = 240
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(SUBPROCESS_TIMEOUT_S + 60)]
 
 # Placeholders in the arguments and environments below: {model} the tiny model's directory,
-# {out} the test's tmp_path, {url} a `radixserve serve` on the tiny model (started for the test).
+# {out} the test's tmp_path, {repo} this checkout, {url} a `radixserve serve` on the tiny model
+# (started for the test).
 SCRIPT_ARGS: dict[str, list[str]] = {
     "gemm_bench.py": ["--rounds", "1", "--ms", "16"],
     # the weights are Qwen2.5-0.5B's, fixed: no compile, no fp32 or decode-pass tables; the int8
@@ -125,6 +126,11 @@ SCRIPT_ARGS: dict[str, list[str]] = {
     ],
     # --max-new-tokens stays at its default: every constrained output must be whole JSON
     "structured.py": ["--model", "{model}", "--batch-size", "1"],
+    # an A/A run: this tree against itself (a second tree would build the kernels again)
+    "kernel_ab.py": [
+        *("--model-dir", "{model}", "--before", "{repo}", "--configs", "float32"),
+        *("--ctx", "8", "--steps", "1", "--rounds", "2"),
+    ],
     "tp_throughput.py": [
         *("--model-dir", "{model}", "--dtype", "float32", "--prompt-len", "8"),
         *("--batch-sizes", "1", "--decode-steps", "2", "--reps", "1"),
@@ -178,6 +184,7 @@ EXPECTED: dict[str, list[str]] = {
     "load.py": [r"^requests\s+[1-9]", r"^errors\s+0$", r"^integrity_ok\s+True$"],
     "prompt_logprobs.py": [r"hit \+ prompt logprobs:\s+\d"],
     "model_throughput.py": [r"^prefill 8 tok\s+\d", r"^decode b=1 ctx=8\s+\d", r"bandwidth bound"],
+    "kernel_ab.py": [r"A/A run", r"^float32\s+b=1\s+tok/s before\s+\d[\d.]* after\s+\d"],
     "multiturn_chat.py": [r"^radixserve\s+\d", r"^hit rate radixserve: "],
     "radix_ops.py": [
         r"^matched lengths identical in all runs",
@@ -271,7 +278,7 @@ def _run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str
 @pytest.mark.parametrize("script", sorted(SCRIPT_ARGS))
 def test_script_runs(script: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     with ExitStack() as stack:
-        values = {"out": str(tmp_path)}
+        values = {"out": str(tmp_path), "repo": str(REPO)}
         templates = [*SCRIPT_ARGS[script], *SCRIPT_ENV.get(script, {}).values()]
         if any("{model}" in t or "{url}" in t for t in templates):
             values["model"] = str(request.getfixturevalue("tiny_llama_dir"))

@@ -1,0 +1,102 @@
+"""Decode steps with this tree's CPU kernels against another tree's, in one process.
+
+    git worktree add /tmp/before <rev>
+    .venv/bin/python benchmarks/kernel_ab.py --model-dir <model> --before /tmp/before \
+        [--configs bfloat16 bfloat16+int8] [--batch-sizes 1 8] [--ctx 512] [--rounds 9]
+
+Both trees' kernel extensions are built (each tree's own ``_ext.py`` names its build after its
+sources), one model is loaded, and every round times ``--steps`` decode steps with each
+extension in turn (the order alternating), swapping the extension under the model's
+``CpuKernels``. On a shared host whose memory bandwidth moves by 2x between minutes, separate
+processes before and after cannot tell a 10% change from the host's phase; rounds side by side
+in one process can. Prints the median tok/s of each side and the median of the per-round ratios.
+``--before`` this very tree gives an A/A run: the ratios' spread is the host's noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from model_throughput import OurSide
+
+from radixserve.models.kernels import CpuKernels, _ext
+
+
+def other_tree_extension(tree: Path, variant: str) -> ModuleType:
+    """The kernel extension of ``variant`` built from ``tree``'s sources."""
+    path = tree / "radixserve/models/kernels/_ext.py"
+    spec = importlib.util.spec_from_file_location("kernel_ab_before_ext", path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"no kernel sources at {path}")
+    ext = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = ext  # dataclasses look their module up while it executes
+    spec.loader.exec_module(ext)
+    module = ext.load_variant(variant)
+    if module is None:
+        raise ValueError(f"{tree} does not build the {variant} kernels here")
+    return module
+
+
+def use(module: ModuleType) -> None:
+    """Every live ``CpuKernels`` with an extension now calls ``module`` (they are frozen)."""
+    for obj in gc.get_objects():
+        if type(obj) is CpuKernels and obj.module is not None:  # no proxy objects asked
+            object.__setattr__(obj, "module", module)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--before", type=Path, required=True, help="the other tree")
+    parser.add_argument("--configs", nargs="+", default=["bfloat16", "bfloat16+int8"])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    parser.add_argument("--ctx", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    variant = _ext.best_variant()
+    if variant is None:
+        raise SystemExit("no CPU kernel variant builds here")
+    before, after = other_tree_extension(args.before, variant), _ext.load_variant(variant)
+    if after is None:
+        raise SystemExit(f"this tree does not build the {variant} kernels here")
+    sides = {"before": before, "after": after}
+    same = after.__name__ == before.__name__  # one build: an A/A run
+    aa = " (the same extension: an A/A run, the noise floor)" if same else ""
+    print(f"kernel variant {variant}, {args.threads} threads, before = {args.before}{aa}")
+    for config in args.configs:
+        for bs in args.batch_sizes:
+            side = OurSide(args.model_dir, config, bs, args.ctx + 8, False)
+            tokens = side.prefill(torch.randint(100, 1000, (bs, args.ctx)))
+            rates: dict[str, list[float]] = {name: [] for name in sides}
+            for r in range(args.rounds):
+                order = list(sides.items())
+                for name, module in order if r % 2 == 0 else order[::-1]:
+                    use(module)
+                    start = time.perf_counter()
+                    for s in range(args.steps):  # the same few slots, rewritten
+                        tokens = side.decode(tokens, [args.ctx + s % 4] * bs)
+                    rates[name].append(bs * args.steps / (time.perf_counter() - start))
+            ratios = [a / b for a, b in zip(rates["after"], rates["before"], strict=True)]
+            print(
+                f"{config:16s} b={bs:<3d} tok/s before {statistics.median(rates['before']):6.1f}"
+                f" after {statistics.median(rates['after']):6.1f}; after / before, median of"
+                f" rounds {statistics.median(ratios):.3f} ({min(ratios):.2f}-{max(ratios):.2f})",
+                flush=True,
+            )
+            del side
+            gc.collect()
+
+
+if __name__ == "__main__":
+    main()
