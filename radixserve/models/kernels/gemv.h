@@ -176,7 +176,8 @@ inline bool one_row_tiles(int64_t M, int64_t K, int64_t max_m) {  // x as fp32 f
 // bf16 8.1 / 7.8; 4864-wide int8 10.5 / 12.5, bf16 10.0 / 12.3). AVX-512 builds keep one row per
 // tile at every width: on Zen 4 (2 threads, a batch-1 pass over huge pages, interleaved) the
 // 4-row tiles streamed less of every shape, bf16 pairs on the 1.7B shape 24.9 against 27.7 GB/s,
-// int8 on the 0.5B shape 18.7 against 31.2, bf16 widened (the avx512 variant) 18.6 against 33.4.
+// int8 on the 0.5B shape 18.7 against 31.2, bf16 widened to fp32 (the avx512 variant's
+// path) on the 0.5B shape 18.6 against 33.4.
 constexpr bool kFourRowBatch1 = !kAvx512;
 
 template <class Big, class L, class WT, class XT>

@@ -52,11 +52,12 @@ struct Pairs {
   using XS = bf16;
   using VW = VB;
   static constexpr int kStep = 2 * W;
-  // Two row blocks ahead, except in one-row tiles of one row of x (batch 1, rows shorter than
-  // 4 KB), which the hardware prefetchers alone stream faster. Zen 4, 2 threads, the four linear
-  // shapes of a layer interleaved in one process, each side on weights the other had not just
-  // read, GB/s: 0.5B (one-row tiles) without 29.4-31.5 / with 24.9-25.2; 1.7B (K >= 2048: 4-row
-  // tiles) without 26.2-26.3 / with 28.0-28.1; M = 2 and 4 alike either way.
+  // Two row blocks ahead, except in one-row tiles of one row of x (batch 1), which the hardware
+  // prefetchers alone stream faster. Zen 4, 2 threads, the four linear shapes of a layer
+  // interleaved in one process, each side on weights the other had not just read, GB/s: 0.5B
+  // (one-row tiles) without 29.4-31.5 / with 24.9-25.2; 1.7B in the 4-row tiles batch 1 took
+  // then, without 26.2-26.3 / with 28.0-28.1 (one-row tiles without beat both: gemv.h,
+  // kFourRowBatch1); M = 2 and 4 alike either way.
   static constexpr int prefetch(int mt, int r) { return mt > 1 || r > 1 ? 2 : 0; }
   static VB load_w(const bf16* p) { return load_pairs(p); }
   static VB load_w_tail(const bf16* p, int64_t n) { return load_pairs_tail(p, n); }
