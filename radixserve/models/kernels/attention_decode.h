@@ -197,27 +197,28 @@ void run_decode_task(const Problem<T>& p, const Task& t, float* q, float* o, flo
 }
 
 // The output rows of decode task t's request and heads from the n tasks over parts of its keys
-// whose results start at parts + at[i] (decode_task's layout), merged.
+// whose results start at parts + at[i] (decode_task's layout): merged into o [rows][d] and l
+// [rows] (scratch), then stored as a whole task's are.
 template <class T>
 void merge_parts(const Problem<T>& p, const Task& t, const int64_t* at, int64_t n,
-                 const float* parts) {
+                 const float* parts, float* o, float* l) {
   const int64_t d = p.d, rows = t.nh * p.g;
-  const int64_t first = (p.q_start[t.b] + t.t0) * p.H + t.h * p.g;
   for (int64_t r = 0; r < rows; ++r) {
     float mx = kNegInf;
     for (int64_t i = 0; i < n; ++i) mx = std::max(mx, parts[at[i] + r * (d + 2)]);
-    float l = 0.0f;
-    for (int64_t c = 0; c < d; c += W) {
-      VF acc = zero();
-      for (int64_t i = 0; i < n; ++i) {
-        const float* part = parts + at[i] + r * (d + 2);
-        const float scale = part[0] == kNegInf ? 0.0f : std::exp(part[0] - mx);
-        if (c == 0) l += part[1] * scale;
-        acc = fma(set1(scale), load(part + 2 + c), acc);
+    float* orow = o + r * d;
+    for (int64_t c = 0; c < d; c += W) store(orow + c, zero());
+    l[r] = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* part = parts + at[i] + r * (d + 2);
+      const float scale = part[0] == kNegInf ? 0.0f : std::exp(part[0] - mx);
+      l[r] += part[1] * scale;
+      for (int64_t c = 0; c < d; c += W) {
+        store(orow + c, fma(set1(scale), load(part + 2 + c), load(orow + c)));
       }
-      store(p.out + (first + r) * d + c, mul(acc, set1(l > 0.0f ? 1.0f / l : 0.0f)));
     }
   }
+  store_rows(p, t, o, l);
 }
 
 // KV heads per decode task for n_decode decode requests: the fewest groups of kvh heads (a

@@ -240,6 +240,7 @@ void run_tasks(const Problem<T>& p, const std::vector<Task>& tasks, int64_t max_
               });
   std::sort(split.begin(), split.end());
   std::vector<int64_t> at;
+  std::vector<float> merged(split.empty() ? 0 : static_cast<size_t>(max_rows * (d + 1)));
   for (size_t i = 0; i < split.size();) {  // each (request, head) group: merged
     at.clear();
     size_t j = i;
@@ -249,7 +250,7 @@ void run_tasks(const Problem<T>& p, const std::vector<Task>& tasks, int64_t max_
       at.push_back(tasks[std::get<2>(split[j])].part);
     }
     merge_parts(p, tasks[std::get<2>(split[i])], at.data(), static_cast<int64_t>(at.size()),
-                parts.data());
+                parts.data(), merged.data(), merged.data() + max_rows * d);
     i = j;
   }
 }
