@@ -322,10 +322,9 @@ def zen4_multiturn() -> str:
             f"docs/bench-llama-cpp-a-qwen3-1.7b-{dtype}-zen4.json",
         ]
         files += paths
-        before, middle, now = (
-            next(s for s in load(path)["systems"] if s["kind"] == "radixserve") for path in paths
-        )
-        llama = next(s for s in load(paths[-1])["systems"] if s["kind"] == "compare")
+        runs = [load(path)["systems"] for path in paths]
+        before, middle, now = (next(s for s in run if s["kind"] == "radixserve") for run in runs)
+        llama = next(s for s in runs[-1] if s["kind"] == "compare")
         p99 = " / ".join(ms(s["ttft_s"]["p99"]) for s in (before, now, llama))
         rows.append(
             [f"{dtype} (llama: {gguf})"]
