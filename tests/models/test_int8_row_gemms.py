@@ -41,10 +41,11 @@ def kernels(request: pytest.FixtureRequest) -> CpuKernels:
 
 # N: whole 32-row blocks, a 16-row block, ragged; K: whole 64-byte blocks and tails (the padded
 # copy of the weight rows; VNNI's partial last group of 4), one large enough to chunk the rows of
-# x; M: one 16-row block (VNNI's 16 x 1 tiles), ragged 16-row tiles, tall (max_m = 0 below: the
-# GEMM at every M, even where linear() keeps the skinny GEMM).
+# x; M: one 16-row block (VNNI's 12 x 1 tiles; below 16 rows, up to 15, their sums' padding lane
+# gives the weight rows' offsets), ragged 16-row tiles, tall (max_m = 0 below: the GEMM at every
+# M, even where linear() keeps the skinny GEMM).
 SHAPES = [(32, 64), (48, 128), (7, 5), (37, 33), (129, 256), (301, 2100), (64, 4864), (9, 4098)]
-MS = [2, 5, 16, 33, 40, 64, 100, 129, 300]
+MS = [2, 5, 8, 15, 16, 33, 40, 64, 100, 129, 300]
 
 
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=str)

@@ -61,13 +61,13 @@ skinny GEMM (VNNI) 22.0 / 18.0 / 13.3 / 10.8 / 6.6 / 3.3 / 1.8 / 1.0 / 0.2 at M 
 3.2, torch's bf16 GEMM on the same weights in bf16 6.6 ... 2.1 (the same work). Batch 1 keeps
 the skinny GEMM: as fast, and its x blocks of 32 are finer than one scale per row."""
 
-AVX512_BF16_MAX_M = 24
+AVX512_BF16_MAX_M = 48
 """The same on AVX512-BF16 CPUs without AMX (Zen 4, Cooper Lake), where torch's bf16 GEMM (oneDNN)
-runs on VDPBF16PS. The skinny GEMM multiplies bf16 pairs there too (VDPBF16PS in 4 x 6 tiles).
-Measured on Zen 4 (2 threads, a layer's weights per shape, cache-cold as in decode, GB/s of
-weight, skinny / torch, median of 5): Qwen3-1.7B M = 8: 20.7 / 17.1; 16: 14.9 / 13.3; 20: 12.8 /
-11.9; 24: 11.8 / 10.9; 32: 8.7 / 9.1; Qwen2.5-0.5B M = 16: 14.9 / 11.1; 24: 11.3 / 9.2; 32:
-8.7 / 8.0."""
+runs on VDPBF16PS. The skinny GEMM multiplies bf16 pairs there too (VDPBF16PS in 4 x 6 tiles,
+prefetching their weight rows into L2). Measured on Zen 4 (2 threads, a layer's weights per
+shape over huge pages, cache-cold as in decode, GB/s of weight, skinny / torch, median of 7):
+Qwen3-1.7B M = 16: 16.4 / 10.4; 24: 12.5 / 8.5; 32: 9.0-9.2 / 7.0-7.2; 48: 6.2-6.3 / 5.6-5.7;
+64: 4.7 / 4.8; Qwen2.5-0.5B M = 24: 9.1 / 5.7; 32: 7.1 / 5.2; 48: 4.9 / 4.2; 64: 3.8 / 3.7."""
 
 GEMM_BF16_MAX_M = 24
 """Most rows of ``x`` sent to the skinny GEMM with bf16 weights where the packed GEMM takes the

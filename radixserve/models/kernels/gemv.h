@@ -34,17 +34,17 @@ namespace rs::gemv {
 
 // One register tile: R weight rows x MT rows of x over all of K; out[m * R + r] = dot(w[r], x[m]).
 // Small tiles keep U independent accumulator sets (alternating k steps) to hide FMA latency.
-// With P = L::prefetch(MT, R) > 0, each cache line of the rows it streams is prefetched P row
-// blocks ahead, once per line.
+// Each cache line of the rows it streams is prefetched into L2 `ahead` rows further on, once per
+// line (prefetch_ahead), except by a tile of one weight row and one row of x (batch 1): a
+// single sequential stream, which the hardware prefetchers alone follow best.
 template <class L, class WT, int R, int MT>
 inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t ldx, int64_t K,
-                     float* out) {
+                     int64_t ahead, float* out) {
   constexpr int T = R * MT;
   constexpr int U = T >= 8 ? 1 : (T >= 4 ? 2 : 4);
   constexpr int V = L::kStep;
   constexpr int kLine = 64 / static_cast<int>(sizeof(WT));  // weight elements per line
   constexpr int S = U * V >= kLine ? U : kLine / V;           // steps per iteration
-  constexpr int P = L::prefetch(MT, R);
   VF acc[U * T];
   for (int i = 0; i < U * T; ++i) acc[i] = zero();
   auto step = [&](int u, int64_t k) {
@@ -58,9 +58,9 @@ inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t 
   };
   int64_t k = 0;
   for (; k + S * V <= K; k += S * V) {
-    if constexpr (P > 0) {
+    if constexpr (R > 1 || MT > 1) {
       for (int l = 0; l < S * V; l += kLine) {
-        for (int r = 0; r < R; ++r) prefetch(w + (P * R + r) * ldw + k + l);
+        for (int r = 0; r < R; ++r) prefetch_l2(w + (ahead + r) * ldw + k + l);
       }
     }
 #pragma GCC unroll 16
@@ -85,11 +85,28 @@ inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t 
 // dot_tile with a runtime tile height mt <= MT (the last, partial tile of x rows).
 template <class L, class WT, int R, int MT>
 inline void dot_tile_upto(int64_t mt, const WT* w, int64_t ldw, const typename L::XS* x,
-                          int64_t ldx, int64_t K, float* out) {
+                          int64_t ldx, int64_t K, int64_t ahead, float* out) {
   if constexpr (MT > 1) {
-    if (mt < MT) return dot_tile_upto<L, WT, R, MT - 1>(mt, w, ldw, x, ldx, K, out);
+    if (mt < MT) return dot_tile_upto<L, WT, R, MT - 1>(mt, w, ldw, x, ldx, K, ahead, out);
   }
-  dot_tile<L, WT, R, MT>(w, ldw, x, ldx, K, out);
+  dot_tile<L, WT, R, MT>(w, ldw, x, ldx, K, ahead, out);
+}
+
+// How far ahead tiles prefetch the weight rows they stream: about 64 KB, into L2 and not L1, in
+// whole rows, at least one tile's. A tile busy with the multiply-adds of several rows of x keeps
+// too few misses in flight for the hardware prefetchers alone, and lines prefetched into L1 two
+// row blocks ahead (the former rule) did not close that gap. Zen 4,
+// 2 threads, one layer's weights cache-cold per call, GB/s former / L2 64 KB ahead: bf16 pairs in
+// 4 x 6 tiles on the 1.7B shape M = 8 17.0 / 23.3, 16 12.8 / 16.6, 24 9.8 / 12.5; int8 one-row
+// tiles M = 2 19.4 / 26.3, 4 14.6 / 17.1; the avx2 build on the same CPU, widened 3 x 4 tiles
+// M = 8 14.5 / 17.7. 16 to 128 KB measured alike. Whole decode steps on the 1.7B shape over huge
+// pages (kernel_ab.py, medians of 9 rounds): bf16 batch 8 1.38x, 16 1.29x. Batch 1 (one
+// sequential stream) gained over ordinary pages but not over huge pages, where the model's
+// weights live (0.86-1.00x): dot_tile leaves it to the hardware.
+constexpr int64_t kPrefetchBytes = 64 * 1024;
+
+inline int64_t prefetch_ahead(int64_t row_bytes, int64_t R) {
+  return std::max<int64_t>(R, kPrefetchBytes / std::max<int64_t>(1, row_bytes));
 }
 
 // L: how tiles read the operands (gemv_lanes.h): x's rows as L reads them; XT: the dtype of y
@@ -104,10 +121,11 @@ void row_block(const Problem<L, WT, XT>& p, int64_t n0) {
   float out[R * MT];
   const WT* w = p.w + n0 * p.ldw;
   const int64_t tiles = (p.M + MT - 1) / MT, base = p.M / tiles, extra = p.M % tiles;
+  const int64_t ahead = prefetch_ahead(p.ldw * static_cast<int64_t>(sizeof(WT)), R);
   for (int64_t i = 0, m0 = 0; i < tiles; ++i) {
     const auto* x = p.x + m0 * p.ldx;
     const int64_t mt = base + (i < extra ? 1 : 0);
-    dot_tile_upto<L, WT, R, MT>(mt, w, p.ldw, x, p.ldx, p.K, out);
+    dot_tile_upto<L, WT, R, MT>(mt, w, p.ldw, x, p.ldx, p.K, ahead, out);
     for (int64_t m = 0; m < mt; ++m) {
       XT* y = p.y + (m0 + m) * p.ldy + n0;
       for (int r = 0; r < R; ++r) {

@@ -9,9 +9,7 @@
 //              products per dot_q (simd.h), exact int32 per lane, then one FMA by the lane's
 //              block scale. The weights' per-channel scale is applied at the end, as for Widen.
 //
-// A policy gives: XS (what one x row is made of), kStep (K elements per step), prefetch(mt, r)
-// (how many row blocks ahead a tile of mt rows of x and r weight rows prefetches its weight
-// lines, 0: none), load_w /
+// A policy gives: XS (what one x row is made of), kStep (K elements per step), load_w /
 // load_w_tail (the weight vector at w + k, or its first n < kStep elements zero-padded),
 // load_x (row, k) / load_x_tail (row, k, n), madd(w, x, acc). Rows of x prepared by
 // prepare_q8 are zero-padded to whole chunks, so their tails read zeros.
@@ -35,11 +33,6 @@ struct Widen {
   using XS = float;
   using VW = VF;
   static constexpr int kStep = W;
-  // Two row blocks ahead, except in tiles of one row of x (batch 1), which the hardware
-  // prefetchers alone stream faster. A decode pass of bf16 weights (Zen 3, 2 threads, one
-  // process, interleaved), GB/s without / with: M = 1 24.2 / 22.9, 2 18.5 / 19.7, 4 16.7 / 18.2,
-  // 8 8.5 / 10.6.
-  static constexpr int prefetch(int mt, int) { return mt > 1 ? 2 : 0; }
   static VF load_w(const WT* p) { return load(p); }
   static VF load_w_tail(const WT* p, int64_t n) { return load_tail(p, n); }
   static VF load_x(const float* row, int64_t k) { return load(row + k); }
@@ -52,13 +45,6 @@ struct Pairs {
   using XS = bf16;
   using VW = VB;
   static constexpr int kStep = 2 * W;
-  // Two row blocks ahead, except in one-row tiles of one row of x (batch 1), which the hardware
-  // prefetchers alone stream faster. Zen 4, 2 threads, the four linear shapes of a layer
-  // interleaved in one process, each side on weights the other had not just read, GB/s: 0.5B
-  // (one-row tiles) without 29.4-31.5 / with 24.9-25.2; 1.7B in the 4-row tiles batch 1 took
-  // then, without 26.2-26.3 / with 28.0-28.1 (one-row tiles without beat both: gemv.h,
-  // kFourRowBatch1); M = 2 and 4 alike either way.
-  static constexpr int prefetch(int mt, int r) { return mt > 1 || r > 1 ? 2 : 0; }
   static VB load_w(const bf16* p) { return load_pairs(p); }
   static VB load_w_tail(const bf16* p, int64_t n) { return load_pairs_tail(p, n); }
   static VB load_x(const bf16* row, int64_t k) { return load_pairs(row + k); }
@@ -79,11 +65,6 @@ struct Q8 {
     VF scale;
   };
   static constexpr int kStep = Q;
-  // Two row blocks ahead: an int8 decode pass streamed 2-7% faster with it than without (Zen 3),
-  // at M = 1 too. Not in AVX-512 builds' one-row tiles of one row of x (batch 1), which stream
-  // faster on the hardware prefetchers alone (Zen 4, 2 threads, a batch-1 pass over huge pages,
-  // interleaved, GB/s without / with: 0.5B 33.1 / 31.4, 1.7B 33.0 / 27.8).
-  static constexpr int prefetch(int mt, int r) { return kAvx512 && mt == 1 && r == 1 ? 0 : 2; }
   static QW load_w(const int8_t* p) { return prep_q(load_q(p)); }
   static QW load_w_tail(const int8_t* p, int64_t n) {
     alignas(64) int8_t buf[Q] = {};

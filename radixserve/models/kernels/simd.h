@@ -46,6 +46,9 @@ template <>
 inline bf16 from_float<bf16>(float f) { return float_to_bf16(f); }
 
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+// The line at p into L2 only (PREFETCHT1, PRFM PLDL2KEEP): for streams read far ahead, where a
+// prefetch into L1 would evict lines still in use before their turn came.
+inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
 #if defined(__x86_64__) && defined(__AVX512F__)
 
