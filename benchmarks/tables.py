@@ -311,24 +311,27 @@ def zen4_forced_avx512() -> str:
 
 def zen4_multiturn() -> str:
     """Shape (a) on the Qwen3-1.7B shape: the tree before the VNNI GEMM (40425c2), with it
-    (e30e3a4), with the decode attention and bf16 tiles after it (8d06975), llama-server."""
-    header = ["weights", "40425c2", "e30e3a4", "8d06975", "8d06975 / 40425c2", "llama-server"]
-    header += ["8d06975 / llama", "TTFT p99 40425c2 / 8d06975 / llama"]
+    (e30e3a4), with the decode attention and bf16 tiles (8d06975), with the L2 prefetch and the
+    VNNI GEMM's padding-lane offsets (ed67124, in one run with llama-server)."""
+    header = ["weights", "40425c2", "e30e3a4", "8d06975", "ed67124", "ed67124 / 40425c2"]
+    header += ["llama-server", "ed67124 / llama", "TTFT p99 40425c2 / ed67124 / llama"]
     rows, files = [], []
     for dtype, gguf in (("bf16", "BF16"), ("int8", "Q8_0")):
         paths = [
             f"{ZEN4}/multiturn-qwen3-1.7b-{dtype}-before.json",
             f"{ZEN4}/multiturn-qwen3-1.7b-{dtype}-e30e3a4.json",
+            f"{ZEN4}/multiturn-qwen3-1.7b-{dtype}-8d06975.json",
             f"docs/bench-llama-cpp-a-qwen3-1.7b-{dtype}-zen4.json",
         ]
         files += paths
         runs = [load(path)["systems"] for path in paths]
-        before, middle, now = (next(s for s in run if s["kind"] == "radixserve") for run in runs)
+        sides = [next(s for s in run if s["kind"] == "radixserve") for run in runs]
+        before, now = sides[0], sides[-1]
         llama = next(s for s in runs[-1] if s["kind"] == "compare")
         p99 = " / ".join(ms(s["ttft_s"]["p99"]) for s in (before, now, llama))
         rows.append(
             [f"{dtype} (llama: {gguf})"]
-            + [f"{s['wall_s']:.1f} s" for s in (before, middle, now)]
+            + [f"{s['wall_s']:.1f} s" for s in sides]
             + [times(now["requests_per_s"] / before["requests_per_s"])]
             + [f"{llama['wall_s']:.1f} s", times(now["requests_per_s"] / llama["requests_per_s"])]
             + [p99]

@@ -95,14 +95,14 @@ inline void dot_tile_upto(int64_t mt, const WT* w, int64_t ldw, const typename L
 // How far ahead tiles prefetch the weight rows they stream: about 64 KB, into L2 and not L1, in
 // whole rows, at least one tile's. A tile busy with the multiply-adds of several rows of x keeps
 // too few misses in flight for the hardware prefetchers alone, and lines prefetched into L1 two
-// row blocks ahead (the former rule) did not close that gap. Zen 4,
-// 2 threads, one layer's weights cache-cold per call, GB/s former / L2 64 KB ahead: bf16 pairs in
-// 4 x 6 tiles on the 1.7B shape M = 8 17.0 / 23.3, 16 12.8 / 16.6, 24 9.8 / 12.5; int8 one-row
-// tiles M = 2 19.4 / 26.3, 4 14.6 / 17.1; the avx2 build on the same CPU, widened 3 x 4 tiles
-// M = 8 14.5 / 17.7. 16 to 128 KB measured alike. Whole decode steps on the 1.7B shape over huge
-// pages (kernel_ab.py, medians of 9 rounds): bf16 batch 8 1.38x, 16 1.29x. Batch 1 (one
-// sequential stream) gained over ordinary pages but not over huge pages, where the model's
-// weights live (0.86-1.00x): dot_tile leaves it to the hardware.
+// row blocks ahead (the former rule) did not close that gap. Zen 4, 2 threads, one layer's
+// weights cache-cold per call, GB/s former / L2 64 KB ahead: bf16 pairs in 4 x 6 tiles on the
+// 1.7B shape M = 8 17.0 / 23.3, 16 12.8 / 16.6, 24 9.8 / 12.5; int8 one-row tiles M = 2 19.4 /
+// 26.3, 4 14.6 / 17.1; the avx2 build on the same CPU, widened 3 x 4 tiles M = 8 14.5 / 17.7.
+// 16 to 128 KB measured alike. Whole decode steps on the 1.7B shape over huge pages
+// (kernel_ab.py, medians of 9 rounds): bf16 batch 8 1.38x, 16 1.29x. Batch 1 (one sequential
+// stream) gained over ordinary pages but not over huge pages, where the model's weights live
+// (0.86-1.00x): dot_tile leaves it to the hardware.
 constexpr int64_t kPrefetchBytes = 64 * 1024;
 
 inline int64_t prefetch_ahead(int64_t row_bytes, int64_t R) {
