@@ -63,6 +63,16 @@ inline __m512i dpbusd(__m512i acc, __m512i u8, __m512i s8) {
 #endif
 }
 
+// dpbusd on 8 lanes (the 256-bit form, AVX512-VL).
+inline __m256i dpbusd8(__m256i acc, __m256i u8, __m256i s8) {
+#if defined(__AVX512VNNI__)
+  return _mm256_dpbusd_epi32(acc, u8, s8);
+#else
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
+  return acc;
+#endif
+}
+
 // Bytes [4g, 4g + 4) of a weight row as one int32 word; past K (the last, partial group) zero.
 inline int32_t word(const int8_t* row, int64_t g, int64_t K) {
   int32_t v = 0;
@@ -73,18 +83,21 @@ inline int32_t word(const int8_t* row, int64_t g, int64_t K) {
 // 128 * sum_k w[r, k] for the rows of one weight block (rows past the end repeat the last). A
 // product of fewer than 16 rows of x needs no such pass: a row of padding reads 128 at every k,
 // so its lane of a tile's sums is this very offset (offsets_from_padding).
+// acc plus the bytes [k, K) of a weight row, summed in int32 lanes.
+inline __m512i row_sum(__m512i acc, const int8_t* row, int64_t k, int64_t K) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (; k + 64 <= K; k += 64) acc = dpbusd(acc, ones, _mm512_loadu_si512(row + k));
+  if (k < K) {
+    const __mmask64 tail = (~0ULL) >> (64 - (K - k));
+    acc = dpbusd(acc, ones, _mm512_maskz_loadu_epi8(tail, row + k));
+  }
+  return acc;
+}
+
 template <int NW>
 inline void offsets(const int8_t* const (&rows)[NW], int64_t K, int32_t* out) {
-  const __m512i ones = _mm512_set1_epi8(1);
   for (int r = 0; r < NW; ++r) {
-    __m512i acc = _mm512_setzero_si512();
-    int64_t k = 0;
-    for (; k + 64 <= K; k += 64) acc = dpbusd(acc, ones, _mm512_loadu_si512(rows[r] + k));
-    if (k < K) {
-      const __mmask64 tail = (~0ULL) >> (64 - (K - k));
-      acc = dpbusd(acc, ones, _mm512_maskz_loadu_epi8(tail, rows[r] + k));
-    }
-    out[r] = 128 * _mm512_reduce_add_epi32(acc);
+    out[r] = 128 * _mm512_reduce_add_epi32(row_sum(_mm512_setzero_si512(), rows[r], 0, K));
   }
 }
 
@@ -133,6 +146,49 @@ inline void tile(const int8_t* const (&rows)[NW], const int8_t* const* next, con
   }
 }
 
+// tile<NW, 1> for at most 8 rows of x (the first 8 lanes of one packed block) on 8-lane vectors,
+// the 256-bit VPDPBUSD, which Zen 4 issues twice a cycle where it issues the 512-bit one once:
+// half the cycles of the 16-lane tile for the same rows. The rows' offsets are summed on the way,
+// a line of each row per 16 groups (from L1, where the broadcasts read it), so there is no pass
+// of their own and no row of padding needed; acc's upper 8 lanes are zero.
+template <int NW>
+inline void tile8(const int8_t* const (&rows)[NW], const int8_t* const* next, const int8_t* x,
+                  int64_t K, __m512i (&acc)[NW][1], int32_t* offset) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m256i sums[NW];
+  __m512i wsum[NW];
+  for (int r = 0; r < NW; ++r) {
+    sums[r] = _mm256_setzero_si256();
+    wsum[r] = _mm512_setzero_si512();
+  }
+  auto group = [&](int64_t g, const int32_t (&b)[NW]) {
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + g * 64));
+    for (int r = 0; r < NW; ++r) sums[r] = dpbusd8(sums[r], xv, _mm256_set1_epi32(b[r]));
+  };
+  const int64_t whole = K / 4;
+  int64_t g = 0;
+  for (; g + 16 <= whole; g += 16) {
+    for (int r = 0; r < NW; ++r) {
+      if (next != nullptr) prefetch_l2(next[r] + 4 * g);
+      wsum[r] = dpbusd(wsum[r], ones, _mm512_loadu_si512(rows[r] + 4 * g));
+    }
+    for (int j = 0; j < 16; ++j) {
+      int32_t b[NW];
+      for (int r = 0; r < NW; ++r) std::memcpy(&b[r], rows[r] + 4 * (g + j), 4);
+      group(g + j, b);
+    }
+  }
+  for (int r = 0; r < NW; ++r) {
+    offset[r] = 128 * _mm512_reduce_add_epi32(row_sum(wsum[r], rows[r], 4 * g, K));
+  }
+  for (; g * 4 < K; ++g) {  // the groups past the last 16, the last one partial
+    int32_t b[NW];
+    for (int r = 0; r < NW; ++r) b[r] = word(rows[r], g, K);
+    group(g, b);
+  }
+  for (int r = 0; r < NW; ++r) acc[r][0] = _mm512_zextsi256_si512(sums[r]);
+}
+
 // y rows [m0, m0 + 16 * MV) x columns [n0, n0 + nw) from a tile's sums: (acc - offset[r]) *
 // d[m] * s[n] + bias[n], rounded once to y's dtype.
 template <int NW, int MV, class XT>
@@ -172,10 +228,12 @@ inline void offsets_from_padding(const __m512i (&acc)[NW][1], int32_t* out) {
   }
 }
 
-// Columns in blocks of NW weight rows, rows of x MV packed blocks at a time (see the top).
-template <int NW, int MV, class XT>
+// Columns in blocks of NW weight rows, rows of x MV packed blocks at a time (see the top);
+// Narrow: at most 8 rows of x, in tile8.
+template <int NW, int MV, class XT, bool Narrow = false>
 void run_tiles(const Linear<int8_t, XT>& o, const int8_t* xp, const float* d, int64_t block,
                int64_t blocks) {
+  static_assert(!Narrow || MV == 1);
   const int64_t wblocks = (o.N + NW - 1) / NW;
   const int64_t chunk = std::max<int64_t>(MV, kChunkBytes / block / MV * MV);
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), wblocks));
@@ -192,11 +250,16 @@ void run_tiles(const Linear<int8_t, XT>& o, const int8_t* xp, const float* d, in
         const bool ahead = wb + tasks < wblocks;
         if (ahead) block_rows<NW>(o, n0 + tasks * NW, next);
         alignas(64) int32_t offset[NW];
-        if (!padded) offsets<NW>(rows, o.K, offset);
+        if (!padded && !Narrow) offsets<NW>(rows, o.K, offset);
         for (int64_t mb = c0; mb < c1; mb += MV) {
           __m512i acc[NW][MV];
-          tile<NW, MV>(rows, ahead && mb == c0 ? next : nullptr, xp + mb * block, block, o.K, acc);
-          if constexpr (MV == 1) {
+          const int8_t* const* ahead_rows = ahead && mb == c0 ? next : nullptr;
+          if constexpr (Narrow) {
+            tile8<NW>(rows, ahead_rows, xp + mb * block, o.K, acc, offset);
+          } else {
+            tile<NW, MV>(rows, ahead_rows, xp + mb * block, block, o.K, acc);
+          }
+          if constexpr (MV == 1 && !Narrow) {
             if (padded) offsets_from_padding<NW>(acc, offset);
           }
           epilogue<NW, MV>(o, d, acc, offset, n0, nw, mb * q8_rows::kRows);
@@ -220,7 +283,11 @@ void run(const Linear<int8_t, XT>& o) {
   // 16 rows or fewer: one vector of x meets 12 weight rows. Zen 4, 2 threads, the 1.7B shape's
   // layer weights over huge pages, GB/s at M = 6 / 8 / 16: 12 rows 18.9 / 18.5 / 17.3, 16 rows
   // 17.9 / 17.9 / 16.7; with the offsets from padding 23.5 / 22.5 (12 rows), 21.7 / 21.1 (10).
-  if (blocks == 1) {
+  // 8 rows or fewer on 8-lane vectors (tile8). GB/s as above at M = 2 / 4 / 6 / 8: 16 lanes
+  // 22.2 / 21.1 / 22.9 / 20.7, 8 lanes 23.1 / 24.3 / 23.8 / 24.9.
+  if (o.M <= 8) {
+    run_tiles<12, 1, XT, true>(o, packed.data(), d.data(), block, blocks);
+  } else if (blocks == 1) {
     run_tiles<12, 1>(o, packed.data(), d.data(), block, blocks);
   } else {  // two vectors of x meet 8 weight rows: half the loads of x per product
     run_tiles<8, 2>(o, packed.data(), d.data(), block, blocks);
