@@ -62,10 +62,11 @@ def test_gemm_matches_reference(kernels: CpuKernels, x_dtype: torch.dtype) -> No
 
 def test_gemm_quantizes_x_per_row(kernels: CpuKernels) -> None:
     """With the identity as weight and scale 1, y is x's per-row quantization dequantized, value
-    for value: rounding half to even, an all-zero row (d = 0), rows of wide range."""
+    for value: rounding half to even, an all-zero row (d = 0), rows of wide range; in the tiles
+    of 8 rows or fewer and of 9-15 (the weights' offsets summed on the way, or from padding)."""
     assert kernels.module is not None
     gen = torch.Generator().manual_seed(12)
-    for k, m in ((64, 40), (100, 33), (257, 50)):
+    for k, m in ((64, 40), (100, 33), (257, 50), (64, 8), (257, 5), (100, 12)):
         x = torch.randn(m, k, generator=gen) * torch.logspace(-3, 3, k)
         x[0] = 0.0
         x[1, :3] = torch.tensor([127.0, 63.5, -0.5])  # d = 1: 63.5 -> 64, -0.5 -> -0 (even)
