@@ -312,29 +312,37 @@ def zen4_forced_avx512() -> str:
 def zen4_multiturn() -> str:
     """Shape (a) on the Qwen3-1.7B shape: the tree before the VNNI GEMM (40425c2), with it
     (e30e3a4), with the decode attention and bf16 tiles (8d06975), with the L2 prefetch and the
-    VNNI GEMM's padding-lane offsets (ed67124, in one run with llama-server)."""
-    header = ["weights", "40425c2", "e30e3a4", "8d06975", "ed67124", "ed67124 / 40425c2"]
-    header += ["llama-server", "ed67124 / llama", "TTFT p99 40425c2 / ed67124 / llama"]
+    VNNI GEMM's padding-lane offsets (ed67124), with the 8-lane int8 tiles (c62bc00); the last
+    three each in one run with llama-server, whose own time is the last but two column."""
+    trees = ["40425c2", "e30e3a4", "8d06975", "ed67124", "c62bc00"]
+    header = [
+        "weights",
+        *trees,
+        "c62bc00 / 40425c2",
+        "llama-server beside 8d06975 / ed67124 / c62bc00",
+    ]
+    header += ["to llama at 8d06975 / ed67124 / c62bc00", "TTFT p99 40425c2 / c62bc00 / llama"]
     rows, files = [], []
     for dtype, gguf in (("bf16", "BF16"), ("int8", "Q8_0")):
-        paths = [
-            f"{ZEN4}/multiturn-qwen3-1.7b-{dtype}-before.json",
-            f"{ZEN4}/multiturn-qwen3-1.7b-{dtype}-e30e3a4.json",
-            f"{ZEN4}/multiturn-qwen3-1.7b-{dtype}-8d06975.json",
-            f"docs/bench-llama-cpp-a-qwen3-1.7b-{dtype}-zen4.json",
-        ]
+        paths = [f"{ZEN4}/multiturn-qwen3-1.7b-{dtype}-{tree}.json" for tree in trees[1:-1]]
+        paths = [f"{ZEN4}/multiturn-qwen3-1.7b-{dtype}-before.json", *paths]
+        paths.append(f"docs/bench-llama-cpp-a-qwen3-1.7b-{dtype}-zen4.json")
         files += paths
         runs = [load(path)["systems"] for path in paths]
         sides = [next(s for s in run if s["kind"] == "radixserve") for run in runs]
-        before, now = sides[0], sides[-1]
-        llama = next(s for s in runs[-1] if s["kind"] == "compare")
+        llamas = [next(s for s in run if s["kind"] == "compare") for run in runs[2:]]
+        before, now, llama = sides[0], sides[-1], llamas[-1]
         p99 = " / ".join(ms(s["ttft_s"]["p99"]) for s in (before, now, llama))
+        to_llama = [
+            times(s["requests_per_s"] / ll["requests_per_s"])
+            for s, ll in zip(sides[2:], llamas, strict=True)
+        ]
         rows.append(
             [f"{dtype} (llama: {gguf})"]
             + [f"{s['wall_s']:.1f} s" for s in sides]
             + [times(now["requests_per_s"] / before["requests_per_s"])]
-            + [f"{llama['wall_s']:.1f} s", times(now["requests_per_s"] / llama["requests_per_s"])]
-            + [p99]
+            + [" / ".join(f"{ll['wall_s']:.1f} s" for ll in llamas)]
+            + [" / ".join(to_llama), p99]
         )
     return table(header, rows, files)
 
