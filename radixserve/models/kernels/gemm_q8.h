@@ -147,10 +147,11 @@ inline void tile(const int8_t* const (&rows)[NW], const int8_t* const* next, con
 }
 
 // tile<NW, 1> for at most 8 rows of x (the first 8 lanes of one packed block) on 8-lane vectors,
-// the 256-bit VPDPBUSD, which Zen 4 issues twice a cycle where it issues the 512-bit one once:
-// half the cycles of the 16-lane tile for the same rows. The rows' offsets are summed on the way,
-// a line of each row per 16 groups (from L1, where the broadcasts read it), so there is no pass
-// of their own and no row of padding needed; acc's upper 8 lanes are zero.
+// the 256-bit VPDPBUSD: no work on the 8 lanes the 16-lane tile would leave unused (on Zen 4,
+// which splits a 512-bit VPDPBUSD into two 256-bit halves, that is half the work). The rows'
+// offsets are summed on the way, a line of each row per 16 groups (from L1, where the broadcasts
+// read it), so there is no pass of their own and no row of padding needed; acc's upper 8 lanes
+// are zero.
 template <int NW>
 inline void tile8(const int8_t* const (&rows)[NW], const int8_t* const* next, const int8_t* x,
                   int64_t K, __m512i (&acc)[NW][1], int32_t* offset) {
