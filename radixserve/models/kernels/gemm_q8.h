@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "linear_problem.h"
@@ -51,22 +52,19 @@ inline bool available() {
 }
 
 // acc + the dot products of u8's unsigned bytes with s8's signed bytes, 4 per 32-bit lane
-// (VPDPBUSD). Built without VNNI (the avx512 variant), it is the instruction in inline asm,
-// run only where available(): a function target instead made GCC confine the sums to the 16
-// registers VEX can name, copying them in and out around every instruction (half the speed).
-inline __m512i dpbusd(__m512i acc, __m512i u8, __m512i s8) {
+// (VPDPBUSD), on 16 lanes (__m512i) or 8 (__m256i, AVX512-VL). Built without VNNI (the avx512
+// variant), it is the instruction in inline asm, run only where available(): a function target
+// instead made GCC confine the sums to the 16 registers VEX can name, copying them in and out
+// around every instruction (half the speed).
+template <class V>
+inline V dpbusd(V acc, V u8, V s8) {
+  static_assert(std::is_same_v<V, __m512i> || std::is_same_v<V, __m256i>);
 #if defined(__AVX512VNNI__)
-  return _mm512_dpbusd_epi32(acc, u8, s8);
-#else
-  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
-  return acc;
-#endif
-}
-
-// dpbusd on 8 lanes (the 256-bit form, AVX512-VL).
-inline __m256i dpbusd8(__m256i acc, __m256i u8, __m256i s8) {
-#if defined(__AVX512VNNI__)
-  return _mm256_dpbusd_epi32(acc, u8, s8);
+  if constexpr (std::is_same_v<V, __m512i>) {
+    return _mm512_dpbusd_epi32(acc, u8, s8);
+  } else {
+    return _mm256_dpbusd_epi32(acc, u8, s8);
+  }
 #else
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
   return acc;
@@ -164,7 +162,7 @@ inline void tile8(const int8_t* const (&rows)[NW], const int8_t* const* next, co
   }
   auto group = [&](int64_t g, const int32_t (&b)[NW]) {
     const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + g * 64));
-    for (int r = 0; r < NW; ++r) sums[r] = dpbusd8(sums[r], xv, _mm256_set1_epi32(b[r]));
+    for (int r = 0; r < NW; ++r) sums[r] = dpbusd(sums[r], xv, _mm256_set1_epi32(b[r]));
   };
   const int64_t whole = K / 4;
   int64_t g = 0;
