@@ -61,6 +61,9 @@ def write_api_model(path: Path, tokenizer: object, **overrides: object) -> Path:
     )
 
 
+READY_LINE = "radixserve is ready at"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -84,7 +87,10 @@ def start_server(
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode}:\n{server.log()}")
         try:
-            if httpx.get(f"{server.url}/health", timeout=1.0).status_code == 200:
+            # the launcher's ready line too: behind --dp-size the gateway answers /health
+            # before it has registered the workers (its /v1/models then has no "data")
+            healthy = httpx.get(f"{server.url}/health", timeout=1.0).status_code == 200
+            if healthy and READY_LINE in server.log():
                 return server
         except httpx.HTTPError:
             pass
