@@ -50,6 +50,16 @@ def test_double_free_and_lost_slots_are_detected() -> None:
         alloc.check_integrity(held_slots=held[:1])
 
 
+def test_a_page_listed_twice_in_the_free_list_is_detected() -> None:
+    alloc = TokenToKVPoolAllocator(8)
+    held = alloc.alloc(3)
+    alloc.check_integrity(held_slots=held)
+    # what a bug freeing a page past the double-free check would leave behind
+    alloc._free_pages = torch.cat([alloc._free_pages, alloc._free_pages[:1]])
+    with pytest.raises(AssertionError, match="appears twice"):
+        alloc.check_integrity(held_slots=held)
+
+
 @pytest.mark.parametrize("page_size", [4, 16])
 def test_page_aligned_allocation(page_size: int) -> None:
     alloc = TokenToKVPoolAllocator(8 * page_size, page_size)
