@@ -57,20 +57,29 @@ def run(scheduler: Scheduler, requests, arrivals_per_step: int, check: bool) -> 
     return results
 
 
-@pytest.mark.parametrize("overlap", ["off", "thread", "stream"])
-def test_stress_small_pool(engine_model_dir, overlap: str) -> None:
-    """Every KV path under pressure; with overlap launched from the worker thread or from the
-    scheduler thread (``--overlap-launch stream``: on the CPU the same results, serialized)."""
-    requests = make_requests(500)
+@pytest.fixture(scope="module")
+def unconstrained(engine_model_dir) -> dict[str, object]:
+    """The 500 requests' outputs on a pool that holds them all, no abort (the oracle of each
+    overlap mode's run)."""
     base = dict(model_path=str(engine_model_dir), dtype="float32", random_seed=0)
     reference = Scheduler(
         EngineConfig.from_flat(
             **base, max_total_tokens=60_000, max_running_requests=64, chunked_prefill_size=None
         )
     )
-    expected = run(reference, [(r, None) for r, _ in requests], 500, check=False)
-    reference.shutdown()
+    try:
+        return run(reference, [(r, None) for r, _ in make_requests(500)], 500, check=False)
+    finally:
+        reference.shutdown()
 
+
+@pytest.mark.parametrize("overlap", ["off", "thread", "stream"])
+def test_stress_small_pool(engine_model_dir, unconstrained, overlap: str) -> None:
+    """Every KV path under pressure; with overlap launched from the worker thread or from the
+    scheduler thread (``--overlap-launch stream``: on the CPU the same results, serialized)."""
+    requests = make_requests(500)
+    expected = unconstrained
+    base = dict(model_path=str(engine_model_dir), dtype="float32", random_seed=0)
     config = EngineConfig.from_flat(
         **base,
         max_total_tokens=400,
