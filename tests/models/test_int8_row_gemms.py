@@ -1,13 +1,15 @@
 """The int8 GEMMs that quantize ``x`` per row against torch: on AMX tiles (``amx_gemm.cpp``,
-the ``amx`` variant) and with AVX-512 VNNI (``gemm_q8.h``, the ``avx512_bf16`` variant and the
-``avx512`` one on a CPU with VNNI).
+the ``amx`` variant), with AVX-512 VNNI (``gemm_q8.h``, the ``avx512_bf16`` variant and the
+``avx512`` one on a CPU with VNNI) and the packed GEMM's int16 pairs (``gemm.h``, the ``avx2``
+variant, whose routing uses it).
 
 Reference: F.linear in float32 of ``x`` quantized per row (``q8_reference(x, K)``, the same fp32
 operations as the kernels' quantization) times the dequantized weight. The kernels' int32 sums
 over all of K are exact; one fp32 scaling and one rounding to x's dtype follow, so the tolerance
 is ``test_kernels``' (half a bf16 ulp, fp32 summation noise). Each case needs its CPU: AMX-INT8
 and AMX-BF16 (Sapphire Rapids or later) for ``amx``, AVX-512 VNNI for the others; elsewhere it
-is skipped, naming the variant and the instructions it lacks.
+is skipped, naming the variant and the instructions it lacks (the ``avx2`` variant runs on every
+x86 CPU of the project).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from test_kernels import _assert_close, _weights, on_one_and_many_threads
 
 from radixserve.models.kernels import MAX_M, TORCH_Q8, CpuKernels, _ext, q8_reference, quantize_int8
 
-# (variant, the int8 GEMM its extension must report): the AMX tiles, and VPDPBUSD compiled in
-# (avx512_bf16) or as inline asm run where the CPU has VNNI (avx512)
-GEMMS = [("amx", "amx"), ("avx512_bf16", "vnni"), ("avx512", "vnni")]
+# (variant, the int8 GEMM its extension must report): the AMX tiles, VPDPBUSD compiled in
+# (avx512_bf16) or as inline asm run where the CPU has VNNI (avx512), VPMADDWD pairs (avx2)
+GEMMS = [("amx", "amx"), ("avx512_bf16", "vnni"), ("avx512", "vnni"), ("avx2", "packed")]
 
 
 @pytest.fixture(scope="module", params=GEMMS, ids=[f"{v}-{g}" for v, g in GEMMS])
@@ -35,7 +37,7 @@ def kernels(request: pytest.FixtureRequest) -> CpuKernels:
     built = CpuKernels.build(variant)
     assert built.variant == variant, f"the {variant} variant failed to build (see _ext's log)"
     assert built.module is not None and built.module.int8_gemm() == gemm
-    assert built.int8_rows and built.int8_gemm
+    assert built.int8_rows
     return built
 
 
@@ -126,10 +128,11 @@ def test_linear_routes_int8_by_rows(kernels: CpuKernels) -> None:
 
 def test_k_past_the_int32_bound_goes_to_the_packed_gemm(kernels: CpuKernels) -> None:
     """Past 65,536 values of K the VNNI GEMM's int32 sums (of x offset by 128) could overflow:
-    such a product goes to the packed GEMM, x not quantized."""
+    such a product goes to the packed GEMM, x quantized per row there too (its int32 sums end
+    every 16,384 values of K)."""
     if kernels.module is None or kernels.module.int8_gemm() != "vnni":
         pytest.skip("the AMX GEMM sums q * w without an offset: no such bound")
     gen = torch.Generator().manual_seed(15)
     wk, scale, w = _weights(3, 65540, torch.int8, gen)
     x = torch.randn(6, 65540, generator=gen)
-    _assert_close(kernels.module.try_linear(x, wk, scale, None, 0, 1, True), x, w, None)
+    _assert_close(kernels.module.try_linear(x, wk, scale, None, 0, 1, True), x, w, None, 65540)

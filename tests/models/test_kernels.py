@@ -99,9 +99,7 @@ def test_skinny_matches_reference(
         _assert_close(y, x, w, b, q8)
         routed = variant_kernels.linear(x, wk, b, scale)  # the dispatching route
         if q8 and m > variant_kernels.int8_max_m and variant_kernels.int8_rows:
-            _assert_close(routed, x, w, b, k)  # the AMX or VNNI GEMM: x quantized per row
-        elif q8 and m > variant_kernels.int8_max_m and variant_kernels.int8_gemm:
-            _assert_close(routed, x, w, b)  # the packed GEMM: x not quantized
+            _assert_close(routed, x, w, b, k)  # an int8 GEMM: x quantized per row
         elif q8 and m > variant_kernels.int8_max_m:
             fp32 = variant_kernels.gemm_in_fp32
             assert torch.equal(routed, torch_linear(x, wk, b, scale, fp32_compute=fp32))
@@ -243,9 +241,9 @@ def test_packed_gemm_matches_reference(
     variant_kernels: CpuKernels, x_dtype: torch.dtype, w_dtype: torch.dtype
 ) -> None:
     """gemm.cpp (more rows than the skinny GEMM takes) against F.linear in float32 on the same
-    stored values; x is not quantized there, whatever the weight, except for int8 weights where
-    the kernels have AMX or AVX-512 VNNI, which take them to amx_gemm.cpp or gemm_q8.h (x
-    quantized per row)."""
+    stored values; x is not quantized there for fp32 and bf16 weights, and quantized per row for
+    int8 weights (which the kernels take to amx_gemm.cpp or gemm_q8.h where the CPU has AMX or
+    AVX-512 VNNI, to gemm.h's int16 pairs elsewhere)."""
     module = variant_kernels.module
     assert module is not None
     gen = torch.Generator().manual_seed(7)
@@ -256,8 +254,7 @@ def test_packed_gemm_matches_reference(
         b = torch.randn(n, generator=gen).to(x_dtype) if with_bias else None
         y = module.try_linear(x, wk, scale, b, MAX_M, 1, True)
         assert y is not None
-        rows = w_dtype == torch.int8 and variant_kernels.int8_rows
-        _assert_close(y, x, w, b, k if rows else None)
+        _assert_close(y, x, w, b, k if w_dtype == torch.int8 else None)
         assert module.try_linear(x, wk, scale, b, MAX_M, 1) is None  # without gemm: torch's
 
 
@@ -280,7 +277,7 @@ def test_packed_gemm_layouts_routing_and_threads(variant_kernels: CpuKernels) ->
     assert k.gemm == (k.variant in PACKED_GEMM_VARIANTS)  # avx2: no native bf16 in its CPUs
     if want is not None:
         assert torch.equal(k.linear(x, w), want)
-    if k.int8_gemm:  # int8 past int8_max_m rows: the kernels' packed (or AMX) GEMM
+    if k.int8_rows:  # int8 past int8_max_m rows: the kernels' packed, VNNI or AMX GEMM
         q, scale = quantize_int8(w.float())
         assert torch.equal(
             k.linear(x, q, None, scale), k.module.try_linear(x, q, scale, None, MAX_M, 1, True)
@@ -324,21 +321,21 @@ def test_routing_follows_the_variant_not_the_cpu() -> None:
     """Each variant routes as a CPU of that variant would, whatever this CPU has: so
     ``RADIXSERVE_CPU_ISA=avx2`` on an AMX Xeon routes as an AVX2 CPU (packed GEMM, fp32 GEMMs)."""
     avx2 = CpuKernels.routing("avx2")
-    assert avx2.gemm and avx2.int8_gemm and avx2.gemm_in_fp32 and not avx2.int8_rows
+    assert avx2.gemm and avx2.gemm_in_fp32 and avx2.int8_rows  # int8: the packed GEMM, x per row
     assert (avx2.bf16_max_m, avx2.int8_max_m) == (GEMM_BF16_MAX_M, GEMM_INT8_MAX_M)
     for name in ("avx512", "neon"):  # avx512 as on Skylake-X: no VNNI
         k = CpuKernels.routing(name)
-        assert not k.gemm and not k.int8_gemm and not k.int8_rows and k.gemm_in_fp32
+        assert not k.gemm and not k.int8_rows and k.gemm_in_fp32
         assert (k.bf16_max_m, k.int8_max_m) == (MAX_M, MAX_M)
     # AVX-512 with VNNI (every avx512_bf16 CPU; avx512 where the CPU has it): int8 past
     # VNNI_INT8_MAX_M rows on the VNNI GEMM, x quantized per row
     for k in (CpuKernels.routing("avx512_bf16"), CpuKernels.routing("avx512", "vnni")):
-        assert k.int8_gemm and k.int8_rows and not k.gemm
+        assert k.int8_rows and not k.gemm
         assert k.gemm_in_fp32 == (k.variant == "avx512")
         bf16_max_m = MAX_M if k.gemm_in_fp32 else AVX512_BF16_MAX_M  # native: torch's bf16 GEMM
         assert (k.bf16_max_m, k.int8_max_m) == (bf16_max_m, VNNI_INT8_MAX_M)
     amx = CpuKernels.routing("amx")
-    assert amx.int8_rows and amx.int8_gemm and not amx.gemm and not amx.gemm_in_fp32
+    assert amx.int8_rows and not amx.gemm and not amx.gemm_in_fp32
     assert (amx.bf16_max_m, amx.int8_max_m) == (AMX_BF16_MAX_M, AMX_INT8_MAX_M) < (MAX_M, MAX_M)
     assert CpuKernels.routing("amx", "vnni").int8_max_m == VNNI_INT8_MAX_M  # AMX not granted
     assert CpuKernels.routing("amx").module is None  # the decision alone, nothing built

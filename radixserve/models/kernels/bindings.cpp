@@ -16,8 +16,8 @@ std::optional<at::Tensor> try_linear(const at::Tensor& x, const at::Tensor& w,
                                      int64_t min_task_bytes, bool gemm);
 
 // Which GEMM try_linear gives int8 products taller than max_m (with gemm), by name: "amx"
-// (amx_gemm.cpp), "vnni" (gemm_q8.cpp), both quantizing x per row, or "packed" (gemm.cpp, x as
-// it is).
+// (amx_gemm.cpp), "vnni" (gemm_q8.cpp) or "packed" (gemm.cpp, int16 pairs), each quantizing x
+// per row.
 std::string int8_gemm() {
   switch (int8_gemm_kind()) {
     case Int8Gemm::kAmx: return "amx";

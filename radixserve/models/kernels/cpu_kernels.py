@@ -11,8 +11,9 @@ int8 weights times ``x`` quantized to int8 per block of 32, like llama.cpp's Q8_
 products per block: :data:`TORCH_Q8` is that route's torch reference), :meth:`rms_norm` to
 ``norm.cpp`` and :meth:`silu_mul`, :meth:`rotary` and :meth:`store_kv` (the small per-layer
 operations around them) to ``pointwise.cpp``. Larger products are compute-bound: on CPUs
-without native bf16, bf16 and int8 weights go to the packed GEMM of ``gemm.cpp`` (fp32 FMAs,
-the weights widened in its packing) from ``GEMM_BF16_MAX_M`` / ``GEMM_INT8_MAX_M`` rows on,
+without native bf16, bf16 and int8 weights go to the packed GEMM of ``gemm.cpp`` from
+``GEMM_BF16_MAX_M`` / ``GEMM_INT8_MAX_M`` rows on (bf16 weights widened in its packing, fp32
+FMAs; int8 weights times ``x`` quantized per row, both as int16 pairs multiplied by VPMADDWD),
 fp32 weights to torch's GEMM beyond ``MAX_M``; elsewhere torch's GEMM takes them all. With the
 ``amx`` variant (CPUs with AMX), bf16 weights go to torch's GEMM (oneDNN, on the AMX tiles) from
 ``AMX_BF16_MAX_M`` rows on, and int8 weights to ``amx_gemm.cpp`` from ``AMX_INT8_MAX_M``: int8
@@ -75,9 +76,12 @@ taller products. Measured on the AVX2 host (2 threads, 0.5B-shape weights 9728x8
 1152x896, GFLOP/s skinny / packed): M = 16: 125-141 / 112-130; 32: 129-137 / 136-149; 64:
 133-137 / 162-172; 128: 121-138 / 172-178."""
 
-GEMM_INT8_MAX_M = 48
-"""The same with int8 weights, whose skinny route (x as Q8, int8 products) is faster: M = 32:
-146-173 / 148-151; 64: 151-170 / 168-174; 128: 149-173 / 176-179."""
+GEMM_INT8_MAX_M = 12
+"""The same with int8 weights, which the packed GEMM multiplies as int16 pairs (VPMADDWD, twice
+the multiply-adds of an FMA per instruction) times ``x`` quantized per row. Measured with the
+``avx2`` build on a Zen 4 (it stands in for an AVX2 CPU; ``gemm_bench.py --int8``, 2 threads,
+one 0.5B layer, GFLOP/s skinny / packed, median of 7): M = 8: 157 / 117; 10: 104 / 130; 12:
+155 / 191; 16: 152-170 / 180-186; 24: 167 / 212; 32: 180 / 207; 48: 184 / 248."""
 
 NATIVE_BF16_VARIANTS = frozenset({"avx512_bf16", "amx"})
 """Variants whose CPUs multiply bf16 natively (torch's bf16 GEMMs then need no fp32 detour)."""
@@ -93,9 +97,11 @@ VNNI_INT8_MAX_M = 5
 VNNI GEMM 144 / 171 / 196 / 278, and 549 / 565 / 655 / 665 at M = 16 / 32 / 128 / 512 (torch's
 bf16 GEMM on the same weights in bf16: 380 at M = 512)."""
 
-INT8_ROW_GEMMS = {"amx": AMX_INT8_MAX_M, "vnni": VNNI_INT8_MAX_M}
-"""The int8 GEMMs that quantize ``x`` per row (``amx_gemm.cpp``, ``gemm_q8.h``), by the name the
-extension's ``int8_gemm()`` gives, with the most rows the skinny GEMM keeps before them."""
+INT8_ROW_GEMMS = {"amx": AMX_INT8_MAX_M, "vnni": VNNI_INT8_MAX_M, "packed": GEMM_INT8_MAX_M}
+"""The int8 GEMMs, each quantizing ``x`` per row (``amx_gemm.cpp``, ``gemm_q8.h``, ``gemm.h``), by
+the name the extension's ``int8_gemm()`` gives, with the most rows the skinny GEMM keeps before
+them. The packed one serves only variants whose packed GEMM is measured
+(``PACKED_GEMM_VARIANTS``)."""
 
 MIN_TASK_BYTES = 64 * 1024
 """Weight bytes per thread task; a smaller product runs on one thread."""
@@ -111,10 +117,9 @@ class CpuKernels:
     attention: bool = False  # the cpu_kernel attention backend may run
     gemm_in_fp32: bool = False  # large bf16 products run torch's GEMM in float32
     gemm: bool = False  # larger bf16/int8 products run gemm.cpp's packed GEMM, not torch's
-    int8_gemm: bool = False  # int8 products taller than int8_max_m stay in the kernels
     bf16_max_m: int = MAX_M  # most rows of x for the skinny GEMM with bf16 weights
     int8_max_m: int = MAX_M  # the same with int8 weights
-    int8_rows: bool = False  # int8 products taller than int8_max_m: AMX or VNNI GEMM, x per row
+    int8_rows: bool = False  # int8 products taller than int8_max_m: a GEMM of x per row
     q8_reference: bool = False  # torch only: int8 products see x as the kernels quantize it
 
     @classmethod
@@ -144,7 +149,7 @@ class CpuKernels:
         gemm = not native_bf16 and variant in PACKED_GEMM_VARIANTS
         if int8_gemm is None:
             int8_gemm = {"amx": "amx", "avx512_bf16": "vnni"}.get(variant, "packed")
-        rows = int8_gemm in INT8_ROW_GEMMS
+        rows = int8_gemm in INT8_ROW_GEMMS and (int8_gemm != "packed" or gemm)
         bf16_max_m = MAX_M  # beyond: the packed GEMM, or torch's (native bf16, or fp32)
         if native_bf16:
             bf16_max_m = AMX_BF16_MAX_M if amx else AVX512_BF16_MAX_M
@@ -155,8 +160,7 @@ class CpuKernels:
             gemm_in_fp32=not native_bf16,
             gemm=gemm,
             bf16_max_m=bf16_max_m,
-            int8_max_m=(INT8_ROW_GEMMS[int8_gemm] if rows else GEMM_INT8_MAX_M if gemm else MAX_M),
-            int8_gemm=gemm or rows,
+            int8_max_m=INT8_ROW_GEMMS[int8_gemm] if rows else MAX_M,
             int8_rows=rows,
         )
 
@@ -177,7 +181,7 @@ class CpuKernels:
         if self.q8_reference and scale is not None:
             if x.numel() <= self.int8_max_m * x.shape[-1]:  # the skinny GEMM's Q8 blocks
                 return torch_linear(q8_reference(x), weight, bias, scale).to(x.dtype)
-            if self.int8_rows:  # the AMX or VNNI GEMM's rows
+            if self.int8_rows:  # the int8 GEMM's rows
                 return torch_linear(q8_reference(x, x.shape[-1]), weight, bias, scale).to(x.dtype)
         return torch_linear(x, weight, bias, scale, fp32_compute=self.gemm_in_fp32)
 
@@ -187,7 +191,7 @@ class CpuKernels:
         if dtype == torch.bfloat16:
             return self.bf16_max_m, self.gemm
         if dtype == torch.int8:
-            return self.int8_max_m, self.int8_gemm
+            return self.int8_max_m, self.int8_rows
         return MAX_M, False
 
     def decoder_layer(

@@ -26,6 +26,15 @@
 // copy of x (up to MB rows x K fp32 per calling thread) and each thread's panel buffer are kept
 // between calls.
 //
+// int8 weights are not widened: x is quantized per row (d[m] = max_k |x[m, k]| / 127, q =
+// round-half-even(x * (1 / d)) in fp32, 0 where d = 0: q8_rows.h's rows, linear.py's
+// q8_reference with one block per row) and both operands go in as int16 pairs, one 32-bit word
+// holding k and k + 1 of a row (a zero past an odd K). The tile is the fp32 one on pairs: per
+// pair of k, NV vectors of W weight pairs and MR broadcast pairs of x feed MR * NV VPMADDWD,
+// each 2W multiply-adds where an FMA does W, into exact int32 sums (|q|, |w| <= 127 and at most
+// 2 KC k per pass: below 2^31), which leave the tile as fp32 times d[m]. The panel's pairs are
+// widened and transposed in registers as 32-bit lanes, W rows at a time, like fp32 values.
+//
 // gemm.cpp is its torch entry (packed_gemm); nothing here needs torch but ATen/Parallel.h
 // (tests/models/kernel_check/ builds it with a stand-in of that header, per ISA).
 #pragma once
@@ -37,6 +46,8 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <type_traits>
+#include <vector>
 
 #include "linear_problem.h"
 #include "simd.h"
@@ -48,6 +59,17 @@ constexpr int NR = NV * W;                            // output columns per tile
 constexpr int MR = kVectorRegisters >= 32 ? 12 : 6;  // rows of x per tile
 constexpr int64_t KC = 8192;  // most of K per pass: a packed panel is at most KC * NR fp32
 constexpr int64_t MB = 1024;  // rows of x per round (bounds the packed copy of x)
+
+// int8 weights multiply as int16 pairs (see the top); the packed operands are then int32 words,
+// and the depth of a packed row (its number of elements) is that of pairs.
+template <class WT>
+constexpr bool kPairs = std::is_same_v<WT, int8_t>;
+template <class WT>
+using Packed = std::conditional_t<kPairs<WT>, int32_t, float>;
+template <class WT>
+int64_t depth(int64_t K) {
+  return kPairs<WT> ? (K + 1) / 2 : K;
+}
 
 // The MR x NR tile of a [kc][MR] times b [kc][NR] (outer products over k), handed to `done`
 // in registers (acc[i][j]: row i, columns j * W..).
@@ -67,6 +89,42 @@ inline void tile(int64_t kc, const float* __restrict a, const float* __restrict 
     }
   }
   done(acc);
+}
+
+// The same on int16 pairs: a [kc][MR] and b [kc][NR] words, the int32 sums handed to `done` as
+// fp32 times d[i] (row i's scale of x). VPMADDWD has no accumulating form: each product needs a
+// register of its own before its add, so with 16 registers the rows go PR at a time over all of
+// kc (all MR at once spilled 8 of the 12 sums to the stack: no faster than the fp32 tile).
+constexpr int PR = kVectorRegisters >= 32 ? MR : MR / 2;
+template <class Done>
+inline void tile_pairs(int64_t kc, const int32_t* __restrict a, const int32_t* __restrict b,
+                       const float* d, Done&& done) {
+  VF out[MR][NV];
+  for (int h = 0; h < MR; h += PR) {
+    VI acc[PR][NV];
+    for (int i = 0; i < PR; ++i) {
+      for (int j = 0; j < NV; ++j) acc[i][j] = set1_i(0);
+    }
+    for (int64_t k = 0; k < kc; ++k) {
+      VI bv[NV];
+      for (int j = 0; j < NV; ++j) bv[j] = load_bits(b + k * NR + j * W);
+#pragma GCC unroll 16
+      for (int i = 0; i < PR; ++i) {
+        const VI av = set1_i(a[k * MR + h + i]);
+        for (int j = 0; j < NV; ++j) acc[i][j] = madd_pairs(acc[i][j], av, bv[j]);
+      }
+    }
+    for (int i = 0; i < PR; ++i) {
+      const VF di = set1(d[h + i]);
+      for (int j = 0; j < NV; ++j) out[h + i][j] = mul(cvt_f(acc[i][j]), di);
+    }
+  }
+  done(out);
+}
+
+inline int32_t pair(int32_t lo, int32_t hi) {  // two int16 values as one word, lo first
+  return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFFu) |
+                              (static_cast<uint32_t>(hi) << 16));
 }
 
 // Rows [n, n + nr) of w, K range [pc, pc + kc), as one fp32 panel [kc][NR] (zero columns past
@@ -93,6 +151,34 @@ void pack_w(const WT* w, int64_t ldw, int64_t n, int64_t nr, int64_t pc, int64_t
   }
 }
 
+// Rows [n, n + nr) of int8 w, pairs [pc, pc + kc) (k from 2 pc), as one panel of int16 pairs
+// [kc][NR] (zero past nr and past K): W rows of 2W values widened at a time (one load each) and
+// transposed in registers as W words each, where the rows hold them; the rest one by one.
+inline void pack_w_pairs(const int8_t* w, int64_t ldw, int64_t K, int64_t n, int64_t nr,
+                         int64_t pc, int64_t kc, int32_t* out) {
+  int64_t p0 = 0;
+  if (nr == NR) {
+    for (; p0 + W <= kc && 2 * (pc + p0 + W) <= K; p0 += W) {
+      for (int h = 0; h < NV; ++h) {
+        VF v[W];
+        for (int i = 0; i < W; ++i) {
+          v[i] = as_float(widen_pairs(w + (n + h * W + i) * ldw + 2 * (pc + p0)));
+        }
+        transpose(v);
+        for (int i = 0; i < W; ++i) store_i(out + (p0 + i) * NR + h * W, as_int(v[i]));
+      }
+    }
+  }
+  for (int64_t j = 0; j < NR; ++j) {
+    for (int64_t p = p0; p < kc; ++p) {
+      const int64_t k = 2 * (pc + p);
+      const int8_t* src = w + (n + std::min(j, nr - 1)) * ldw;
+      const int32_t lo = j < nr ? src[k] : 0, hi = j < nr && k + 1 < K ? src[k + 1] : 0;
+      out[p * NR + j] = pair(lo, hi);
+    }
+  }
+}
+
 // Prefetches what pack_w(w, ldw, n, nr, pc, kc) will read: NR rows read a few KB each are more
 // streams than the hardware prefetchers follow.
 template <class WT>
@@ -116,13 +202,44 @@ void pack_x(const XT* x, int64_t ldx, int64_t m0, int64_t mr, int64_t K, float* 
   }
 }
 
+// One row of x quantized (see the top) into q [K] as int32 values; returns d.
+template <class XT>
+float quantize_row(const XT* x, int64_t K, int32_t* q) {
+  VF amax = zero();
+  for (int64_t k = 0; k < K; k += W) amax = max(amax, abs(load_n(x + k, K - k)));
+  const float d = hmax(amax) / 127.0f;
+  const VF inv = set1(d > 0.0f ? 1.0f / d : 0.0f);
+  int64_t k = 0;
+  for (; k + W <= K; k += W) store_i(q + k, to_int(round(mul(load(x + k), inv))));
+  if (k < K) {
+    alignas(64) int32_t tail[W];
+    store_i(tail, to_int(round(mul(load_tail(x + k, K - k), inv))));
+    std::copy(tail, tail + (K - k), q + k);
+  }
+  return d;
+}
+
+// Rows [m0, m0 + mr) of x (mr <= MR) quantized, as one tile of int16 pairs [depth][MR] and
+// their scales d [MR] (zero rows and scales past mr); q: room for K + 1 values.
+template <class XT>
+void pack_x_pairs(const XT* x, int64_t ldx, int64_t m0, int64_t mr, int64_t K, int32_t* out,
+                  float* d, int32_t* q) {
+  const int64_t pairs = depth<int8_t>(K);
+  for (int r = 0; r < MR; ++r) {
+    d[r] = r < mr ? quantize_row(x + (m0 + r) * ldx, K, q) : 0.0f;
+    q[K] = 0;  // past an odd K
+    for (int64_t p = 0; p < pairs; ++p) out[p * MR + r] = r < mr ? pair(q[2 * p], q[2 * p + 1]) : 0;
+  }
+}
+
 // A buffer kept between calls (grown when a product needs more: a fresh multi-MB buffer per
 // call costs its page faults). Not zero-filled: every value is written before it is read.
+template <class T>
 class Scratch {
  public:
-  float* get(int64_t n) {
+  T* get(int64_t n) {
     if (n > size_) {
-      data_.reset(new (std::align_val_t(64)) float[static_cast<size_t>(n)]);
+      data_.reset(new (std::align_val_t(64)) T[static_cast<size_t>(n)]);
       size_ = n;
     }
     return data_.get();
@@ -130,9 +247,9 @@ class Scratch {
 
  private:
   struct Free {
-    void operator()(float* p) const { operator delete[](p, std::align_val_t(64)); }
+    void operator()(T* p) const { operator delete[](p, std::align_val_t(64)); }
   };
-  std::unique_ptr<float[], Free> data_;
+  std::unique_ptr<T[], Free> data_;
   int64_t size_ = 0;
 };
 
@@ -167,29 +284,41 @@ struct Merge {
   }
 };
 
-// Columns [n0, n1) for the rows of x packed in xp (tiles of MR rows from row m0, rows in all).
+// Columns [n0, n1) for the rows of x packed in xp (tiles of MR rows from row m0, rows in all;
+// int8 weights: d, the rows' scales).
 template <class WT, class XT>
-void run_task(const Linear<WT, XT>& g, const float* xp, int64_t m0, int64_t rows, int64_t n0,
-              int64_t n1, Scratch& wbuf, Scratch& sbuf) {
-  const int64_t passes = (g.K + KC - 1) / KC, kstep = (g.K + passes - 1) / passes;
+void run_task(const Linear<WT, XT>& g, const Packed<WT>* xp, const float* d, int64_t m0,
+              int64_t rows, int64_t n0, int64_t n1, Scratch<Packed<WT>>& wbuf,
+              Scratch<float>& sbuf) {
+  const int64_t D = depth<WT>(g.K), f = kPairs<WT> ? 2 : 1;  // f: k per packed element
+  const int64_t passes = (D + KC - 1) / KC, kstep = (D + passes - 1) / passes;
   const int64_t tiles = (rows + MR - 1) / MR;
-  float* const wp = wbuf.get(kstep * NR);
+  Packed<WT>* const wp = wbuf.get(kstep * NR);
   float* const sp = passes > 1 ? sbuf.get(tiles * MR * NR) : nullptr;
   for (int64_t n = n0; n < n1; n += NR) {
     const int64_t nr = std::min<int64_t>(NR, n1 - n);
-    for (int64_t pc = 0; pc < g.K; pc += kstep) {
-      const int64_t kc = std::min(kstep, g.K - pc);
-      pack_w(g.w, g.ldw, n, nr, pc, kc, wp);
-      if (pc + kc < g.K) {
-        prefetch_w(g.w, g.ldw, n, nr, pc + kc, std::min(kstep, g.K - pc - kc));
+    for (int64_t pc = 0; pc < D; pc += kstep) {
+      const int64_t kc = std::min(kstep, D - pc);
+      if constexpr (kPairs<WT>) {
+        pack_w_pairs(g.w, g.ldw, g.K, n, nr, pc, kc, wp);
+      } else {
+        pack_w(g.w, g.ldw, n, nr, pc, kc, wp);
+      }
+      if (pc + kc < D) {
+        prefetch_w(g.w, g.ldw, n, nr, f * (pc + kc), f * std::min(kstep, D - pc - kc));
       } else if (n + NR < n1) {
-        prefetch_w(g.w, g.ldw, n + NR, std::min<int64_t>(NR, n1 - n - NR), 0, kstep);
+        prefetch_w(g.w, g.ldw, n + NR, std::min<int64_t>(NR, n1 - n - NR), 0, f * kstep);
       }
       for (int64_t t = 0; t < tiles; ++t) {
         float* const sums = sp ? sp + t * MR * NR : nullptr;
-        const Merge<WT, XT> out{g, pc == 0, pc + kc == g.K, sums, m0 + t * MR, n};
+        const Merge<WT, XT> out{g, pc == 0, pc + kc == D, sums, m0 + t * MR, n};
         const int64_t mr = std::min<int64_t>(MR, rows - t * MR);
-        tile(kc, xp + t * MR * g.K + pc * MR, wp, [&](VF(&acc)[MR][NV]) { out(acc, mr, nr); });
+        const auto done = [&](VF(&acc)[MR][NV]) { out(acc, mr, nr); };
+        if constexpr (kPairs<WT>) {
+          tile_pairs(kc, xp + t * MR * D + pc * MR, wp, d + t * MR, done);
+        } else {
+          tile(kc, xp + t * MR * D + pc * MR, wp, done);
+        }
       }
     }
   }
@@ -197,27 +326,36 @@ void run_task(const Linear<WT, XT>& g, const float* xp, int64_t m0, int64_t rows
 
 template <class WT, class XT>
 void run(const Linear<WT, XT>& g) {
-  const int64_t panels = (g.N + NR - 1) / NR;
+  const int64_t panels = (g.N + NR - 1) / NR, D = depth<WT>(g.K);
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), panels));
   // The threads take chunks of panels as they go, about 8 per thread: a thread slowed by the
   // host takes fewer (a 512-token bf16 prefill ran 2-6% faster in the median than with one
   // fixed share per thread, Zen 3, 2 threads).
   const int64_t chunk = std::max<int64_t>(1, panels / (8 * tasks));
-  thread_local Scratch xbuf;
+  thread_local Scratch<Packed<WT>> xbuf;
+  thread_local Scratch<float> dbuf;
   for (int64_t m0 = 0; m0 < g.M; m0 += MB) {
     const int64_t rows = std::min(MB, g.M - m0), tiles = (rows + MR - 1) / MR;
-    float* const xp = xbuf.get(tiles * MR * g.K);
+    Packed<WT>* const xp = xbuf.get(tiles * MR * D);
+    float* const d = kPairs<WT> ? dbuf.get(tiles * MR) : nullptr;
     at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const int64_t mr = std::min<int64_t>(MR, rows - t * MR);
-        pack_x(g.x, g.ldx, m0 + t * MR, mr, g.K, xp + t * MR * g.K);
+        if constexpr (kPairs<WT>) {
+          thread_local std::vector<int32_t> q;
+          q.resize(static_cast<size_t>(g.K + 1));
+          pack_x_pairs(g.x, g.ldx, m0 + t * MR, mr, g.K, xp + t * MR * D, d + t * MR, q.data());
+        } else {
+          pack_x(g.x, g.ldx, m0 + t * MR, mr, g.K, xp + t * MR * D);
+        }
       }
     });
     std::atomic<int64_t> next{0};  // the first panel no thread has taken yet
     at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) {
-      thread_local Scratch wbuf, sbuf;
+      thread_local Scratch<Packed<WT>> wbuf;
+      thread_local Scratch<float> sbuf;
       for (int64_t p0; (p0 = next.fetch_add(chunk)) < panels;) {
-        run_task(g, xp, m0, rows, p0 * NR, std::min(g.N, (p0 + chunk) * NR), wbuf, sbuf);
+        run_task(g, xp, d, m0, rows, p0 * NR, std::min(g.N, (p0 + chunk) * NR), wbuf, sbuf);
       }
     });
   }

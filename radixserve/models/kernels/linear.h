@@ -66,7 +66,7 @@ at::Tensor amx_int8_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
 bool vnni_available();
 // Which of them takes this build's int8 products taller than the skinny GEMM's rows (gemv.cpp,
 // the one place that decides; Python asks through the binding int8_gemm): the AMX GEMM, the
-// VNNI GEMM (both quantize x per row), or the packed GEMM (x as it is).
+// VNNI GEMM or the packed GEMM (int16 pairs), each quantizing x per row.
 enum class Int8Gemm { kAmx, kVnni, kPacked };
 Int8Gemm int8_gemm_kind();
 at::Tensor vnni_int8_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,

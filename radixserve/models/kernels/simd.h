@@ -112,6 +112,15 @@ inline bool any_nan(VF v) { return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0; 
 inline VI load_bits(const void* p) { return _mm512_loadu_si512(p); }
 inline VF cvt_f(VI v) { return _mm512_cvtepi32_ps(v); }
 
+// int16 pairs (the packed GEMM's int8 products, gemm.h): a VI of W pairs, each 32-bit lane two
+// int16 values; madd_pairs adds each lane's two products, summed exactly in int32, to acc's
+// lane (VPMADDWD); widen_pairs reads 2W int8 values as W pairs.
+inline VI madd_pairs(VI acc, VI a, VI b) { return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b)); }
+inline VI widen_pairs(const int8_t* p) {
+  return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline void store_i(int32_t* p, VI v) { _mm512_storeu_si512(p, v); }
+
 // v[i][j] <-> v[j][i] (see the AVX2 block), in registers: 32-bit and 64-bit unpacks make 4 x 4
 // blocks inside each 128-bit lane, two rounds of 128-bit lane shuffles place them.
 inline void transpose(VF (&v)[W]) {
@@ -248,6 +257,13 @@ inline bool any_nan(VF v) { return _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_U
 inline VI load_bits(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline VF cvt_f(VI v) { return _mm256_cvtepi32_ps(v); }
 
+// int16 pairs (see the AVX-512 block)
+inline VI madd_pairs(VI acc, VI a, VI b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+inline VI widen_pairs(const int8_t* p) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline void store_i(int32_t* p, VI v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+
 // The W x W block v (v[i] its row i) transposed in registers: v[i][j] <-> v[j][i]. 8 x 8:
 // interleave pairs of rows, then pairs of pairs, then swap 128-bit halves (24 shuffles).
 inline void transpose(VF (&v)[W]) {
@@ -333,6 +349,15 @@ inline bool any_nan(VF v) { return vmaxvq_u32(vmvnq_u32(vceqq_f32(v, v))) != 0; 
 
 inline VI load_bits(const void* p) { return vld1q_s32(static_cast<const int32_t*>(p)); }
 inline VF cvt_f(VI v) { return vcvtq_f32_s32(v); }
+
+// int16 pairs (see the AVX-512 block): widening multiplies, neighbours added pairwise
+inline VI madd_pairs(VI acc, VI a, VI b) {
+  const int16x8_t a16 = vreinterpretq_s16_s32(a), b16 = vreinterpretq_s16_s32(b);
+  const int32x4_t lo = vmull_s16(vget_low_s16(a16), vget_low_s16(b16));
+  return vaddq_s32(acc, vpaddq_s32(lo, vmull_high_s16(a16, b16)));
+}
+inline VI widen_pairs(const int8_t* p) { return vreinterpretq_s32_s16(vmovl_s8(vld1_s8(p))); }
+inline void store_i(int32_t* p, VI v) { vst1q_s32(p, v); }
 
 // v[i][j] <-> v[j][i] (see the AVX2 block): 4 x 4 with two TRN1/TRN2 levels.
 inline void transpose(VF (&v)[W]) {

@@ -114,8 +114,9 @@ float round_to_t(float v) {
 }
 
 // x [M, K] (row stride ldx) times w [N, K] (row stride ldw), scale, bias: the skinny GEMM or
-// the packed one. int8 weights in the skinny GEMM multiply x quantized per block of 32 (Q8_0):
-// d = max|x| / 127, q = round-half-even(x * (1 / d)) in fp32, which the reference repeats.
+// the packed one. int8 weights multiply x quantized per block of 32 in the skinny GEMM (Q8_0)
+// and per row in the packed one: d = max|x| / 127, q = round-half-even(x * (1 / d)) in fp32,
+// which the reference repeats.
 template <class WT, class XT>
 void check_linear(bool packed, int64_t M, int64_t N, int64_t K, bool with_bias, Rng& rng) {
   constexpr bool kInt8 = std::is_same_v<WT, int8_t>;
@@ -150,11 +151,12 @@ void check_linear(bool packed, int64_t M, int64_t N, int64_t K, bool with_bias, 
   } else {
     gemv::run_typed(o, 4096);
   }
-  if (kInt8 && !packed) {  // the Q8 values of x the skinny GEMM multiplies
+  if (kInt8) {  // the Q8 values of x multiplied: per block of 32, or per row (packed)
+    const int64_t block = packed ? K : 32;
     for (int64_t m = 0; m < M; ++m) {
-      for (int64_t b0 = 0; b0 < K; b0 += 32) {
+      for (int64_t b0 = 0; b0 < K; b0 += block) {
         float* blk = &xf[m * K + b0];
-        const int64_t n = std::min<int64_t>(32, K - b0);
+        const int64_t n = std::min<int64_t>(block, K - b0);
         float amax = 0.0f;
         for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(blk[i]));
         const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
@@ -191,7 +193,8 @@ void check_linears(Rng& rng) {
   for (const auto& [M, N, K] : skinny) check_linear<WT, XT>(false, M, N, K, N % 2 == 1, rng);
   // the packed GEMM: partial row tiles and column panels, K tails of the W x W packing, two
   // passes over K (K > KC), two rounds of x (M > MB)
-  const int64_t tall[][3] = {{13, 17, 37}, {30, 24, 64}, {7, 9, 8201}, {1030, 8, 16}};
+  const int64_t tall[][3] = {{13, 17, 37}, {30, 24, 64}, {7, 9, 8201}, {1030, 8, 16},
+                             {5, 9, 16391}};
   for (const auto& [M, N, K] : tall) check_linear<WT, XT>(true, M, N, K, N % 2 == 1, rng);
 }
 
