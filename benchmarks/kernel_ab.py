@@ -1,13 +1,15 @@
-"""Decode steps with this tree's CPU kernels against another tree's, in one process.
+"""Decode steps (and prefills) with this tree's CPU kernels against another tree's, in one process.
 
     git worktree add /tmp/before <rev>
     .venv/bin/python benchmarks/kernel_ab.py --model-dir <model> --before /tmp/before \
-        [--configs bfloat16 bfloat16+int8] [--batch-sizes 1 8] [--ctx 512] [--rounds 9]
+        [--configs bfloat16 bfloat16+int8] [--batch-sizes 1 8] [--ctx 512] [--rounds 9] \
+        [--prefill-lens 128 512]
 
 Both trees' kernel extensions are built (each tree's own ``_ext.py`` names its build after its
-sources), one model is loaded, and every round times ``--steps`` decode steps with each
-extension in turn (the order alternating), swapping the extension under the model's
-``CpuKernels``. On a shared host whose memory bandwidth moves by 2x between minutes, separate
+sources), one model is loaded, and every round times ``--steps`` decode steps (or one prefill
+of each ``--prefill-lens`` tokens) with each extension in turn (the order alternating), swapping
+the extension under the model's ``CpuKernels``. The variant is the one the engine would take
+(``RADIXSERVE_CPU_ISA`` forces a lower one, as for the server). On a shared host whose memory bandwidth moves by 2x between minutes, separate
 processes before and after cannot tell a 10% change from the host's phase; rounds side by side
 in one process can. Prints the median tok/s of each side and the median of the per-round ratios.
 ``--before`` this very tree gives an A/A run: the ratios' spread is the host's noise.
@@ -21,12 +23,14 @@ import importlib.util
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import torch
 from model_throughput import OurSide
 
+from radixserve.config import EngineConfig
 from radixserve.models.kernels import CpuKernels, _ext
 
 
@@ -52,19 +56,45 @@ def use(module: ModuleType) -> None:
             object.__setattr__(obj, "module", module)
 
 
+def side_by_side(
+    sides: dict[str, ModuleType], rounds: int, run: Callable[[], int]
+) -> dict[str, list[float]]:
+    """tokens/s of ``run`` (returns its token count) with each side's extension, per round."""
+    rates: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(rounds):
+        order = list(sides.items())
+        for name, module in order if r % 2 == 0 else order[::-1]:
+            use(module)
+            start = time.perf_counter()
+            tokens = run()
+            rates[name].append(tokens / (time.perf_counter() - start))
+    return rates
+
+
+def report(label: str, rates: dict[str, list[float]]) -> None:
+    ratios = [a / b for a, b in zip(rates["after"], rates["before"], strict=True)]
+    print(
+        f"{label:24s} tok/s before {statistics.median(rates['before']):6.1f}"
+        f" after {statistics.median(rates['after']):6.1f}; after / before, median of"
+        f" rounds {statistics.median(ratios):.3f} ({min(ratios):.2f}-{max(ratios):.2f})",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--before", type=Path, required=True, help="the other tree")
     parser.add_argument("--configs", nargs="+", default=["bfloat16", "bfloat16+int8"])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    parser.add_argument("--batch-sizes", type=int, nargs="*", default=[1])
+    parser.add_argument("--prefill-lens", type=int, nargs="*", default=[])
     parser.add_argument("--ctx", type=int, default=512)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    variant = _ext.best_variant()
+    variant = _ext.best_variant(EngineConfig().execution.cpu_isa)
     if variant is None:
         raise SystemExit("no CPU kernel variant builds here")
     before, after = other_tree_extension(args.before, variant), _ext.load_variant(variant)
@@ -75,25 +105,28 @@ def main() -> None:
     aa = " (the same extension: an A/A run, the noise floor)" if same else ""
     print(f"kernel variant {variant}, {args.threads} threads, before = {args.before}{aa}")
     for config in args.configs:
+        for n in args.prefill_lens:
+            side = OurSide(args.model_dir, config, 1, n + 8, False)
+            prompt = torch.randint(100, 1000, (1, n))
+
+            def prefill(side: OurSide = side, prompt: torch.Tensor = prompt, n: int = n) -> int:
+                side.prefill(prompt)
+                return n
+
+            report(f"{config} prefill {n}", side_by_side(sides, args.rounds, prefill))
+            del side
+            gc.collect()
         for bs in args.batch_sizes:
             side = OurSide(args.model_dir, config, bs, args.ctx + 8, False)
             tokens = side.prefill(torch.randint(100, 1000, (bs, args.ctx)))
-            rates: dict[str, list[float]] = {name: [] for name in sides}
-            for r in range(args.rounds):
-                order = list(sides.items())
-                for name, module in order if r % 2 == 0 else order[::-1]:
-                    use(module)
-                    start = time.perf_counter()
-                    for s in range(args.steps):  # the same few slots, rewritten
-                        tokens = side.decode(tokens, [args.ctx + s % 4] * bs)
-                    rates[name].append(bs * args.steps / (time.perf_counter() - start))
-            ratios = [a / b for a, b in zip(rates["after"], rates["before"], strict=True)]
-            print(
-                f"{config:16s} b={bs:<3d} tok/s before {statistics.median(rates['before']):6.1f}"
-                f" after {statistics.median(rates['after']):6.1f}; after / before, median of"
-                f" rounds {statistics.median(ratios):.3f} ({min(ratios):.2f}-{max(ratios):.2f})",
-                flush=True,
-            )
+
+            def decode(side: OurSide = side, bs: int = bs) -> int:
+                nonlocal tokens
+                for s in range(args.steps):  # the same few slots, rewritten
+                    tokens = side.decode(tokens, [args.ctx + s % 4] * bs)
+                return bs * args.steps
+
+            report(f"{config} b={bs}", side_by_side(sides, args.rounds, decode))
             del side
             gc.collect()
 
