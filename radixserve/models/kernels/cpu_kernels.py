@@ -76,12 +76,16 @@ taller products. Measured on the AVX2 host (2 threads, 0.5B-shape weights 9728x8
 1152x896, GFLOP/s skinny / packed): M = 16: 125-141 / 112-130; 32: 129-137 / 136-149; 64:
 133-137 / 162-172; 128: 121-138 / 172-178."""
 
-GEMM_INT8_MAX_M = 12
+GEMM_INT8_MAX_M = 16
 """The same with int8 weights, which the packed GEMM multiplies as int16 pairs (VPMADDWD, twice
 the multiply-adds of an FMA per instruction) times ``x`` quantized per row. Measured with the
-``avx2`` build on a Zen 4 (it stands in for an AVX2 CPU; ``gemm_bench.py --int8``, 2 threads,
-one 0.5B layer, GFLOP/s skinny / packed, median of 7): M = 8: 157 / 117; 10: 104 / 130; 12:
-155 / 191; 16: 152-170 / 180-186; 24: 167 / 212; 32: 180 / 207; 48: 184 / 248."""
+``avx2`` build on a Zen 4 (it stands in for an AVX2 CPU; 2 threads). One 0.5B layer, its weights
+hot in L3 (``gemm_bench.py --int8``, GFLOP/s skinny / packed, median of 7): M = 8: 157 / 117;
+12: 155 / 191; 16: 152-170 / 180-186; 24: 167 / 212; 48: 184 / 248. Whole decode steps, the
+weights streamed from memory (context 512, rounds side by side, this constant at 12 against 48,
+tok/s): the 1.7B shape at batch 16 38.9 / 42.6, 24 48.2 / 43.5, 40 50.4 / 44.0; the 0.5B shape
+at 16 134 / 152, 24 162 / 151, 32 162 / 153. Prefills of 64 and 512 tokens gained 1.21-1.24x
+over the packed GEMM's earlier fp32 FMAs on widened weights (``kernel_ab.py``)."""
 
 NATIVE_BF16_VARIANTS = frozenset({"avx512_bf16", "amx"})
 """Variants whose CPUs multiply bf16 natively (torch's bf16 GEMMs then need no fp32 detour)."""
