@@ -228,7 +228,9 @@ void pack_x_pairs(const XT* x, int64_t ldx, int64_t m0, int64_t mr, int64_t K, i
   for (int r = 0; r < MR; ++r) {
     d[r] = r < mr ? quantize_row(x + (m0 + r) * ldx, K, q) : 0.0f;
     q[K] = 0;  // past an odd K
-    for (int64_t p = 0; p < pairs; ++p) out[p * MR + r] = r < mr ? pair(q[2 * p], q[2 * p + 1]) : 0;
+    for (int64_t p = 0; p < pairs; ++p) {
+      out[p * MR + r] = r < mr ? pair(q[2 * p], q[2 * p + 1]) : 0;
+    }
   }
 }
 
