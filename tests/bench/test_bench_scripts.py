@@ -129,7 +129,7 @@ SCRIPT_ARGS: dict[str, list[str]] = {
     # an A/A run: this tree against itself (a second tree would build the kernels again)
     "kernel_ab.py": [
         *("--model-dir", "{model}", "--before", "{repo}", "--configs", "float32"),
-        *("--ctx", "8", "--steps", "1", "--rounds", "2"),
+        *("--ctx", "8", "--steps", "1", "--rounds", "2", "--prefill-lens", "8"),
     ],
     "tp_throughput.py": [
         *("--model-dir", "{model}", "--dtype", "float32", "--prompt-len", "8"),
@@ -184,7 +184,11 @@ EXPECTED: dict[str, list[str]] = {
     "load.py": [r"^requests\s+[1-9]", r"^errors\s+0$", r"^integrity_ok\s+True$"],
     "prompt_logprobs.py": [r"hit \+ prompt logprobs:\s+\d"],
     "model_throughput.py": [r"^prefill 8 tok\s+\d", r"^decode b=1 ctx=8\s+\d", r"bandwidth bound"],
-    "kernel_ab.py": [r"A/A run", r"^float32\s+b=1\s+tok/s before\s+\d[\d.]* after\s+\d"],
+    "kernel_ab.py": [
+        r"A/A run",
+        r"^float32 prefill 8\s+tok/s before\s+\d[\d.]* after\s+\d",
+        r"^float32 b=1\s+tok/s before\s+\d[\d.]* after\s+\d",
+    ],
     "multiturn_chat.py": [r"^radixserve\s+\d", r"^hit rate radixserve: "],
     "radix_ops.py": [
         r"^matched lengths identical in all runs",
