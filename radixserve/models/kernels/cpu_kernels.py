@@ -94,12 +94,15 @@ PACKED_GEMM_VARIANTS = frozenset({"avx2"})
 """Variants whose packed GEMM is measured and used (on CPUs without native bf16); the others are
 built and tested with it but keep torch's GEMM until measured on their CPUs."""
 
-VNNI_INT8_MAX_M = 5
+VNNI_INT8_MAX_M = 4
 """Most rows of ``x`` sent to the skinny GEMM with int8 weights where the AVX-512 VNNI int8 GEMM
 (``gemm_q8.h``) takes the taller products. Measured on Zen 4 (2 threads, one 0.5B layer, GOP/s,
 ``gemm_bench.py --int8``, median of 7): skinny 166 / 179 / 185 / 202 at M = 4 / 5 / 6 / 8, the
 VNNI GEMM 144 / 171 / 196 / 278, and 549 / 565 / 655 / 665 at M = 16 / 32 / 128 / 512 (torch's
-bf16 GEMM on the same weights in bf16: 380 at M = 512)."""
+bf16 GEMM on the same weights in bf16: 380 at M = 512). Since its 8-lane tiles (M <= 8), whole
+decode steps (context 512, the weights streamed from memory, rounds side by side, this constant
+lowered against 5): batch 5 1.04-1.12x (the 1.7B shape, two runs) and 1.04x (0.5B); batch 4
+0.99x (1.7B) and 1.10x (0.5B), so 4 stays on the skinny GEMM."""
 
 INT8_ROW_GEMMS = {"amx": AMX_INT8_MAX_M, "vnni": VNNI_INT8_MAX_M, "packed": GEMM_INT8_MAX_M}
 """The int8 GEMMs, each quantizing ``x`` per row (``amx_gemm.cpp``, ``gemm_q8.h``, ``gemm.h``), by
