@@ -78,9 +78,6 @@ inline int32_t word(const int8_t* row, int64_t g, int64_t K) {
   return v;
 }
 
-// 128 * sum_k w[r, k] for the rows of one weight block (rows past the end repeat the last). A
-// product of fewer than 16 rows of x needs no such pass: a row of padding reads 128 at every k,
-// so its lane of a tile's sums is this very offset (offsets_from_padding).
 // acc plus the bytes [k, K) of a weight row, summed in int32 lanes.
 inline __m512i row_sum(__m512i acc, const int8_t* row, int64_t k, int64_t K) {
   const __m512i ones = _mm512_set1_epi8(1);
@@ -92,6 +89,9 @@ inline __m512i row_sum(__m512i acc, const int8_t* row, int64_t k, int64_t K) {
   return acc;
 }
 
+// 128 * sum_k w[r, k] for the rows of one weight block (rows past the end repeat the last). A
+// product of fewer than 16 rows of x needs no such pass: a row of padding reads 128 at every k,
+// so its lane of a tile's sums is this very offset (offsets_from_padding).
 template <int NW>
 inline void offsets(const int8_t* const (&rows)[NW], int64_t K, int32_t* out) {
   for (int r = 0; r < NW; ++r) {
