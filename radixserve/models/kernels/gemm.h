@@ -27,7 +27,7 @@
 // between calls.
 //
 // int8 weights are not widened: x is quantized per row (d[m] = max_k |x[m, k]| / 127, q =
-// round-half-even(x * (1 / d)) in fp32, 0 where d = 0: q8_rows.h's rows, linear.py's
+// round-half-even(x * (1 / d)) in fp32, 0 where d = 0: q8_rows.h's quantize_row, linear.py's
 // q8_reference with one block per row) and both operands go in as int16 pairs, one 32-bit word
 // holding k and k + 1 of a row (a zero past an odd K). The tile is the fp32 one on pairs: per
 // pair of k, NV vectors of W weight pairs and MR broadcast pairs of x feed MR * NV VPMADDWD,
@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "linear_problem.h"
+#include "q8_rows.h"
 #include "simd.h"
 
 namespace rs::gemm {
@@ -202,31 +203,20 @@ void pack_x(const XT* x, int64_t ldx, int64_t m0, int64_t mr, int64_t K, float* 
   }
 }
 
-// One row of x quantized (see the top) into q [K] as int32 values; returns d.
-template <class XT>
-float quantize_row(const XT* x, int64_t K, int32_t* q) {
-  VF amax = zero();
-  for (int64_t k = 0; k < K; k += W) amax = max(amax, abs(load_n(x + k, K - k)));
-  const float d = hmax(amax) / 127.0f;
-  const VF inv = set1(d > 0.0f ? 1.0f / d : 0.0f);
-  int64_t k = 0;
-  for (; k + W <= K; k += W) store_i(q + k, to_int(round(mul(load(x + k), inv))));
-  if (k < K) {
-    alignas(64) int32_t tail[W];
-    store_i(tail, to_int(round(mul(load_tail(x + k, K - k), inv))));
-    std::copy(tail, tail + (K - k), q + k);
-  }
-  return d;
-}
-
 // Rows [m0, m0 + mr) of x (mr <= MR) quantized, as one tile of int16 pairs [depth][MR] and
 // their scales d [MR] (zero rows and scales past mr); q: room for K + 1 values.
 template <class XT>
 void pack_x_pairs(const XT* x, int64_t ldx, int64_t m0, int64_t mr, int64_t K, int32_t* out,
                   float* d, int32_t* q) {
   const int64_t pairs = depth<int8_t>(K);
+  const auto put = [q](int64_t k, int64_t n, VI v) {  // the values into q [K]
+    if (n == W) return store_i(q + k, v);
+    alignas(64) int32_t tail[W];
+    store_i(tail, v);
+    std::copy(tail, tail + n, q + k);
+  };
   for (int r = 0; r < MR; ++r) {
-    d[r] = r < mr ? quantize_row(x + (m0 + r) * ldx, K, q) : 0.0f;
+    d[r] = r < mr ? q8_rows::quantize_row(x + (m0 + r) * ldx, K, put) : 0.0f;
     q[K] = 0;  // past an odd K
     for (int64_t p = 0; p < pairs; ++p) {
       out[p * MR + r] = r < mr ? pair(q[2 * p], q[2 * p + 1]) : 0;

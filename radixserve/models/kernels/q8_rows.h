@@ -7,7 +7,8 @@
 // linear.py's q8_reference with one block per row. Packed, a block of 16 rows is K64 / 4 groups
 // of 64 bytes (K64: K rounded up to 64), group g holding int32 word j = the 4 bytes q[16 mb + j]
 // [4g .. 4g + 3]: 16 consecutive groups are one AMX B tile, and each group is one AVX-512
-// vector of 16 rows for VPDPBUSD. Rows past M and k past K are zero. AVX-512 only.
+// vector of 16 rows for VPDPBUSD. Rows past M and k past K are zero. The packing is AVX-512
+// only; quantize_row serves every ISA (gemm.h's int16 pairs take its values too).
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -17,6 +18,25 @@
 #include <vector>
 
 #include "simd.h"
+
+namespace rs::q8_rows {
+
+// One row of x quantized (see the top): W values at a time handed to put(k, n, q), q their int32
+// lanes, the first n valid (n < W only at the end); returns d.
+template <class XT, class Put>
+float quantize_row(const XT* x, int64_t K, Put&& put) {
+  VF amax = zero();
+  for (int64_t k = 0; k < K; k += W) amax = max(amax, abs(load_n(x + k, K - k)));
+  const float d = hmax(amax) / 127.0f;
+  const VF inv = set1(d > 0.0f ? 1.0f / d : 0.0f);
+  for (int64_t k = 0; k < K; k += W) {
+    const int64_t n = std::min<int64_t>(W, K - k);
+    put(k, n, to_int(round(mul(load_n(x + k, n), inv))));
+  }
+  return d;
+}
+
+}  // namespace rs::q8_rows
 
 #if defined(__AVX512F__)
 
@@ -28,19 +48,10 @@ constexpr int64_t kBlockBytes = kRows * kKBlock;  // bytes per 64 k of one block
 
 // One row of x quantized into out (K bytes); returns d.
 template <class XT>
-float quantize_row(const XT* x, int64_t K, int8_t* out) {
-  VF amax = zero();
-  int64_t k = 0;
-  for (; k + W <= K; k += W) amax = max(amax, abs(load(x + k)));
-  if (k < K) amax = max(amax, abs(load_tail(x + k, K - k)));
-  const float d = hmax(amax) / 127.0f;
-  const VF inv = set1(d > 0.0f ? 1.0f / d : 0.0f);
-  for (k = 0; k < K; k += W) {
-    const int64_t n = std::min<int64_t>(W, K - k);
-    const VF v = n == W ? load(x + k) : load_tail(x + k, n);
-    _mm_mask_storeu_epi8(out + k, first_lanes(n), _mm512_cvtsepi32_epi8(to_int(round(mul(v, inv)))));
-  }
-  return d;
+float quantize_row_bytes(const XT* x, int64_t K, int8_t* out) {
+  return quantize_row(x, K, [&](int64_t k, int64_t n, VI q) {
+    _mm_mask_storeu_epi8(out + k, first_lanes(n), _mm512_cvtsepi32_epi8(q));
+  });
 }
 
 // x's rows quantized (d[m]) and packed as above into packed (blocks(M) * K64 * 16 bytes), the
@@ -56,7 +67,7 @@ void quantize_pack(const XT* x, int64_t ldx, int64_t M, int64_t K, int64_t K64, 
       std::fill(rows.begin(), rows.end(), 0);
       for (int64_t j = 0; j < kRows && mb * kRows + j < M; ++j) {
         const int64_t m = mb * kRows + j;
-        d[m] = quantize_row(x + m * ldx, K, rows.data() + j * K64);
+        d[m] = quantize_row_bytes(x + m * ldx, K, rows.data() + j * K64);
       }
       int8_t* out = packed + mb * K64 * kRows;
       for (int64_t kb = 0; kb < K64 / kKBlock; ++kb) {
