@@ -101,8 +101,9 @@ def test_gemm_layouts_and_threads(kernels: CpuKernels) -> None:
 
 
 def test_linear_routes_int8_by_rows(kernels: CpuKernels) -> None:
-    """``CpuKernels.linear``: int8 weights on the skinny GEMM up to ``int8_max_m`` rows and on the
-    per-row GEMM beyond (``TORCH_Q8`` with the same routing is the reference of both), bf16
+    """``CpuKernels.linear``: int8 weights on the skinny GEMM up to ``int8_max_m`` rows (x in
+    Q8_0 blocks at batch 1, per row above) and on the per-row GEMM beyond (``TORCH_Q8`` with the
+    same routing is the reference of both), bf16
     weights to torch's GEMM beyond ``bf16_max_m`` (where that is below ``MAX_M``)."""
     from dataclasses import replace
 
@@ -115,7 +116,7 @@ def test_linear_routes_int8_by_rows(kernels: CpuKernels) -> None:
     q, scale = quantize_int8(wf)
     for m in (1, kernels.int8_max_m, kernels.int8_max_m + 1, MAX_M + 5):
         x = torch.randn(m, 256, generator=gen).to(torch.bfloat16)
-        block = 32 if m <= kernels.int8_max_m else 256
+        block = 32 if m == 1 else 256  # batch 1: Q8_0 blocks; more rows: per row
         _assert_close(kernels.linear(x, q, None, scale), x, q.float() * scale[:, None], None, block)
         want = reference.linear(x, q, None, scale)
         got = kernels.linear(x, q, None, scale)

@@ -1,9 +1,10 @@
 """The skinny GEMM of every ISA variant against the float32 torch reference.
 
 Reference: F.linear in float32 on the same stored values (int8 weights dequantized, w * scale;
-with int8 weights the kernel multiplies x quantized per block of 32, so the reference takes x
-through the same quantization, ``q8_reference``). The kernel accumulates in fp32 (exact int32
-within a block for int8) and rounds once, so bf16 outputs
+with int8 weights the kernel multiplies x quantized per block of 32 at batch 1 and per row from
+two rows on, so the reference takes x through the same quantization, ``q8_reference``). The
+kernel accumulates in fp32 (exact int32 within a block, or over the row, for int8) and rounds
+once, so bf16 outputs
 are within half a bf16 ulp of the result (2^-8 relative) plus fp32 summation-order noise; fp32
 outputs differ only by the summation order. Tolerance: |y - ref| <= rtol * |ref| + 1e-5 *
 (|x| @ |w|.T + |b|), rtol 2^-8 for bf16 and 1e-6 for fp32 outputs (the second term bounds
@@ -23,6 +24,7 @@ from radixserve.models.kernels import (
     MAX_M,
     Q8_BLOCK,
     TORCH_ONLY,
+    TORCH_Q8,
     CpuKernels,
     _ext,
     q8_reference,
@@ -39,6 +41,7 @@ from radixserve.models.kernels.cpu_kernels import (
     PACKED_GEMM_VARIANTS,
     VNNI_INT8_MAX_M,
 )
+from radixserve.models.kernels.linear import Q8_ROW_MAX_K
 
 RTOL = {torch.bfloat16: 2.0**-8, torch.float32: 1e-6}
 W_DTYPES = [torch.float32, torch.bfloat16, torch.int8]
@@ -95,15 +98,13 @@ def test_skinny_matches_reference(
         b = torch.randn(n, generator=gen).to(x_dtype) if with_bias else None
         y = module.try_linear(x, wk, scale, b, MAX_M, 1)  # the kernel itself, 1-byte tasks
         assert y is not None
-        q8 = Q8_BLOCK if w_dtype == torch.int8 else None
+        q8 = (Q8_BLOCK if m == 1 else k) if w_dtype == torch.int8 else None
         _assert_close(y, x, w, b, q8)
         routed = variant_kernels.linear(x, wk, b, scale)  # the dispatching route
-        if q8 and m > variant_kernels.int8_max_m and variant_kernels.int8_rows:
-            _assert_close(routed, x, w, b, k)  # an int8 GEMM: x quantized per row
-        elif q8 and m > variant_kernels.int8_max_m:
+        if q8 and m > variant_kernels.int8_max_m and not variant_kernels.int8_rows:
             fp32 = variant_kernels.gemm_in_fp32
             assert torch.equal(routed, torch_linear(x, wk, b, scale, fp32_compute=fp32))
-        else:
+        else:  # the skinny GEMM, or an int8 GEMM (x per row, as the skinny GEMM's rows)
             _assert_close(routed, x, w, b, q8)
 
 
@@ -112,24 +113,49 @@ def test_int8_route_quantizes_x_like_the_reference(
     variant_kernels: CpuKernels, x_dtype: torch.dtype
 ) -> None:
     """With the identity as int8 weight and scale 1, y is x's Q8 quantization dequantized: the
-    kernel's quantization (blocks, rounding half to even, zero blocks, a partial last block)
-    equals ``quantize_rows_q8`` value for value (fp32 y is exact; bf16 y rounds it once)."""
+    kernel's quantization equals ``quantize_rows_q8`` value for value (fp32 y is exact; bf16 y
+    rounds it once), at batch 1 in blocks of 32 (rounding half to even, zero blocks, a partial
+    last block), from two rows on per row (ties, an all-zero row, a row shorter than a vector)."""
     module = variant_kernels.module
     assert module is not None
     gen = torch.Generator().manual_seed(6)
-    for k, m in ((5, 1), (32, 3), (100, 9), (257, 2), (1000, 17)):
+    for k, m in ((5, 1), (100, 1), (1000, 1), (5, 2), (32, 3), (100, 9), (257, 2), (1000, 17)):
         x = torch.randn(m, k, generator=gen) * torch.logspace(-3, 3, k)
-        x[0, : min(k, 40)] = 0.0  # an all-zero block
+        x[0, : min(k, 40)] = 0.0  # an all-zero block (and row, where k <= 40)
         x[-1, -1] = 127.0 * 0.5  # ties: x * (1 / d) = 63.5 rounds to 64 (even)
         x[-1, -2] = -127.0
+        if m > 1:  # the last row's d is 1 only when -127 is its largest magnitude
+            x[-1, :-2] = x[-1, :-2].clamp(-100.0, 100.0)
         x = x.to(x_dtype)
         eye, one = torch.eye(k, dtype=torch.int8), torch.ones(k)
         y = module.try_linear(x, eye, one, None, MAX_M, 1)
         assert y is not None
-        want = q8_reference(x)
+        want = q8_reference(x, Q8_BLOCK if m == 1 else k)
         assert torch.equal(y, want.to(x_dtype)), (k, m)
+        if m > 1:
+            assert y[-1, -2:].tolist() == [-127.0, 64.0]
     q, d = quantize_rows_q8(torch.tensor([[0.5, -1.0, 0.25] + [0.0] * 30]))
     assert q[0, :3].tolist() == [64, -127, 32] and q.shape == (1, 33) and d.shape == (1, 2)
+
+
+def test_int8_rows_past_the_int32_bound_keep_blocks(variant_kernels: CpuKernels) -> None:
+    """Rows of x longer than ``Q8_ROW_MAX_K`` (where per-row int32 sums could overflow) keep the
+    Q8_0 blocks at two rows too: one large value no longer rounds the row's small ones to 0."""
+    module = variant_kernels.module
+    assert module is not None
+    k = Q8_ROW_MAX_K + 7
+    x = torch.full((2, k), 1e-3)
+    x[:, 0] = 1000.0
+    ones, one = torch.ones(1, k, dtype=torch.int8), torch.ones(1)
+    y = module.try_linear(x, ones, one, None, MAX_M, 1)
+    assert y is not None
+    want = q8_reference(x, Q8_BLOCK).sum(-1, keepdim=True)  # 1000 + (k - 1) * 1e-3
+    assert torch.allclose(y, want, rtol=1e-4) and y[0, 0] > 1100.0  # fp32 sums of 131k
+    assert torch.allclose(TORCH_Q8.linear(x, ones, None, one), want, rtol=1e-3)
+    short = x[:, :1000].contiguous()  # within the bound: per row, the 1e-3 values round to 0
+    y = module.try_linear(short, ones[:, :1000], one, None, MAX_M, 1)
+    assert y is not None and torch.equal(y, q8_reference(short, 1000).sum(-1, keepdim=True))
+    assert abs(y[0, 0].item() - 1000.0) < 1e-3
 
 
 def test_layouts_3d_views_and_strides(variant_kernels: CpuKernels) -> None:

@@ -7,8 +7,9 @@ model and the attention backend at construction; nothing is process-wide. :data:
 
 With a variant loaded, :meth:`linear` sends decode-shaped products (``M <= MAX_M`` rows) to the
 skinny GEMM of ``gemv.cpp`` (fp32 or bf16 weights widened in registers, fp32 accumulation;
-int8 weights times ``x`` quantized to int8 per block of 32, like llama.cpp's Q8_0, exact int32
-products per block: :data:`TORCH_Q8` is that route's torch reference), :meth:`rms_norm` to
+int8 weights times ``x`` quantized to int8, at batch 1 per block of 32 like llama.cpp's Q8_0,
+with exact int32 products per block, and from two rows on per row as the int8 GEMMs do, with
+exact int32 sums over all of K: :data:`TORCH_Q8` is that route's torch reference), :meth:`rms_norm` to
 ``norm.cpp`` and :meth:`silu_mul`, :meth:`rotary` and :meth:`store_kv` (the small per-layer
 operations around them) to ``pointwise.cpp``. Larger products are compute-bound: on CPUs
 without native bf16, bf16 and int8 weights go to the packed GEMM of ``gemm.cpp`` from
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 from radixserve.memory_pool import KVCache
 from radixserve.models.kernels import _ext
 from radixserve.models.kernels.attention import AttentionKernel, attention_kernel
-from radixserve.models.kernels.linear import q8_reference, torch_linear
+from radixserve.models.kernels.linear import Q8_ROW_MAX_K, q8_reference, torch_linear
 from radixserve.models.kernels.pointwise import apply_rotary, silu_mul, split_rope
 
 MAX_M = 128
@@ -186,10 +187,13 @@ class CpuKernels:
                 if y is not None:
                     return y
         if self.q8_reference and scale is not None:
-            if x.numel() <= self.int8_max_m * x.shape[-1]:  # the skinny GEMM's Q8 blocks
+            k = x.shape[-1]
+            rows = x.numel() // max(1, k)
+            skinny = rows <= self.int8_max_m
+            if rows <= 1 or (skinny and k > Q8_ROW_MAX_K):  # the skinny GEMM's Q8 blocks
                 return torch_linear(q8_reference(x), weight, bias, scale).to(x.dtype)
-            if self.int8_rows:  # the int8 GEMM's rows
-                return torch_linear(q8_reference(x, x.shape[-1]), weight, bias, scale).to(x.dtype)
+            if skinny or self.int8_rows:  # the skinny or an int8 GEMM: x per row
+                return torch_linear(q8_reference(x, k), weight, bias, scale).to(x.dtype)
         return torch_linear(x, weight, bias, scale, fp32_compute=self.gemm_in_fp32)
 
     def _route(self, dtype: torch.dtype) -> tuple[int, bool]:
@@ -323,8 +327,9 @@ TORCH_ONLY = CpuKernels()
 """No kernels: every layer runs its torch reference path."""
 
 TORCH_Q8 = CpuKernels(q8_reference=True)
-"""No kernels, but the kernels' numerics in torch: int8 products of at most ``int8_max_m`` rows
-multiply ``x`` quantized per block of 32 (``q8_reference``), as the skinny GEMM does, and with
-``int8_rows`` taller ones ``x`` quantized per row, as the AMX and VNNI GEMMs do (give it the
-``int8_max_m`` and ``int8_rows`` of the kernels it stands for: ``dataclasses.replace``). The
-reference of the kernels' int8 route in tests."""
+"""No kernels, but the kernels' numerics in torch: int8 products of one row multiply ``x``
+quantized per block of 32 (``q8_reference``), as the skinny GEMM does at batch 1; of 2 to
+``int8_max_m`` rows (the skinny GEMM), and with ``int8_rows`` of any more (the packed, AMX and
+VNNI GEMMs), ``x`` quantized per row (give it the ``int8_max_m`` and ``int8_rows`` of the
+kernels it stands for: ``dataclasses.replace``). The reference of the kernels' int8 route in
+tests."""

@@ -5,10 +5,11 @@
 // w is stored as fp32, bf16 or int8 (then s holds fp32 per-output-channel scales; otherwise
 // s = 1); x, y and bias are fp32 or bf16. fp32 and bf16 weights are widened to fp32 in registers
 // and multiply x in fp32 (x prepared once up front: it is small); int8 weights multiply x
-// quantized to int8 per block of 32 (llama.cpp's Q8_0 activations), with exact int32 products
-// per block; see gemv_lanes.h for each way of reading the operands. Sums are fp32, rounded once
-// at the end, so one source serves AVX2+FMA, AVX-512 and NEON alike: decode is bound by the
-// weight bytes streamed, which the narrow storage cuts, as long as the instructions per weight
+// quantized to int8, per block of 32 at batch 1 (llama.cpp's Q8_0 activations, exact int32
+// products per block) and per row from two rows on (exact int32 sums over all of K, as the int8
+// GEMMs: q8_rows.h); see gemv_lanes.h for each way of reading the operands. Sums are fp32 (or
+// exact int32), rounded once at the end, so one source serves AVX2+FMA, AVX-512 and NEON alike:
+// decode is bound by the weight bytes streamed, which the narrow storage cuts, as long as the instructions per weight
 // byte stay few (hence dot_q for int8: 4W products per instruction or two, no widening).
 // The weight is streamed once in its native row-major layout; every weight vector loaded is
 // reused for all M rows of x (which stay in L1/L2), so the kernel runs at memory bandwidth
@@ -35,8 +36,15 @@ namespace rs::gemv {
 // One register tile: R weight rows x MT rows of x over all of K; out[m * R + r] = dot(w[r], x[m]).
 // Small tiles keep U independent accumulator sets (alternating k steps) to hide FMA latency.
 // Each cache line of the rows it streams is prefetched into L2 `ahead` rows further on, once per
-// line (prefetch_ahead), except by a tile of one weight row and one row of x (batch 1): a
-// single sequential stream, which the hardware prefetchers alone follow best.
+// line (prefetch_ahead), except by a tile of one weight row that is one sequential stream the
+// hardware prefetchers alone follow best: with one row of x (batch 1), or int8 weights against
+// any number of rows (Zen 4, 2 threads, whole int8 decode steps on the 0.5B shape, rounds side
+// by side, without / with the prefetch: avx512_bf16 batch 2 1.56x, 3 1.49x; the avx2 build
+// batch 3 1.16x, 4 1.12x). Widened and bf16-pair rows keep it: without, the same runs' bf16
+// steps lost (avx2 batch 2 0.79x, 4 0.83x; avx512_bf16 batch 4 0.82x).
+template <class WT, int R, int MT>
+constexpr bool kPrefetchTile = R > 1 || (MT > 1 && !std::is_same_v<WT, int8_t>);
+
 template <class L, class WT, int R, int MT>
 inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t ldx, int64_t K,
                      int64_t ahead, float* out) {
@@ -45,20 +53,21 @@ inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t 
   constexpr int V = L::kStep;
   constexpr int kLine = 64 / static_cast<int>(sizeof(WT));  // weight elements per line
   constexpr int S = U * V >= kLine ? U : kLine / V;           // steps per iteration
-  VF acc[U * T];
-  for (int i = 0; i < U * T; ++i) acc[i] = zero();
+  using Acc = typename L::Acc;
+  Acc acc[U * T];
+  for (int i = 0; i < U * T; ++i) acc[i] = acc_zero<Acc>();
   auto step = [&](int u, int64_t k) {
     typename L::VW wv[R];
     for (int r = 0; r < R; ++r) wv[r] = L::load_w(w + r * ldw + k);
     for (int m = 0; m < MT; ++m) {
       const auto xv = L::load_x(x + m * ldx, k);
-      VF* a = acc + u * T + m * R;
+      Acc* a = acc + u * T + m * R;
       for (int r = 0; r < R; ++r) a[r] = L::madd(wv[r], xv, a[r]);
     }
   };
   int64_t k = 0;
   for (; k + S * V <= K; k += S * V) {
-    if constexpr (R > 1 || MT > 1) {
+    if constexpr (kPrefetchTile<WT, R, MT>) {
       for (int l = 0; l < S * V; l += kLine) {
         for (int r = 0; r < R; ++r) prefetch_l2(w + (ahead + r) * ldw + k + l);
       }
@@ -77,9 +86,9 @@ inline void dot_tile(const WT* w, int64_t ldw, const typename L::XS* x, int64_t 
     }
   }
   for (int u = 1; u < U; ++u) {
-    for (int i = 0; i < T; ++i) acc[i] = add(acc[i], acc[u * T + i]);
+    for (int i = 0; i < T; ++i) acc[i] = acc_add(acc[i], acc[u * T + i]);
   }
-  for (int i = 0; i < T; ++i) out[i] = hsum(acc[i]);
+  for (int i = 0; i < T; ++i) out[i] = acc_sum(acc[i]);
 }
 
 // dot_tile with a runtime tile height mt <= MT (the last, partial tile of x rows).
@@ -98,7 +107,8 @@ inline void dot_tile_upto(int64_t mt, const WT* w, int64_t ldw, const typename L
 // row blocks ahead (the former rule) did not close that gap. Zen 4, 2 threads, one layer's
 // weights cache-cold per call, GB/s former / L2 64 KB ahead: bf16 pairs in 4 x 6 tiles on the
 // 1.7B shape M = 8 17.0 / 23.3, 16 12.8 / 16.6, 24 9.8 / 12.5; int8 one-row tiles M = 2 19.4 /
-// 26.3, 4 14.6 / 17.1; the avx2 build on the same CPU, widened 3 x 4 tiles M = 8 14.5 / 17.7.
+// 26.3, 4 14.6 / 17.1 (no prefetch at all, since, streams them faster still: kPrefetchTile);
+// the avx2 build on the same CPU, widened 3 x 4 tiles M = 8 14.5 / 17.7.
 // 16 to 128 KB measured alike. Whole decode steps on the 1.7B shape over huge pages
 // (kernel_ab.py, medians of 9 rounds): bf16 batch 8 1.38x, 16 1.29x. Batch 1 (one sequential
 // stream) gained over ordinary pages but not over huge pages, where the model's weights live
@@ -128,8 +138,9 @@ void row_block(const Problem<L, WT, XT>& p, int64_t n0) {
     dot_tile_upto<L, WT, R, MT>(mt, w, p.ldw, x, p.ldx, p.K, ahead, out);
     for (int64_t m = 0; m < mt; ++m) {
       XT* y = p.y + (m0 + m) * p.ldy + n0;
+      const float d = L::row_scale(x + m * p.ldx, p.K);
       for (int r = 0; r < R; ++r) {
-        const float s = p.scale ? p.scale[n0 + r] : 1.0f;
+        const float s = p.scale ? d * p.scale[n0 + r] : d;
         const float b = p.bias ? to_float(p.bias[n0 + r]) : 0.0f;
         y[r] = from_float<XT>(out[m * R + r] * s + b);
       }
@@ -239,8 +250,13 @@ void run_typed(const Linear<WT, XT>& o, int64_t min_task_bytes) {
   };
   if constexpr (std::is_same_v<WT, int8_t>) {
     std::vector<int8_t> xq;
-    const int64_t ld = prepare_q8(xs, ldx, M, K, xq);
-    solve(Q8{}, Q8Tiles{}, xq.data(), ld);
+    if (M == 1 || K > kQ8RowMaxK) {  // batch 1: Q8_0 blocks (gemv_lanes.h)
+      const int64_t ld = prepare_q8(xs, ldx, M, K, xq);
+      solve(Q8{}, Q8Tiles{}, xq.data(), ld);
+    } else {  // per row, exact int32 sums
+      const int64_t ld = prepare_q8_rows(xs, ldx, M, K, xq);
+      solve(Q8Row{}, Q8Tiles{}, xq.data(), ld);
+    }
   } else {
 #if defined(RS_HAS_DPBF16)
     // bf16 times bf16: x read in place, no widening of either operand, one VDPBF16PS per 2W

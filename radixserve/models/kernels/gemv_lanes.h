@@ -8,11 +8,18 @@
 //              with one fp32 scale each, as llama.cpp's Q8_0 quantizes activations: Q = 4W
 //              products per dot_q (simd.h), exact int32 per lane, then one FMA by the lane's
 //              block scale. The weights' per-channel scale is applied at the end, as for Widen.
+//              Batch 1 (one row of x), where the weight stream alone sets the pace.
+//   Q8Row      int8 weights times x quantized per row (one scale d for the row, as the int8
+//              GEMMs do: q8_rows.h), exact int32 sums over all of K (dot_q_add, one VPDPBUSD
+//              with VNNI), converted and scaled once at the end: per Q products, no conversion
+//              and no FMA. Two rows of x or more, where the multiply-adds set the pace.
 //
 // A policy gives: XS (what one x row is made of), kStep (K elements per step), load_w /
 // load_w_tail (the weight vector at w + k, or its first n < kStep elements zero-padded),
-// load_x (row, k) / load_x_tail (row, k, n), madd(w, x, acc). Rows of x prepared by
-// prepare_q8 are zero-padded to whole chunks, so their tails read zeros.
+// load_x (row, k) / load_x_tail (row, k, n), madd(w, x, acc) on accumulators of type Acc (VF,
+// or VI for exact int32 sums), and row_scale(row, K), what the row's sums are multiplied by.
+// Rows of x prepared by prepare_q8 / prepare_q8_rows are zero-padded to whole chunks, so their
+// tails read zeros.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -24,12 +31,35 @@
 #include <type_traits>
 #include <vector>
 
+#include "q8_rows.h"
 #include "simd.h"
 
 namespace rs {
 
+// The accumulators' operations, by their type: fp32 (VF) or exact int32 (VI).
+template <class A>
+A acc_zero() {
+  if constexpr (std::is_same_v<A, VI>) {
+    return set1_i(0);
+  } else {
+    return zero();
+  }
+}
+inline VF acc_add(VF a, VF b) { return add(a, b); }
+inline VI acc_add(VI a, VI b) { return add_i(a, b); }
+inline float acc_sum(VF a) { return hsum(a); }
+inline float acc_sum(VI a) { return static_cast<float>(hsum_i(a)); }
+
+struct FloatSums {  // fp32 accumulators; the row's sums are the products' (scale 1)
+  using Acc = VF;
+  template <class XS>
+  static float row_scale(const XS*, int64_t) {
+    return 1.0f;
+  }
+};
+
 template <class WT>
-struct Widen {
+struct Widen : FloatSums {
   using XS = float;
   using VW = VF;
   static constexpr int kStep = W;
@@ -41,7 +71,7 @@ struct Widen {
 };
 
 #if defined(RS_HAS_DPBF16)
-struct Pairs {
+struct Pairs : FloatSums {
   using XS = bf16;
   using VW = VB;
   static constexpr int kStep = 2 * W;
@@ -57,13 +87,9 @@ struct Pairs {
 // chunk covers values 4i .. 4i + 3, all in one block of 32): 2Q bytes per chunk.
 constexpr int64_t kQBlock = 32;
 
-struct Q8 {
+struct Q8Weights {  // int8 weight vectors, readied for dot_q
   using XS = int8_t;
   using VW = QW;
-  struct VX {
-    VQ q;
-    VF scale;
-  };
   static constexpr int kStep = Q;
   static QW load_w(const int8_t* p) { return prep_q(load_q(p)); }
   static QW load_w_tail(const int8_t* p, int64_t n) {
@@ -71,6 +97,13 @@ struct Q8 {
     std::memcpy(buf, p, static_cast<size_t>(n));
     return prep_q(load_q(buf));
   }
+};
+
+struct Q8 : Q8Weights, FloatSums {
+  struct VX {
+    VQ q;
+    VF scale;
+  };
   static VX load_x(const int8_t* row, int64_t k) {
     const int8_t* chunk = row + 2 * k;
     return {load_q(chunk), load(reinterpret_cast<const float*>(chunk + Q))};
@@ -80,6 +113,22 @@ struct Q8 {
 };
 
 inline int64_t padded(int64_t K, int64_t step) { return (K + step - 1) / step * step; }
+
+// A Q8Row row of x: its K int8 values zero-padded to whole Q chunks, then d (fp32). Its int32
+// sums hold K products of at most 127 * 128 each: rows longer than kQ8RowMaxK (linear.py's
+// Q8_ROW_MAX_K) take Q8's blocks instead.
+constexpr int64_t kQ8RowMaxK = int64_t{1} << 17;
+struct Q8Row : Q8Weights {
+  using Acc = VI;
+  static VQ load_x(const int8_t* row, int64_t k) { return load_q(row + k); }
+  static VQ load_x_tail(const int8_t* row, int64_t k, int64_t) { return load_x(row, k); }
+  static VI madd(const QW& w, VQ x, VI acc) { return dot_q_add(w, x, acc); }
+  static float row_scale(const int8_t* row, int64_t K) {
+    float d;
+    std::memcpy(&d, row + padded(K, Q), sizeof d);
+    return d;
+  }
+};
 
 // One row of x quantized as llama.cpp's Q8_0 does: per block of 32, d = max|x| / 127 and
 // q = round-half-even(x * (1 / d)) (0 where d = 0). torch_linear's reference does the same in
@@ -120,6 +169,26 @@ int64_t prepare_q8(const XT* x, int64_t ldx, int64_t M, int64_t K, std::vector<i
   buf.assign(static_cast<size_t>(M * ld), 0);
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) quantize_row_q8(x + m * ldx, K, buf.data() + m * ld);
+  });
+  return ld;
+}
+
+// x [M, K] as Q8Row rows (q8_rows::quantize_row, linear.py's q8_reference(x, K)); returns the
+// row stride in bytes (whole cache lines).
+template <class XT>
+int64_t prepare_q8_rows(const XT* x, int64_t ldx, int64_t M, int64_t K, std::vector<int8_t>& buf) {
+  const int64_t kq = padded(K, Q), ld = padded(kq + static_cast<int64_t>(sizeof(float)), 64);
+  buf.assign(static_cast<size_t>(M * ld), 0);
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      int8_t* row = buf.data() + m * ld;
+      const float d = q8_rows::quantize_row(x + m * ldx, K, [&](int64_t k, int64_t n, VI q) {
+        alignas(64) int32_t lanes[W];
+        store_i(lanes, q);
+        for (int64_t i = 0; i < n; ++i) row[k + i] = static_cast<int8_t>(lanes[i]);
+      });
+      std::memcpy(row + kq, &d, sizeof d);
+    }
   });
   return ld;
 }

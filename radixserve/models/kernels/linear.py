@@ -5,9 +5,9 @@
 to the output. The skinny GEMM of ``gemv.cpp`` (through
 :class:`~radixserve.models.kernels.cpu_kernels.CpuKernels`, for decode-shaped products)
 computes the same fp32/bf16 products with the widening done in registers; with int8 weights it
-multiplies them by ``x`` quantized to int8 per block of 32 (:func:`quantize_rows_q8`, what
-llama.cpp's Q8_0 does to activations), so its reference is :func:`q8_reference` of ``x`` times
-the dequantized weight.
+multiplies them by ``x`` quantized to int8 (:func:`quantize_rows_q8`), per block of 32 at batch
+1 (what llama.cpp's Q8_0 does to activations) and per row from two rows on (as the int8 GEMMs
+do), so its reference is :func:`q8_reference` of ``x`` times the dequantized weight.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 Q8_BLOCK = 32
 """Values of ``x`` per int8 scale in the kernel's int8 products (llama.cpp's Q8_0 block)."""
+
+Q8_ROW_MAX_K = 1 << 17
+"""Longest row of ``x`` the skinny GEMM quantizes per row (its int32 sums hold ``K`` products of
+at most 127 * 128); longer rows keep Q8_0 blocks at every batch size (gemv_lanes.h)."""
 
 
 def quantize_rows_q8(x: torch.Tensor, block: int = Q8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:

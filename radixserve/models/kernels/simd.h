@@ -105,6 +105,7 @@ inline VF select_ge(VF x, VF lo, VF a, VF b) {  // x >= lo ? a : b
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), b, a);
 }
 inline float hsum(VF v) { return _mm512_reduce_add_ps(v); }
+inline int32_t hsum_i(VI v) { return _mm512_reduce_add_epi32(v); }
 inline float hmax(VF v) { return _mm512_reduce_max_ps(v); }
 inline bool any_nan(VF v) { return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0; }
 
@@ -167,14 +168,16 @@ struct QW {
 };
 inline VQ load_q(const int8_t* p) { return _mm512_loadu_si512(p); }
 inline QW prep_q(VQ w) { return {_mm512_abs_epi8(w), _mm512_movepi8_mask(w)}; }
-inline VI dot_q(const QW& w, VQ x) {
+// acc + dot_q(w, x), lane by lane: one VPDPBUSD with VNNI
+inline VI dot_q_add(const QW& w, VQ x, VI acc) {
   const __m512i xs = _mm512_mask_sub_epi8(x, w.neg, _mm512_setzero_si512(), x);  // x * sign(w)
 #if defined(__AVX512VNNI__)
-  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.abs, xs);
+  return _mm512_dpbusd_epi32(acc, w.abs, xs);
 #else
-  return _mm512_madd_epi16(_mm512_maddubs_epi16(w.abs, xs), _mm512_set1_epi16(1));
+  return add_i(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w.abs, xs), _mm512_set1_epi16(1)));
 #endif
 }
+inline VI dot_q(const QW& w, VQ x) { return dot_q_add(w, x, _mm512_setzero_si512()); }
 
 #if defined(__AVX512BF16__)
 // bf16 x bf16 dot products without widening: VDPBF16PS takes 2W bf16 values of each operand
@@ -246,6 +249,12 @@ inline float hsum(VF v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+inline int32_t hsum_i(VI v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x55));
+  return _mm_cvtsi128_si32(s);
+}
 inline float hmax(VF v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));
@@ -298,6 +307,7 @@ inline VI dot_q(const QW& w, VQ x) {
   const __m256i pairs = _mm256_maddubs_epi16(w.abs, _mm256_sign_epi8(x, w.w));
   return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
+inline VI dot_q_add(const QW& w, VQ x, VI acc) { return add_i(acc, dot_q(w, x)); }
 
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 
@@ -344,6 +354,7 @@ inline VF round(VF a) { return vrndnq_f32(a); }
 inline VI to_int(VF a) { return vcvtnq_s32_f32(a); }
 inline VF select_ge(VF x, VF lo, VF a, VF b) { return vbslq_f32(vcgeq_f32(x, lo), a, b); }
 inline float hsum(VF v) { return vaddvq_f32(v); }
+inline int32_t hsum_i(VI v) { return vaddvq_s32(v); }
 inline float hmax(VF v) { return vmaxvq_f32(v); }
 inline bool any_nan(VF v) { return vmaxvq_u32(vmvnq_u32(vceqq_f32(v, v))) != 0; }
 
@@ -382,6 +393,7 @@ inline VI dot_q(const QW& w, VQ x) {
   const int32x4_t hi = vpaddlq_s16(vmull_high_s8(w.w, x));
   return vpaddq_s32(lo, hi);
 }
+inline VI dot_q_add(const QW& w, VQ x, VI acc) { return add_i(acc, dot_q(w, x)); }
 
 #else
 #error "radixserve CPU kernels need AVX2+FMA, AVX-512 or aarch64 NEON (built by _ext.py)"

@@ -114,8 +114,8 @@ float round_to_t(float v) {
 }
 
 // x [M, K] (row stride ldx) times w [N, K] (row stride ldw), scale, bias: the skinny GEMM or
-// the packed one. int8 weights multiply x quantized per block of 32 in the skinny GEMM (Q8_0)
-// and per row in the packed one: d = max|x| / 127, q = round-half-even(x * (1 / d)) in fp32,
+// the packed one. int8 weights multiply x quantized per block of 32 in the skinny GEMM at batch 1
+// (Q8_0) and per row otherwise: d = max|x| / 127, q = round-half-even(x * (1 / d)) in fp32,
 // which the reference repeats.
 template <class WT, class XT>
 void check_linear(bool packed, int64_t M, int64_t N, int64_t K, bool with_bias, Rng& rng) {
@@ -151,8 +151,8 @@ void check_linear(bool packed, int64_t M, int64_t N, int64_t K, bool with_bias, 
   } else {
     gemv::run_typed(o, 4096);
   }
-  if (kInt8) {  // the Q8 values of x multiplied: per block of 32, or per row (packed)
-    const int64_t block = packed ? K : 32;
+  if (kInt8) {  // the Q8 values of x multiplied: per block of 32 (batch 1), or per row
+    const int64_t block = packed || M > 1 ? K : 32;
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t b0 = 0; b0 < K; b0 += block) {
         float* blk = &xf[m * K + b0];
