@@ -13,6 +13,10 @@ the extension under the model's ``CpuKernels``. The variant is the one the engin
 processes before and after cannot tell a 10% change from the host's phase; rounds side by side
 in one process can. Prints the median tok/s of each side and the median of the per-round ratios.
 ``--before`` this very tree gives an A/A run: the ratios' spread is the host's noise.
+``--int8-max-m LO HI`` instead runs this tree's extension on both sides with the most rows the
+skinny GEMM keeps for int8 weights at ``LO`` ("before") and ``HI`` ("after"): how a routing
+constant such as ``VNNI_INT8_MAX_M`` is measured (batch sizes between the two, at least one
+route each side).
 """
 
 from __future__ import annotations
@@ -49,22 +53,25 @@ def other_tree_extension(tree: Path, variant: str) -> ModuleType:
     return module
 
 
-def use(module: ModuleType) -> None:
-    """Every live ``CpuKernels`` with an extension now calls ``module`` (they are frozen)."""
+def use(**fields: object) -> None:
+    """Every live ``CpuKernels`` with an extension now has ``fields`` (they are frozen): its
+    ``module``, or a routing field such as ``int8_max_m``."""
     for obj in gc.get_objects():
         if type(obj) is CpuKernels and obj.module is not None:  # no proxy objects asked
-            object.__setattr__(obj, "module", module)
+            for name, value in fields.items():
+                object.__setattr__(obj, name, value)
 
 
 def side_by_side(
-    sides: dict[str, ModuleType], rounds: int, run: Callable[[], int]
+    sides: dict[str, dict[str, object]], rounds: int, run: Callable[[], int]
 ) -> dict[str, list[float]]:
-    """tokens/s of ``run`` (returns its token count) with each side's extension, per round."""
+    """tokens/s of ``run`` (returns its token count) with each side's ``CpuKernels`` fields
+    (``use``), per round."""
     rates: dict[str, list[float]] = {name: [] for name in sides}
     for r in range(rounds):
         order = list(sides.items())
-        for name, module in order if r % 2 == 0 else order[::-1]:
-            use(module)
+        for name, fields in order if r % 2 == 0 else order[::-1]:
+            use(**fields)
             start = time.perf_counter()
             tokens = run()
             rates[name].append(tokens / (time.perf_counter() - start))
@@ -84,7 +91,15 @@ def report(label: str, rates: dict[str, list[float]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, required=True)
-    parser.add_argument("--before", type=Path, required=True, help="the other tree")
+    other = parser.add_mutually_exclusive_group(required=True)
+    other.add_argument("--before", type=Path, help="the other tree")
+    other.add_argument(
+        "--int8-max-m",
+        type=int,
+        nargs=2,
+        metavar=("LO", "HI"),
+        help="this tree on both sides, the skinny GEMM's int8 rows at most LO / HI",
+    )
     parser.add_argument("--configs", nargs="+", default=["bfloat16", "bfloat16+int8"])
     parser.add_argument("--batch-sizes", type=int, nargs="*", default=[1])
     parser.add_argument("--prefill-lens", type=int, nargs="*", default=[])
@@ -97,13 +112,22 @@ def main() -> None:
     variant = _ext.best_variant(EngineConfig().execution.cpu_isa)
     if variant is None:
         raise SystemExit("no CPU kernel variant builds here")
-    before, after = other_tree_extension(args.before, variant), _ext.load_variant(variant)
+    after = _ext.load_variant(variant)
     if after is None:
         raise SystemExit(f"this tree does not build the {variant} kernels here")
-    sides = {"before": before, "after": after}
-    same = after.__name__ == before.__name__  # one build: an A/A run
-    aa = " (the same extension: an A/A run, the noise floor)" if same else ""
-    print(f"kernel variant {variant}, {args.threads} threads, before = {args.before}{aa}")
+    sides: dict[str, dict[str, object]]
+    if args.int8_max_m:
+        lo, hi = args.int8_max_m
+        sides = {"before": {"int8_max_m": lo}, "after": {"int8_max_m": hi}}
+        print(
+            f"kernel variant {variant}, {args.threads} threads, int8_max_m before {lo}, after {hi}"
+        )
+    else:
+        before = other_tree_extension(args.before, variant)
+        sides = {"before": {"module": before}, "after": {"module": after}}
+        same = after.__name__ == before.__name__  # one build: an A/A run
+        aa = " (the same extension: an A/A run, the noise floor)" if same else ""
+        print(f"kernel variant {variant}, {args.threads} threads, before = {args.before}{aa}")
     for config in args.configs:
         for n in args.prefill_lens:
             side = OurSide(args.model_dir, config, 1, n + 8, False)

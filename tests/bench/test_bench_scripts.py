@@ -41,7 +41,16 @@ SCRIPT_ARGS: dict[str, list[str]] = {
         *("--rounds", "1", "--ms", "1", "--no-compile", "--no-fp32", "--no-decode"),
         *("--int8", "--variants", "avx2"),
     ],
-    "int8_accuracy.py": ["--model-dir", "{model}", "--prompt-len", "4", "--tokens", "2"],
+    "int8_accuracy.py": [
+        "--model-dir",
+        "{model}",
+        "--prompt-len",
+        "4",
+        "--tokens",
+        "2",
+        "--batch",
+        "2",
+    ],
     # llama.cpp's sources (convert_hf_to_gguf.py) and its llama-server binary are not on this
     # machine and every sub-command needs one of them: --help only
     "llamacpp.py": ["--help"],
@@ -178,7 +187,9 @@ EXPECTED: dict[str, list[str]] = {
         r"^96 x 4864x896 int8: GB/s",
         r"^M=1\s+\d",
     ],
-    "int8_accuracy.py": [r"bfloat16\+int8 vs bf16 over 2 steps: .* greedy token agrees at"],
+    "int8_accuracy.py": [
+        r"bfloat16\+int8 \(batch 2\) vs bf16 over 2 steps: .* greedy token agrees at"
+    ],
     "llamacpp.py": [r"\{convert,serve,check\}"],
     "agent_trace.py": [r"^chat\s+\d+\s+\d\.\d{3}\s+\d\.\d{3}", r"^responses\s+\d+\s+\d\.\d{3}"],
     "load.py": [r"^requests\s+[1-9]", r"^errors\s+0$", r"^integrity_ok\s+True$"],
@@ -322,3 +333,15 @@ def test_script_runs(script: str, tmp_path: Path, request: pytest.FixtureRequest
         assert path.is_file() and path.stat().st_size > 0, f"{script} wrote no {name}"
         if path.suffix == ".json":
             json.loads(path.read_text())
+
+
+def test_kernel_ab_compares_int8_routes(tiny_llama_dir: Path) -> None:
+    """``kernel_ab.py --int8-max-m LO HI``: this tree's extension on both sides, the skinny GEMM's
+    int8 rows capped at LO and HI (how the routing constants are measured)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCHMARKS), str(REPO)])}
+    args = ["--model-dir", str(tiny_llama_dir), "--int8-max-m", "1", "8"]
+    args += ["--configs", "float32+int8", "--batch-sizes", "2", "--ctx", "8", "--steps", "1"]
+    proc = _run([sys.executable, str(BENCHMARKS / "kernel_ab.py"), *args, "--rounds", "2"], env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "int8_max_m before 1, after 8" in proc.stdout
+    assert re.search(r"^float32\+int8 b=2\s+tok/s before\s+\d[\d.]* after\s+\d", proc.stdout, re.M)
