@@ -77,16 +77,15 @@ taller products. Measured on the AVX2 host (2 threads, 0.5B-shape weights 9728x8
 1152x896, GFLOP/s skinny / packed): M = 16: 125-141 / 112-130; 32: 129-137 / 136-149; 64:
 133-137 / 162-172; 128: 121-138 / 172-178."""
 
-GEMM_INT8_MAX_M = 16
+GEMM_INT8_MAX_M = 40
 """The same with int8 weights, which the packed GEMM multiplies as int16 pairs (VPMADDWD, twice
-the multiply-adds of an FMA per instruction) times ``x`` quantized per row. Measured with the
-``avx2`` build on a Zen 4 (it stands in for an AVX2 CPU; 2 threads). One 0.5B layer, its weights
-hot in L3 (``gemm_bench.py --int8``, GFLOP/s skinny / packed, median of 7): M = 8: 157 / 117;
-12: 155 / 191; 16: 152-170 / 180-186; 24: 167 / 212; 48: 184 / 248. Whole decode steps, the
-weights streamed from memory (context 512, rounds side by side, this constant at 12 against 48,
-tok/s): the 1.7B shape at batch 16 38.9 / 42.6, 24 48.2 / 43.5, 40 50.4 / 44.0; the 0.5B shape
-at 16 134 / 152, 24 162 / 151, 32 162 / 153. Prefills of 64 and 512 tokens gained 1.21-1.24x
-over the packed GEMM's earlier fp32 FMAs on widened weights (``kernel_ab.py``)."""
+the multiply-adds of an FMA per instruction) times ``x`` quantized per row, as the skinny GEMM
+does from two rows on (exact int32 sums, VPMADDUBSW + VPMADDWD). Measured with the ``avx2``
+build on a Zen 4 (it stands in for an AVX2 CPU; 2 threads; whole decode steps at context 512,
+the weights streamed from memory, rounds side by side, tok/s skinny / packed): the 0.5B shape
+at batch 24 1.11x, 32 1.13x, 40 1.03x, 48 0.95x, 64 0.95x; the 1.7B shape at 24 1.08x, 32
+1.11x, 40 1.04x. Prefills of 64 and 512 tokens gained 1.21-1.24x over the packed GEMM's earlier
+fp32 FMAs on widened weights (``kernel_ab.py``)."""
 
 NATIVE_BF16_VARIANTS = frozenset({"avx512_bf16", "amx"})
 """Variants whose CPUs multiply bf16 natively (torch's bf16 GEMMs then need no fp32 detour)."""
@@ -95,15 +94,14 @@ PACKED_GEMM_VARIANTS = frozenset({"avx2"})
 """Variants whose packed GEMM is measured and used (on CPUs without native bf16); the others are
 built and tested with it but keep torch's GEMM until measured on their CPUs."""
 
-VNNI_INT8_MAX_M = 4
+VNNI_INT8_MAX_M = 6
 """Most rows of ``x`` sent to the skinny GEMM with int8 weights where the AVX-512 VNNI int8 GEMM
-(``gemm_q8.h``) takes the taller products. Measured on Zen 4 (2 threads, one 0.5B layer, GOP/s,
-``gemm_bench.py --int8``, median of 7): skinny 166 / 179 / 185 / 202 at M = 4 / 5 / 6 / 8, the
-VNNI GEMM 144 / 171 / 196 / 278, and 549 / 565 / 655 / 665 at M = 16 / 32 / 128 / 512 (torch's
-bf16 GEMM on the same weights in bf16: 380 at M = 512). Since its 8-lane tiles (M <= 8), whole
-decode steps (context 512, the weights streamed from memory, rounds side by side, this constant
-lowered against 5): batch 5 1.04-1.12x (the 1.7B shape, two runs) and 1.04x (0.5B); batch 4
-0.99x (1.7B) and 1.10x (0.5B), so 4 stays on the skinny GEMM."""
+(``gemm_q8.h``) takes the taller products. Measured on Zen 4 (2 threads, whole decode steps at
+context 512, the weights streamed from memory, rounds side by side, this constant at 4 against
+8, tok/s skinny / VNNI GEMM): the 1.7B shape at batch 5 1.12x, 6 1.07x, 7 0.97x, 8 0.98x; the
+0.5B shape at 5 1.13x, 6 1.06x, 7 0.79x (against 6), 8 0.95x. One 0.5B layer, its weights hot
+(``gemm_bench.py --int8``, GOP/s): the VNNI GEMM 549 / 565 / 655 / 665 at M = 16 / 32 / 128 /
+512 (torch's bf16 GEMM on the same weights in bf16: 380 at M = 512)."""
 
 INT8_ROW_GEMMS = {"amx": AMX_INT8_MAX_M, "vnni": VNNI_INT8_MAX_M, "packed": GEMM_INT8_MAX_M}
 """The int8 GEMMs, each quantizing ``x`` per row (``amx_gemm.cpp``, ``gemm_q8.h``, ``gemm.h``), by
