@@ -282,7 +282,7 @@ ZEN4 = "benchmarks/results/zen4-2026-11-28"
 
 def zen4_step() -> str:
     """One step at a time on Zen 4: prefill and decode beside transformers and llama-server."""
-    path = f"{ZEN4}/step-qwen25-0.5b-batch1-tiles.json"
+    path = f"{ZEN4}/step-qwen25-0.5b-int8-rows.json"
     header = ["row", "rs bf16", "rs int8", "HF bf16", "llama BF16", "llama Q8_0", "int8 / bf16"]
     header += ["rs bf16 / llama BF16", "rs int8 / llama Q8_0", "rs int8 / HF bf16"]
     rows = []
