@@ -300,7 +300,7 @@ def zen4_step() -> str:
 
 def zen4_forced_avx512() -> str:
     """Zen 4 forced to the avx512 variant (standing in for an AVX-512 CPU without BF16)."""
-    path = f"{ZEN4}/step-forced-avx512.json"
+    path = f"{ZEN4}/step-forced-avx512-int8-rows.json"
     rows = []
     for row in load(path)["rows"]:
         t = row["tokens_per_s"]
