@@ -300,7 +300,16 @@ def zen4_step() -> str:
 
 def zen4_forced_avx512() -> str:
     """Zen 4 forced to the avx512 variant (standing in for an AVX-512 CPU without BF16)."""
-    path = f"{ZEN4}/step-forced-avx512-int8-rows.json"
+    return int8_against_bf16(f"{ZEN4}/step-forced-avx512-int8-rows.json")
+
+
+def zen4_forced_avx2() -> str:
+    """Zen 4 forced to the avx2 variant (standing in for an AVX2 CPU)."""
+    return int8_against_bf16(f"{ZEN4}/step-forced-avx2-int8-rows.json")
+
+
+def int8_against_bf16(path: str) -> str:
+    """radixserve's bf16 and int8 rows of one ``model_throughput.py`` run, and their ratio."""
     rows = []
     for row in load(path)["rows"]:
         t = row["tokens_per_s"]
@@ -458,6 +467,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "zen4-step": zen4_step,
     "zen4-multiturn": zen4_multiturn,
     "zen4-forced-avx512": zen4_forced_avx512,
+    "zen4-forced-avx2": zen4_forced_avx2,
     "h200-multiturn": h200_multiturn,
     "spec-decode": spec_decode,
     "spec-llamacpp": spec_llamacpp,
