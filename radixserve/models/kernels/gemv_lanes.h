@@ -173,7 +173,7 @@ int64_t prepare_q8(const XT* x, int64_t ldx, int64_t M, int64_t K, std::vector<i
   return ld;
 }
 
-// x [M, K] as Q8Row rows (q8_rows::quantize_row, linear.py's q8_reference(x, K)); returns the
+// x [M, K] as Q8Row rows (q8_rows::quantize_row_bytes, linear.py's q8_reference(x, K)); returns the
 // row stride in bytes (whole cache lines).
 template <class XT>
 int64_t prepare_q8_rows(const XT* x, int64_t ldx, int64_t M, int64_t K, std::vector<int8_t>& buf) {
@@ -182,11 +182,7 @@ int64_t prepare_q8_rows(const XT* x, int64_t ldx, int64_t M, int64_t K, std::vec
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
       int8_t* row = buf.data() + m * ld;
-      const float d = q8_rows::quantize_row(x + m * ldx, K, [&](int64_t k, int64_t n, VI q) {
-        alignas(64) int32_t lanes[W];
-        store_i(lanes, q);
-        for (int64_t i = 0; i < n; ++i) row[k + i] = static_cast<int8_t>(lanes[i]);
-      });
+      const float d = q8_rows::quantize_row_bytes(x + m * ldx, K, row);
       std::memcpy(row + kq, &d, sizeof d);
     }
   });

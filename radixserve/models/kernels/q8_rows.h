@@ -8,7 +8,8 @@
 // of 64 bytes (K64: K rounded up to 64), group g holding int32 word j = the 4 bytes q[16 mb + j]
 // [4g .. 4g + 3]: 16 consecutive groups are one AMX B tile, and each group is one AVX-512
 // vector of 16 rows for VPDPBUSD. Rows past M and k past K are zero. The packing is AVX-512
-// only; quantize_row serves every ISA (gemm.h's int16 pairs take its values too).
+// only; quantize_row and quantize_row_bytes serve every ISA (gemm.h's int16 pairs take the
+// values, the skinny GEMM's rows the bytes).
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -36,6 +37,20 @@ float quantize_row(const XT* x, int64_t K, Put&& put) {
   return d;
 }
 
+// One row of x quantized into out (K bytes); returns d.
+template <class XT>
+float quantize_row_bytes(const XT* x, int64_t K, int8_t* out) {
+  return quantize_row(x, K, [&](int64_t k, int64_t n, VI q) {
+#if defined(__AVX512F__)
+    _mm_mask_storeu_epi8(out + k, first_lanes(n), _mm512_cvtsepi32_epi8(q));
+#else
+    alignas(64) int32_t lanes[W];
+    store_i(lanes, q);
+    for (int64_t i = 0; i < n; ++i) out[k + i] = static_cast<int8_t>(lanes[i]);  // |q| <= 127
+#endif
+  });
+}
+
 }  // namespace rs::q8_rows
 
 #if defined(__AVX512F__)
@@ -45,14 +60,6 @@ namespace rs::q8_rows {
 constexpr int64_t kRows = 16;       // rows of x per packed block
 constexpr int64_t kKBlock = 64;     // K is padded to a multiple of this
 constexpr int64_t kBlockBytes = kRows * kKBlock;  // bytes per 64 k of one block of rows
-
-// One row of x quantized into out (K bytes); returns d.
-template <class XT>
-float quantize_row_bytes(const XT* x, int64_t K, int8_t* out) {
-  return quantize_row(x, K, [&](int64_t k, int64_t n, VI q) {
-    _mm_mask_storeu_epi8(out + k, first_lanes(n), _mm512_cvtsepi32_epi8(q));
-  });
-}
 
 // x's rows quantized (d[m]) and packed as above into packed (blocks(M) * K64 * 16 bytes), the
 // blocks of rows spread over the intra-op threads. `flip`: every byte XOR 0x80, i.e. q + 128
