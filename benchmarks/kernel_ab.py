@@ -35,6 +35,7 @@ import torch
 from model_throughput import OurSide
 
 from radixserve.config import EngineConfig
+from radixserve.models.attention.cpu_kernel import CpuKernelBackend
 from radixserve.models.kernels import CpuKernels, _ext
 
 
@@ -55,11 +56,19 @@ def other_tree_extension(tree: Path, variant: str) -> ModuleType:
 
 def use(**fields: object) -> None:
     """Every live ``CpuKernels`` with an extension now has ``fields`` (they are frozen): its
-    ``module``, or a routing field such as ``int8_max_m``."""
-    for obj in gc.get_objects():
+    ``module``, or a routing field such as ``int8_max_m``. Attention backends holding a kernel
+    of a swapped ``module`` (``CpuKernelBackend.kernel``, taken once at their start) take the new
+    module's."""
+    objects = gc.get_objects()
+    for obj in objects:
         if type(obj) is CpuKernels and obj.module is not None:  # no proxy objects asked
             for name, value in fields.items():
                 object.__setattr__(obj, name, value)
+    for obj in objects:
+        if type(obj) is CpuKernelBackend and obj.kernels.module is not None:
+            kernel = obj.kernels.attention_kernel(obj.kv_cache.dtype, obj.spec.head_dim)
+            assert kernel is not None, "the backend's kernels took it at its start"
+            obj.kernel = kernel
 
 
 def side_by_side(

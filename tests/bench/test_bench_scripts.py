@@ -345,3 +345,42 @@ def test_kernel_ab_compares_int8_routes(tiny_llama_dir: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "int8_max_m before 1, after 8" in proc.stdout
     assert re.search(r"^float32\+int8 b=2\s+tok/s before\s+\d[\d.]* after\s+\d", proc.stdout, re.M)
+
+
+def test_kernel_ab_swaps_the_attention_kernel_of_op_by_op_layers(
+    tiny_model_dirs: dict[str, Path],
+) -> None:
+    """``kernel_ab.use(module=...)`` reaches the attention kernel a ``CpuKernelBackend`` took at
+    its start, not only the ``CpuKernels`` the layers call: a Qwen3 layer (q/k norms) runs op by
+    op, so without it the A/B of a Qwen3 model would time one side's attention twice."""
+    script = """
+import gc, sys, types
+from pathlib import Path
+import torch
+import kernel_ab
+from model_throughput import OurSide
+from radixserve.models.attention.cpu_kernel import CpuKernelBackend
+from radixserve.models.kernels import CpuKernels
+
+side = OurSide(Path(sys.argv[1]), "float32", 1, 16, False)
+tokens = side.prefill(torch.randint(3, 100, (1, 8)))
+real = next(o.module for o in gc.get_objects() if type(o) is CpuKernels and o.module is not None)
+calls = []
+
+def counted(*args):
+    calls.append(1)
+    return real.extend_attention(*args)
+
+stand_in = types.SimpleNamespace(**{n: getattr(real, n) for n in dir(real) if not n.startswith("__")})
+stand_in.extend_attention = counted
+kernel_ab.use(module=stand_in)
+side.decode(tokens, [8])
+layers = sum(1 for o in gc.get_objects() if type(o) is CpuKernelBackend)
+print("attention calls", len(calls), "backends", layers)
+assert len(calls) > 0, "the backend kept the kernel it took at its start"
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCHMARKS), str(REPO)])}
+    cmd = [sys.executable, "-c", script, str(tiny_model_dirs["qwen3"])]
+    proc = _run(cmd, env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert re.search(r"^attention calls [1-9]\d* backends 1$", proc.stdout, re.M), proc.stdout
