@@ -9,9 +9,10 @@
 // alone reads d values every kv_heads * d. Zen 4, 2 threads, bf16, 28 layers of 8 requests x 512
 // tokens x 8 KV heads of 128 (Qwen3-1.7B), cache-cold, GB/s of KV read: the extend path 5.7;
 // this path with one head per task 12.5, with all 8 heads 18.1, and with VDPBF16PS scores 19.0
-// (21.8 at 32 requests). A batch too small to keep the threads busy splits each request's keys
-// over tasks, at least kSplitKeys each, whose results merge_parts combines (one request of 4096
-// tokens: 12.9 -> 20.7 GB/s; two of 1024: 12.6 -> 19.6), and then its heads (decode_heads).
+// (21.8 at 32 requests), with K prefetched into L2 24.5 (decode_scores). A batch too small to
+// keep the threads busy splits each request's keys over tasks, at least kSplitKeys each, whose
+// results merge_parts combines (one request of 4096 tokens: 12.9 -> 20.7 GB/s; two of 1024: 12.6
+// -> 19.6), and then its heads (decode_heads).
 // Scores are dot products per key, the softmax the extend path's online one per block of kBk
 // keys, P V g rows at a time.
 #pragma once
@@ -27,7 +28,7 @@
 namespace rs::attn {
 
 constexpr int64_t kDecodeRows = 8;  // the most query heads per KV head this path takes
-constexpr int64_t kAhead = 8;       // keys ahead whose K rows a one-head task prefetches
+constexpr int64_t kAheadBytes = 8192;  // how far ahead K is prefetched (2 keys at least)
 
 // acc[i][r] += q_r . k_i over d: G rows of q (qf: [G][d] fp32; qb: the same rows as stored) and
 // NJ keys. bf16 rows with AVX512-BF16 multiply as raw pairs (VDPBF16PS: exact products, half
@@ -64,16 +65,21 @@ inline void dot_rows(const float* qf, const T* qb, const T* const* k, int64_t d,
 // sr[(hh * G + r) * ld + j] = scale * q_{hh,r} . k_{hh, j0 + j} for j < n and heads hh < nh from
 // h0: G rows of q per head (qf: dense [nh * G][d] fp32; qb: as stored, rows d apart) against the
 // keys at slots[j0 ..], of which the request has `avail` from j0. J keys at a time: G * J
-// independent sums. Each key prefetches its V rows, which decode_pv reads next, and a task of
-// one head (rows kv_heads * d apart, which the hardware prefetchers miss) the K row kAhead keys
-// on; rows of several heads side by side stream faster without (Zen 4, 2 threads, 8 requests x
-// 512 tokens, 8 heads per task, GB/s of KV: 18.1 without, 13.1 with).
+// independent sums. Each key prefetches its V rows, which decode_pv reads after the block, and
+// the K rows of the key kAheadBytes further on, both into L2 (L1 would evict them before their
+// turn: V is read up to a block of keys later). Without the K prefetch the dot products wait on
+// each K row's miss, and the loop alternates between computing and waiting (cache-cold KV of 28
+// layers, 2 threads, Zen 4, GB/s of KV, V into L1 and K prefetched by one-head tasks only ->
+// this: avx512_bf16 8 requests x 600 tokens 19.3 -> 24.5, one of 4096 19.9 -> 23.6, one of 400
+// 13.3 -> 19.1; the avx512 build 15.1 -> 21.9, 8.6 -> 15.9, 10.3 -> 14.6; avx2 15.9 -> 21.8,
+// 13.4 -> 18.6, 11.4 -> 15.3).
 template <int G, class T>
 inline void decode_scores(const Problem<T>& p, const int32_t* slots, int64_t h0, int64_t nh,
                           int64_t j0, int64_t n, int64_t avail, const float* qf, const T* qb,
                           float* sr, int64_t ld) {
   constexpr int J = 2 * G + 3 <= kVectorRegisters ? 2 : 1;
   const int64_t d = p.d, span = nh * d * static_cast<int64_t>(sizeof(T));
+  const int64_t ahead_keys = std::max<int64_t>(2, kAheadBytes / span);
   int64_t j = 0;
   auto keys = [&](auto nj) {
     constexpr int NJ = decltype(nj)::value;
@@ -81,13 +87,11 @@ inline void decode_scores(const Problem<T>& p, const int32_t* slots, int64_t h0,
     for (int i = 0; i < NJ; ++i) {
       base[i] = static_cast<int64_t>(slots[j0 + j + i]) * p.kv_stride + h0 * d;
       const auto* vn = reinterpret_cast<const char*>(p.v + base[i]);
-      for (int64_t b = 0; b < span; b += 64) prefetch(vn + b);
-      if (nh == 1) {
-        const int64_t ahead = std::min(j + i + kAhead, avail - 1);
-        const auto* kn = reinterpret_cast<const char*>(
-            p.k + static_cast<int64_t>(slots[j0 + ahead]) * p.kv_stride + h0 * d);
-        for (int64_t b = 0; b < span; b += 64) prefetch(kn + b);
-      }
+      for (int64_t b = 0; b < span; b += 64) prefetch_l2(vn + b);
+      const int64_t ahead = std::min(j + i + ahead_keys, avail - 1);
+      const auto* kn = reinterpret_cast<const char*>(
+          p.k + static_cast<int64_t>(slots[j0 + ahead]) * p.kv_stride + h0 * d);
+      for (int64_t b = 0; b < span; b += 64) prefetch_l2(kn + b);
     }
     for (int64_t hh = 0; hh < nh; ++hh) {
       const T* kr[NJ];
