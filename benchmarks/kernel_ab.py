@@ -12,7 +12,9 @@ the extension under the model's ``CpuKernels``. The variant is the one the engin
 (``RADIXSERVE_CPU_ISA`` forces a lower one, as for the server). On a shared host whose memory bandwidth moves by 2x between minutes, separate
 processes before and after cannot tell a 10% change from the host's phase; rounds side by side
 in one process can. Prints the median tok/s of each side and the median of the per-round ratios.
-``--before`` this very tree gives an A/A run: the ratios' spread is the host's noise.
+``--before`` this very tree gives an A/A run: the ratios' spread is the host's noise. Both
+trees' bindings must take the same arguments (a change of a binding's signature is measured
+with a probe of its own).
 ``--int8-max-m LO HI`` instead runs this tree's extension on both sides with the most rows the
 skinny GEMM keeps for int8 weights at ``LO`` ("before") and ``HI`` ("after"): how a routing
 constant such as ``VNNI_INT8_MAX_M`` is measured (batch sizes between the two, at least one

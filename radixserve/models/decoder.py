@@ -168,14 +168,9 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """This layer in one kernel call (``CpuKernels.decoder_layer``: Python leaves a decode
         step), bit for bit what the op-by-op path below computes; ``None`` where it does not
-        apply (tensor parallel, q/k norms, another attention backend, torch's GEMM)."""
+        apply (tensor parallel, another attention backend, torch's GEMM)."""
         attn, mlp = self.self_attn, self.mlp
-        if (
-            batch.lora is not None
-            or attn.tp.size > 1
-            or attn.qk_norm
-            or self.input_layernorm.eps != attn.eps
-        ):
+        if batch.lora is not None or attn.tp.size > 1 or self.input_layernorm.eps != attn.eps:
             return None
         attention = backend.fused_args(attn.layer_id, batch)
         if attention is None:
@@ -186,6 +181,7 @@ class DecoderLayer(nn.Module):
         ]
         for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
             weights += [linear.weight, linear.weight_scale, linear.bias]
+        weights.append(attn.qk_norm_weight if attn.qk_norm else None)
         return attn.kernels.decoder_layer(
             x, residual, weights, attn.eps, cos, sin, attn.num_heads, attn.num_kv_heads, attention
         )

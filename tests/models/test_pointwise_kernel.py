@@ -1,8 +1,9 @@
 """The pointwise kernels of every ISA variant (``pointwise.cpp``) against their torch references.
 
 RoPE and the KV store match bit for bit (the kernel rounds where torch rounds). SiLU-and-mul
-uses its own exp (Cephes) where torch uses Sleef's: fp32 results agree to a few ulp, bf16 ones
-are equal but for the rare value whose fp32 silu lies at a rounding boundary (one bf16 ulp).
+uses its own exp (Cephes) where torch uses Sleef's, and Qwen3's q/k norms sum their squares in
+another order than torch's: fp32 results agree to a few ulp, bf16 ones are equal but for the
+rare value at a rounding boundary (one bf16 ulp).
 """
 
 from __future__ import annotations
@@ -80,29 +81,64 @@ def test_rotary_falls_back_for_what_it_cannot_take(variant_kernels: CpuKernels) 
     assert torch.equal(TORCH_ONLY.rotary(x, cos, sin), apply_rotary(x, cos, sin))
 
 
-@pytest.mark.parametrize("heads,kv_heads,d", [(14, 2, 64), (4, 4, 128), (3, 1, 40)])
-@pytest.mark.parametrize("qk_norm", [False, True])
+SPLIT_SHAPES = [(14, 2, 64), (4, 4, 128), (3, 1, 40)]
+
+
+def _split_case(
+    dtype: torch.dtype, heads: int, kv_heads: int, d: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, cos, sin = _rotary_case(dtype, 3, heads + 2 * kv_heads - 3, d)
+    return rows[1:], cos[1:], sin[1:]  # qkv with a storage offset
+
+
+@pytest.mark.parametrize("heads,kv_heads,d", SPLIT_SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_split_rope_matches_torch_bit_for_bit(
-    variant_kernels: CpuKernels,
-    heads: int,
-    kv_heads: int,
-    d: int,
-    qk_norm: bool,
-    dtype: torch.dtype,
+    variant_kernels: CpuKernels, heads: int, kv_heads: int, d: int, dtype: torch.dtype
 ) -> None:
-    rows, cos, sin = _rotary_case(dtype, 3, heads + 2 * kv_heads - 3, d)
-    qkv = rows[1:]  # a storage offset
-    cos, sin = cos[1:], sin[1:]
-    gen = torch.Generator().manual_seed(1)
-    norm = (torch.rand(heads + kv_heads, d, generator=gen).to(dtype), 1e-6) if qk_norm else None
-    ref = split_rope(qkv.clone(), heads, kv_heads, cos, sin, norm)
-    ours = variant_kernels.split_rope(qkv, heads, kv_heads, cos, sin, norm)
+    qkv, cos, sin = _split_case(dtype, heads, kv_heads, d)
+    ref = split_rope(qkv.clone(), heads, kv_heads, cos, sin)
+    ours = variant_kernels.split_rope(qkv, heads, kv_heads, cos, sin)
     for a, b in zip(ours, ref, strict=True):
         assert a.shape == b.shape and torch.equal(a, b)
-    if not qk_norm:  # views of qkv, rotated in place
-        assert ours[0].data_ptr() == qkv.data_ptr()
-        assert ours[2].data_ptr() == qkv[:, (heads + kv_heads) * d :].data_ptr()
+    assert ours[0].data_ptr() == qkv.data_ptr()  # views of qkv, rotated in place
+    assert ours[2].data_ptr() == qkv[:, (heads + kv_heads) * d :].data_ptr()
+
+
+@pytest.mark.parametrize("heads,kv_heads,d", SPLIT_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_rope_with_qk_norms_matches_torch(
+    variant_kernels: CpuKernels, heads: int, kv_heads: int, d: int, dtype: torch.dtype
+) -> None:
+    """Qwen3's q/k norms in the kernel (``norm_head``), before the rotation: its fp32 sum of
+    squares runs in another order than torch's, so fp32 results agree to a few ulp and bf16 ones
+    are equal but for the rare value at a rounding boundary (one bf16 ulp)."""
+    qkv, cos, sin = _split_case(dtype, heads, kv_heads, d)
+    qkv[0, :d] *= 1e-3  # a head of tiny values: eps matters
+    gen = torch.Generator().manual_seed(1)
+    norm = (torch.rand(heads + kv_heads, d, generator=gen).to(dtype), 1e-6)
+    ref = split_rope(qkv.clone(), heads, kv_heads, cos, sin, norm)
+    ours = variant_kernels.split_rope(qkv, heads, kv_heads, cos, sin, norm)
+    assert ours[0].data_ptr() == qkv.data_ptr(), "the kernel route normed and rotated in place"
+    assert torch.equal(ours[2], ref[2])  # v untouched
+    for a, b in zip(ours[:2], ref[:2], strict=True):
+        assert a.shape == b.shape
+        if dtype == torch.bfloat16:
+            assert bool(torch.isclose(a.float(), b.float(), rtol=2**-7, atol=2**-14).all())
+            assert (a != b).sum().item() <= max(2, a.numel() // 100)
+        else:
+            torch.testing.assert_close(a, b, rtol=2e-6, atol=1e-7)
+
+
+def test_split_rope_declines_a_qk_norm_weight_it_cannot_take(variant_kernels: CpuKernels) -> None:
+    """A q/k norm weight of another dtype or shape leaves qkv untouched: None, and the caller
+    runs the torch path."""
+    qkv, cos, sin = _split_case(torch.bfloat16, 4, 2, 32)
+    assert variant_kernels.module is not None
+    for w in (torch.ones(6, 32), torch.ones(5, 32, dtype=torch.bfloat16)):
+        before = qkv.clone()
+        assert variant_kernels.module.try_split_rope_(qkv, 4, 2, cos, sin, w, 1e-6) is None
+        assert torch.equal(qkv, before)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

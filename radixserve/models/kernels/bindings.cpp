@@ -41,7 +41,7 @@ bool try_rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> try_split_rope_(
     at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& cos,
-    const at::Tensor& sin);
+    const at::Tensor& sin, const std::optional<at::Tensor>& qk_norm_w, double eps);
 
 bool try_store_kv(at::Tensor& k_buf, at::Tensor& v_buf, const at::Tensor& slots,
                   const at::Tensor& k, const at::Tensor& v);
@@ -76,7 +76,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "rotate x [T, H, d] in place by cos and signed sin [T, d]; False if not applicable",
         py::call_guard<py::gil_scoped_release>());
   m.def("try_split_rope_", &try_split_rope_,
-        "(q, k, v) views of qkv with q and k rotated in place, or None if not applicable",
+        "(q, k, v) views of qkv with q and k rotated in place (after q/k norms with qk_norm_w), "
+        "or None if not applicable",
+        py::arg("qkv"), py::arg("heads"), py::arg("kv_heads"), py::arg("cos"), py::arg("sin"),
+        py::arg("qk_norm_w") = py::none(), py::arg("eps") = 0.0,
         py::call_guard<py::gil_scoped_release>());
   m.def("try_decoder_layer", &try_decoder_layer,
         "(mlp output, residual sum) of one decoder layer in one call, or None (layer.cpp)",

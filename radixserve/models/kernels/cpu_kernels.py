@@ -207,7 +207,7 @@ class CpuKernels:
         self,
         x: torch.Tensor,  # [num_tokens, hidden]
         residual: torch.Tensor | None,
-        weights: list[torch.Tensor | None],  # see layer.cpp: 2 norms, 4 x (weight, scale, bias)
+        weights: list[torch.Tensor | None],  # layer.cpp: 2 norms, 4 x (w, scale, bias), q/k norms
         eps: float,
         cos: torch.Tensor,
         sin: torch.Tensor,
@@ -293,11 +293,13 @@ class CpuKernels:
         sin: torch.Tensor,
         qk_norm: tuple[torch.Tensor, float] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v of ``qkv``, q and k rotated, as ``pointwise.split_rope`` (bit for bit). The
-        kernel rotates q and k in place in ``qkv`` and returns views of it (one call); with
-        ``qk_norm`` the norm runs in torch and :meth:`rotary` on its output."""
-        if qk_norm is None and self._pointwise(qkv):
-            done = self.module.try_split_rope_(qkv, heads, kv_heads, cos, sin)  # type: ignore[union-attr]
+        """q, k, v of ``qkv``, q and k rotated, as ``pointwise.split_rope``. The kernel norms
+        (``qk_norm``) and rotates q and k in place in ``qkv`` and returns views of it (one call):
+        the rotation is bit for bit the reference's; the norms' fp32 sums run in another order
+        than torch's, so a bf16 value at a rounding boundary may be one ulp off."""
+        if self._pointwise(qkv):
+            norm_w, eps = qk_norm if qk_norm is not None else (None, 0.0)
+            done = self.module.try_split_rope_(qkv, heads, kv_heads, cos, sin, norm_w, eps)  # type: ignore[union-attr]
             if done is not None:
                 q, k, v = done
                 return q, k, v

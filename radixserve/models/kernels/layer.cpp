@@ -1,8 +1,11 @@
-// One decoder layer (Llama / Qwen2 / Mistral shape, one tensor-parallel rank) in one call, for
-// decode steps: every step is an existing kernel (norm.cpp, gemv.cpp / amx_gemm.cpp,
+// One decoder layer (Llama / Qwen2 / Qwen3 / Mistral shape, one tensor-parallel rank) in one
+// call, for decode steps: every step is an existing kernel (norm.cpp, gemv.cpp / amx_gemm.cpp,
 // pointwise.cpp, attention_kernel.cpp) called in the order DecoderLayer.forward calls them, so
 // the result is bit for bit the per-op path's; what leaves the step is Python: ~12 module and
-// binding calls per layer, 2-3 ms per step of a 24-layer model at batch 1.
+// binding calls per layer, 2-3 ms per step of a 24-layer model at batch 1. Qwen3's q/k norms
+// run in split_rope_ (pointwise.h's norm_head), which took that model's layers here too: decode
+// steps of the Qwen3-1.7B shape 1.04-1.06x (Zen 4, bf16 and int8, batch 1 and 8), where its
+// norms had run in torch and its layers op by op.
 //
 // Any step that does not take its operands (a dtype, a shape, more rows than the linear
 // routing allows) returns None, and the caller runs the per-op path from the start: the only
@@ -24,7 +27,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> try_rms_norm(
 std::optional<at::Tensor> try_silu_mul(const at::Tensor& gate_up);
 std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> try_split_rope_(
     at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& cos,
-    const at::Tensor& sin);
+    const at::Tensor& sin, const std::optional<at::Tensor>& qk_norm_w, double eps);
 bool try_store_kv(at::Tensor& k_buf, at::Tensor& v_buf, const at::Tensor& slots,
                   const at::Tensor& k, const at::Tensor& v);
 at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
@@ -32,9 +35,10 @@ at::Tensor extend_attention(const at::Tensor& q, const at::Tensor& k_buf, const 
                             const at::Tensor& prefix_lens, const at::Tensor& extend_lens,
                             int64_t num_heads, double scale, int64_t window);
 
-// weights (14): input_layernorm, post_attention_layernorm, then (weight, scale, bias) of
+// weights (15): input_layernorm, post_attention_layernorm, then (weight, scale, bias) of
 // qkv_proj, o_proj, gate_up_proj, down_proj (scale: int8 weights' per-channel scales, else
-// None; bias None where the layer has none). Returns (mlp output, running residual sum) as
+// None; bias None where the layer has none), then the q/k norms' weight per head ([heads +
+// kv_heads, head_dim], Qwen3) or None. Returns (mlp output, running residual sum) as
 // DecoderLayer.forward does, or None.
 std::optional<std::tuple<at::Tensor, at::Tensor>> try_decoder_layer(
     const at::Tensor& x, const std::optional<at::Tensor>& residual,
@@ -43,7 +47,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> try_decoder_layer(
     int64_t heads, int64_t kv_heads, at::Tensor& k_buf, at::Tensor& v_buf,
     const at::Tensor& slots, const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
     const at::Tensor& prefix_lens, const at::Tensor& extend_lens, double scale, int64_t window) {
-  if (w.size() != 14) return std::nullopt;
+  if (w.size() != 15) return std::nullopt;
   for (int i : {0, 1, 2, 5, 8, 11}) {
     if (!w[i].has_value()) return std::nullopt;
   }
@@ -63,7 +67,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> try_decoder_layer(
   }
   auto qkv = linear(h, 2);
   if (!qkv) return std::nullopt;
-  auto split = try_split_rope_(*qkv, heads, kv_heads, cos, sin);
+  auto split = try_split_rope_(*qkv, heads, kv_heads, cos, sin, w[14], eps);
   if (!split) return std::nullopt;
   const auto& [q, k, v] = *split;
   if (!try_store_kv(k_buf, v_buf, slots, k, v)) return std::nullopt;

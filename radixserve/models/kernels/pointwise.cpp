@@ -13,6 +13,7 @@
 #include <cstring>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 
 #include "pointwise.h"
 #include "simd.h"
@@ -64,9 +65,11 @@ std::optional<at::Tensor> try_silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
-// Rotates x [T, H, d] in place (heads packed in each row, rows any stride; d even) by cos and
-// signed sin [T, ..., d] (contiguous, x's dtype). False (x untouched) when it does not apply.
-bool try_rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+namespace {
+
+// try_rotary_ with q/k norms first where norm_w ([H, d], x's dtype) is given.
+bool rotate(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+            const std::optional<at::Tensor>& norm_w, double eps) {
   const auto dtype = x.scalar_type();
   if (dtype != at::kFloat && dtype != at::kBFloat16) return false;
   if (!cpu_dtype(x, dtype) || !cpu_dtype(cos, dtype) || !cpu_dtype(sin, dtype)) return false;
@@ -76,9 +79,16 @@ bool try_rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   if (cos.numel() != n * d || sin.numel() != n * d || cos.size(-1) != d || sin.size(-1) != d) {
     return false;
   }
+  if (norm_w && (!cpu_dtype(*norm_w, dtype) || !norm_w->is_contiguous() || norm_w->dim() != 2 ||
+                 norm_w->size(0) != nh || norm_w->size(1) != d)) {
+    return false;
+  }
   const int64_t row = x.stride(0), hs = x.stride(1);
+  const auto e = static_cast<float>(eps);
   auto run = [&](auto* xp, const auto* cp, const auto* sp) {
-    rotate_tokens(xp, n, row, nh, hs, cp, sp, d);
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(cp)>>;
+    const T* wp = norm_w ? static_cast<const T*>(norm_w->data_ptr()) : nullptr;
+    rotate_tokens(xp, n, row, nh, hs, cp, sp, d, wp, e);
   };
   if (dtype == at::kBFloat16) {
     run(static_cast<bf16*>(x.data_ptr()), static_cast<const bf16*>(cos.data_ptr()),
@@ -90,19 +100,28 @@ bool try_rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   return true;
 }
 
+}  // namespace
+
+// Rotates x [T, H, d] in place (heads packed in each row, rows any stride; d even) by cos and
+// signed sin [T, ..., d] (contiguous, x's dtype). False (x untouched) when it does not apply.
+bool try_rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return rotate(x, cos, sin, std::nullopt, 0.0);
+}
+
 // qkv [T, (H + 2 * KV) * d] (dense rows, any row stride; fp32 or bf16) -> views q [T, H, d],
-// k and v [T, KV, d] of it, q and k rotated in place as try_rotary_ does (d = cos.size(-1)).
-// nullopt (qkv untouched) when it does not apply.
+// k and v [T, KV, d] of it, q and k rotated in place as try_rotary_ does (d = cos.size(-1)),
+// after Qwen3's q/k norms (norm_head) where qk_norm_w ([H + KV, d]: q_norm's weight per q head,
+// then k_norm's per k head) is given. nullopt (qkv untouched) when it does not apply.
 std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> try_split_rope_(
     at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& cos,
-    const at::Tensor& sin) {
+    const at::Tensor& sin, const std::optional<at::Tensor>& qk_norm_w, double eps) {
   if (qkv.dim() != 2 || qkv.stride(1) != 1 || cos.dim() < 1 || heads < 1 || kv_heads < 1) {
     return std::nullopt;
   }
   const int64_t n = qkv.size(0), d = cos.size(-1), row = qkv.stride(0);
   if (qkv.size(1) != (heads + 2 * kv_heads) * d) return std::nullopt;
   at::Tensor qk = qkv.as_strided({n, heads + kv_heads, d}, {row, d, 1});
-  if (!try_rotary_(qk, cos, sin)) return std::nullopt;
+  if (!rotate(qk, cos, sin, qk_norm_w, eps)) return std::nullopt;
   const int64_t off = qkv.storage_offset();
   return std::make_tuple(qkv.as_strided({n, heads, d}, {row, d, 1}, off),
                          qkv.as_strided({n, kv_heads, d}, {row, d, 1}, off + heads * d),

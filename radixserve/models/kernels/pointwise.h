@@ -6,7 +6,11 @@
 //   rotary_:   x = T(T(x * cos) + T(swap(x) * sin)) in place over the heads of each token, the
 //              three roundings of pointwise.apply_rotary (swap: the two halves exchanged, sin
 //              signed); bit-identical to it; split_rope_ does it over the q and k columns of a
-//              qkv projection and returns the views q, k, v (pointwise.split_rope).
+//              qkv projection and returns the views q, k, v (pointwise.split_rope);
+//   norm_head: Qwen3's q/k norms before the rotation, x = T(T(x * rsqrt(mean(x^2) + eps)) * w)
+//              per head, the two roundings of pointwise.split_rope (F.rms_norm, then * weight);
+//              its fp32 sum of squares runs in another order than torch's, so a bf16 value at
+//              a rounding boundary may differ from it by one ulp.
 //
 // pointwise.cpp is their torch entry (and has store_kv, a copy of rows); nothing here needs
 // torch but ATen/Parallel.h (tests/models/kernel_check/ builds it with a stand-in of that
@@ -16,6 +20,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -81,13 +86,31 @@ void rotate_token(T* x, int64_t nh, int64_t head_stride, const T* cos, const T* 
   }
 }
 
+// One head's d values in place, RMS-normalised and scaled by w [d].
+template <class T>
+void norm_head(T* x, const T* w, int64_t d, float eps) {
+  VF acc = zero();
+  for (int64_t c = 0; c < d; c += W) {
+    const VF v = load_n(x + c, d - c);
+    acc = fma(v, v, acc);
+  }
+  const VF inv = set1(1.0f / std::sqrt(hsum(acc) / static_cast<float>(d) + eps));
+  for (int64_t c = 0; c < d; c += W) {
+    const VF y = round_to<T>(mul(load_n(x + c, d - c), inv));
+    store_n(x + c, mul(y, load_n(w + c, d - c)), d - c);
+  }
+}
+
 // rotate_token over n tokens (rows `row` apart) of nh heads each (`head_stride` apart),
-// cos/sin [n][d].
+// cos/sin [n][d]; with norm_w ([nh][d], rows d apart) each head goes through norm_head first.
 template <class T>
 void rotate_tokens(T* x, int64_t n, int64_t row, int64_t nh, int64_t head_stride, const T* cos,
-                   const T* sin, int64_t d) {
+                   const T* sin, int64_t d, const T* norm_w = nullptr, float eps = 0.0f) {
   at::parallel_for(0, n, std::max<int64_t>(1, 16384 / (nh * d)), [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
+      for (int64_t h = 0; h < nh && norm_w != nullptr; ++h) {
+        norm_head(x + t * row + h * head_stride, norm_w + h * d, d, eps);
+      }
       rotate_token(x + t * row, nh, head_stride, cos + t * d, sin + t * d, d);
     }
   });

@@ -401,6 +401,45 @@ void check_rotary(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d, Rn
   }
 }
 
+// Qwen3's q/k norms before RoPE (rotate_tokens with norm weights): each q and k head
+// T(T(x * rsqrt(mean(x^2) + eps)) * w_h), within two roundings of the exact value, then rotated;
+// with cos = 1 and sin = 0 the rotation keeps each value (T(T(x * 1) + T(y * 0)) = x), so the
+// output is the norm alone. v stays as it was.
+template <class T>
+void check_qk_norm(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d, Rng& rng) {
+  const int64_t row = (heads + 2 * kv_heads) * d, nh = heads + kv_heads;
+  const float eps = 1e-6f;
+  std::vector<T> qkv(tokens * row), cos(tokens * d, stored<T>(1.0f));
+  std::vector<T> sin(tokens * d, stored<T>(0.0f));
+  std::vector<T> w(nh * d);
+  for (auto& e : qkv) e = stored<T>(4.0f * rng.uniform());
+  for (auto& e : w) e = stored<T>(2.0f * rng.uniform());
+  const std::vector<T> before = qkv;
+  rotate_tokens(qkv.data(), tokens, row, nh, d, cos.data(), sin.data(), d, w.data(), eps);
+  char what[96];
+  std::snprintf(what, sizeof what, "qk norm %s, %lld tokens x %lld heads, d %lld", name_of<T>(),
+                static_cast<long long>(tokens), static_cast<long long>(nh),
+                static_cast<long long>(d));
+  Check check(what);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads + 2 * kv_heads; ++h) {
+      const int64_t at0 = t * row + h * d;
+      double ss = 0.0;
+      for (int64_t i = 0; i < d; ++i) {
+        const double x = to_float(before[at0 + i]);
+        ss += x * x;
+      }
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + eps);
+      for (int64_t i = 0; i < d; ++i) {
+        const double x = to_float(before[at0 + i]);
+        const double want = h < nh ? x * inv * to_float(w[h * d + i]) : x;
+        const double bound = h < nh ? (2.0 * rtol<T>() + 1e-5) * std::fabs(want) + 1e-6 : 0.0;
+        check(at0 + i, to_float(qkv[at0 + i]), want, bound);
+      }
+    }
+  }
+}
+
 template <class T>
 void check_pointwise(Rng& rng) {
   check_norm<T>(3, 100, false, rng);
@@ -410,6 +449,8 @@ void check_pointwise(Rng& rng) {
   check_silu_mul<T>(250, 300, rng);  // rows over two threads
   check_rotary<T>(50, 4, 2, 64, rng);  // tokens over two threads
   check_rotary<T>(5, 2, 1, 20, rng);  // half of d not a multiple of W
+  check_qk_norm<T>(40, 4, 2, 128, rng);  // tokens over two threads
+  check_qk_norm<T>(3, 3, 1, 40, rng);  // d not a multiple of W
 }
 
 }  // namespace
