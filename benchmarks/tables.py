@@ -321,16 +321,13 @@ def int8_against_bf16(path: str) -> str:
 def zen4_multiturn() -> str:
     """Shape (a) on the Qwen3-1.7B shape: the tree before the VNNI GEMM (40425c2), with it
     (e30e3a4), with the decode attention and bf16 tiles (8d06975), with the L2 prefetch and the
-    VNNI GEMM's padding-lane offsets (ed67124), with the 8-lane int8 tiles (c62bc00); the last
-    three each in one run with llama-server, whose own time is the last but two column."""
-    trees = ["40425c2", "e30e3a4", "8d06975", "ed67124", "c62bc00"]
-    header = [
-        "weights",
-        *trees,
-        "c62bc00 / 40425c2",
-        "llama-server beside 8d06975 / ed67124 / c62bc00",
-    ]
-    header += ["to llama at 8d06975 / ed67124 / c62bc00", "TTFT p99 40425c2 / c62bc00 / llama"]
+    VNNI GEMM's padding-lane offsets (ed67124), with the 8-lane int8 tiles (c62bc00), with the
+    decode attention's K prefetch and Qwen3's q/k norms in the kernels (4806df0); the last four
+    each in one run with llama-server, whose own times are a column."""
+    trees = ["40425c2", "e30e3a4", "8d06975", "ed67124", "c62bc00", "4806df0"]
+    beside = " / ".join(trees[2:])
+    header = ["weights", *trees, "4806df0 / 40425c2", f"llama-server beside {beside}"]
+    header += [f"to llama at {beside}", "TTFT p99 40425c2 / 4806df0 / llama"]
     rows, files = [], []
     for dtype, gguf in (("bf16", "BF16"), ("int8", "Q8_0")):
         paths = [f"{ZEN4}/multiturn-qwen3-1.7b-{dtype}-{tree}.json" for tree in trees[1:-1]]
