@@ -347,12 +347,13 @@ def test_kernel_ab_compares_int8_routes(tiny_llama_dir: Path) -> None:
     assert re.search(r"^float32\+int8 b=2\s+tok/s before\s+\d[\d.]* after\s+\d", proc.stdout, re.M)
 
 
-def test_kernel_ab_swaps_the_attention_kernel_of_op_by_op_layers(
+def test_kernel_ab_swaps_the_attention_backends_kernel(
     tiny_model_dirs: dict[str, Path],
 ) -> None:
     """``kernel_ab.use(module=...)`` reaches the attention kernel a ``CpuKernelBackend`` took at
-    its start, not only the ``CpuKernels`` the layers call: a Qwen3 layer (q/k norms) runs op by
-    op, so without it the A/B of a Qwen3 model would time one side's attention twice."""
+    its start, not only the ``CpuKernels`` the layers call: a prefill (and any layer off the
+    one-call decode path) runs attention through the backend's kernel, so without it an A/B of
+    ``--prefill-lens`` would time one side's attention twice."""
     script = """
 import gc, sys, types
 from pathlib import Path
@@ -363,7 +364,6 @@ from radixserve.models.attention.cpu_kernel import CpuKernelBackend
 from radixserve.models.kernels import CpuKernels
 
 side = OurSide(Path(sys.argv[1]), "float32", 1, 16, False)
-tokens = side.prefill(torch.randint(3, 100, (1, 8)))
 real = next(o.module for o in gc.get_objects() if type(o) is CpuKernels and o.module is not None)
 calls = []
 
@@ -374,9 +374,9 @@ def counted(*args):
 stand_in = types.SimpleNamespace(**{n: getattr(real, n) for n in dir(real) if not n.startswith("__")})
 stand_in.extend_attention = counted
 kernel_ab.use(module=stand_in)
-side.decode(tokens, [8])
-layers = sum(1 for o in gc.get_objects() if type(o) is CpuKernelBackend)
-print("attention calls", len(calls), "backends", layers)
+side.prefill(torch.randint(3, 100, (1, 8)))
+backends = sum(1 for o in gc.get_objects() if type(o) is CpuKernelBackend)
+print("attention calls", len(calls), "backends", backends)
 assert len(calls) > 0, "the backend kept the kernel it took at its start"
 """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCHMARKS), str(REPO)])}
