@@ -365,6 +365,16 @@ void check_silu_mul(int64_t rows, int64_t inter, Rng& rng) {
   }
 }
 
+// The name of a check over the heads of qkv rows: "<kind> <dtype>, <n> tokens x <nh> heads, d <d>".
+template <class T>
+std::string heads_check(const char* kind, int64_t tokens, int64_t nh, int64_t d) {
+  char what[96];
+  std::snprintf(what, sizeof what, "%s %s, %lld tokens x %lld heads, d %lld", kind, name_of<T>(),
+                static_cast<long long>(tokens), static_cast<long long>(nh),
+                static_cast<long long>(d));
+  return what;
+}
+
 // RoPE in place over the q and k heads of qkv rows: bit for bit T(T(x1 c) + T(x2 s)) and
 // T(T(x2 c') + T(x1 s')), each product rounded to fp32 first.
 template <class T>
@@ -376,11 +386,7 @@ void check_rotary(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d, Rn
   for (auto& e : sin) e = stored<T>(rng.uniform());
   const std::vector<T> before = qkv;
   rotate_tokens(qkv.data(), tokens, row, nh, d, cos.data(), sin.data(), d);
-  char what[96];
-  std::snprintf(what, sizeof what, "rotary %s, %lld tokens x %lld heads, d %lld", name_of<T>(),
-                static_cast<long long>(tokens), static_cast<long long>(nh),
-                static_cast<long long>(d));
-  Check check(what);
+  Check check(heads_check<T>("rotary", tokens, nh, d));
   for (int64_t t = 0; t < tokens; ++t) {
     const T* c = &cos[t * d];
     const T* s = &sin[t * d];
@@ -416,11 +422,7 @@ void check_qk_norm(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d, R
   for (auto& e : w) e = stored<T>(2.0f * rng.uniform());
   const std::vector<T> before = qkv;
   rotate_tokens(qkv.data(), tokens, row, nh, d, cos.data(), sin.data(), d, w.data(), eps);
-  char what[96];
-  std::snprintf(what, sizeof what, "qk norm %s, %lld tokens x %lld heads, d %lld", name_of<T>(),
-                static_cast<long long>(tokens), static_cast<long long>(nh),
-                static_cast<long long>(d));
-  Check check(what);
+  Check check(heads_check<T>("qk norm", tokens, nh, d));
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t h = 0; h < heads + 2 * kv_heads; ++h) {
       const int64_t at0 = t * row + h * d;
