@@ -68,8 +68,8 @@ std::optional<at::Tensor> try_silu_mul(const at::Tensor& gate_up) {
 namespace {
 
 // try_rotary_ with q/k norms first where norm_w ([H, d], x's dtype) is given.
-bool rotate(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-            const std::optional<at::Tensor>& norm_w, double eps) {
+bool rotate_heads(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                  const std::optional<at::Tensor>& norm_w, double eps) {
   const auto dtype = x.scalar_type();
   if (dtype != at::kFloat && dtype != at::kBFloat16) return false;
   if (!cpu_dtype(x, dtype) || !cpu_dtype(cos, dtype) || !cpu_dtype(sin, dtype)) return false;
@@ -105,7 +105,7 @@ bool rotate(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
 // Rotates x [T, H, d] in place (heads packed in each row, rows any stride; d even) by cos and
 // signed sin [T, ..., d] (contiguous, x's dtype). False (x untouched) when it does not apply.
 bool try_rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return rotate(x, cos, sin, std::nullopt, 0.0);
+  return rotate_heads(x, cos, sin, std::nullopt, 0.0);
 }
 
 // qkv [T, (H + 2 * KV) * d] (dense rows, any row stride; fp32 or bf16) -> views q [T, H, d],
@@ -121,7 +121,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> try_split_rope_(
   const int64_t n = qkv.size(0), d = cos.size(-1), row = qkv.stride(0);
   if (qkv.size(1) != (heads + 2 * kv_heads) * d) return std::nullopt;
   at::Tensor qk = qkv.as_strided({n, heads + kv_heads, d}, {row, d, 1});
-  if (!rotate(qk, cos, sin, qk_norm_w, eps)) return std::nullopt;
+  if (!rotate_heads(qk, cos, sin, qk_norm_w, eps)) return std::nullopt;
   const int64_t off = qkv.storage_offset();
   return std::make_tuple(qkv.as_strided({n, heads, d}, {row, d, 1}, off),
                          qkv.as_strided({n, kv_heads, d}, {row, d, 1}, off + heads * d),
