@@ -9,9 +9,9 @@ With a variant loaded, :meth:`linear` sends decode-shaped products (``M <= MAX_M
 skinny GEMM of ``gemv.cpp`` (fp32 or bf16 weights widened in registers, fp32 accumulation;
 int8 weights times ``x`` quantized to int8, at batch 1 per block of 32 like llama.cpp's Q8_0,
 with exact int32 products per block, and from two rows on per row as the int8 GEMMs do, with
-exact int32 sums over all of K: :data:`TORCH_Q8` is that route's torch reference), :meth:`rms_norm` to
-``norm.cpp`` and :meth:`silu_mul`, :meth:`rotary` and :meth:`store_kv` (the small per-layer
-operations around them) to ``pointwise.cpp``. Larger products are compute-bound: on CPUs
+exact int32 sums over all of K: :data:`TORCH_Q8` is that route's torch reference),
+:meth:`rms_norm` to ``norm.cpp`` and :meth:`silu_mul`, :meth:`rotary` and :meth:`store_kv` (the
+small per-layer operations around them) to ``pointwise.cpp``. Larger products are compute-bound: on CPUs
 without native bf16, bf16 and int8 weights go to the packed GEMM of ``gemm.cpp`` from
 ``GEMM_BF16_MAX_M`` / ``GEMM_INT8_MAX_M`` rows on (bf16 weights widened in its packing, fp32
 FMAs; int8 weights times ``x`` quantized per row, both as int16 pairs multiplied by VPMADDWD),

@@ -9,8 +9,9 @@
 // products per block) and per row from two rows on (exact int32 sums over all of K, as the int8
 // GEMMs: q8_rows.h); see gemv_lanes.h for each way of reading the operands. Sums are fp32 (or
 // exact int32), rounded once at the end, so one source serves AVX2+FMA, AVX-512 and NEON alike:
-// decode is bound by the weight bytes streamed, which the narrow storage cuts, as long as the instructions per weight
-// byte stay few (hence dot_q for int8: 4W products per instruction or two, no widening).
+// decode is bound by the weight bytes streamed, which the narrow storage cuts, as long as the
+// instructions per weight byte stay few (hence dot_q for int8: 4W products per instruction or
+// two, no widening).
 // The weight is streamed once in its native row-major layout; every weight vector loaded is
 // reused for all M rows of x (which stay in L1/L2), so the kernel runs at memory bandwidth
 // until the multiply-add work of M rows catches up with it. Work is split over N with
