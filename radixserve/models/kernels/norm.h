@@ -22,9 +22,20 @@
 
 namespace rs {
 
+// 1 / sqrt(mean(x^2) + eps) over the dim values of x, summed in fp32 (also pointwise.h's
+// q/k norms).
+template <class T>
+float inv_rms(const T* x, int64_t dim, float eps) {
+  VF acc = zero();
+  for (int64_t c = 0; c < dim; c += W) {
+    const VF v = load_n(x + c, dim - c);
+    acc = fma(v, v, acc);
+  }
+  return 1.0f / std::sqrt(hsum(acc) / static_cast<float>(dim) + eps);
+}
+
 template <class T>
 void norm_row(const T* x, const T* r, const T* w, T* out, T* sum, int64_t dim, float eps) {
-  VF acc = zero();
   const T* src = x;
   if (r != nullptr) {  // s = T(x + r), kept in `sum` and read back below
     for (int64_t c = 0; c < dim; c += W) {
@@ -32,12 +43,7 @@ void norm_row(const T* x, const T* r, const T* w, T* out, T* sum, int64_t dim, f
     }
     src = sum;
   }
-  for (int64_t c = 0; c < dim; c += W) {
-    const VF v = load_n(src + c, dim - c);
-    acc = fma(v, v, acc);
-  }
-  const float inv = 1.0f / std::sqrt(hsum(acc) / static_cast<float>(dim) + eps);
-  const VF iv = set1(inv);
+  const VF iv = set1(inv_rms(src, dim, eps));
   for (int64_t c = 0; c < dim; c += W) {
     const VF v = mul(load_n(src + c, dim - c), iv);
     store_n(out + c, mul(v, load_n(w + c, dim - c)), dim - c);

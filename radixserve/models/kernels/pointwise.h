@@ -20,11 +20,11 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
 
+#include "norm.h"
 #include "simd.h"
 
 namespace rs {
@@ -86,15 +86,10 @@ void rotate_token(T* x, int64_t nh, int64_t head_stride, const T* cos, const T* 
   }
 }
 
-// One head's d values in place, RMS-normalised and scaled by w [d].
+// One head's d values in place, RMS-normalised (norm.h's inv_rms) and scaled by w [d].
 template <class T>
 void norm_head(T* x, const T* w, int64_t d, float eps) {
-  VF acc = zero();
-  for (int64_t c = 0; c < d; c += W) {
-    const VF v = load_n(x + c, d - c);
-    acc = fma(v, v, acc);
-  }
-  const VF inv = set1(1.0f / std::sqrt(hsum(acc) / static_cast<float>(d) + eps));
+  const VF inv = set1(inv_rms(x, d, eps));
   for (int64_t c = 0; c < d; c += W) {
     const VF y = round_to<T>(mul(load_n(x + c, d - c), inv));
     store_n(x + c, mul(y, load_n(w + c, d - c)), d - c);
@@ -108,8 +103,10 @@ void rotate_tokens(T* x, int64_t n, int64_t row, int64_t nh, int64_t head_stride
                    const T* sin, int64_t d, const T* norm_w = nullptr, float eps = 0.0f) {
   at::parallel_for(0, n, std::max<int64_t>(1, 16384 / (nh * d)), [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
-      for (int64_t h = 0; h < nh && norm_w != nullptr; ++h) {
-        norm_head(x + t * row + h * head_stride, norm_w + h * d, d, eps);
+      if (norm_w != nullptr) {
+        for (int64_t h = 0; h < nh; ++h) {
+          norm_head(x + t * row + h * head_stride, norm_w + h * d, d, eps);
+        }
       }
       rotate_token(x + t * row, nh, head_stride, cos + t * d, sin + t * d, d);
     }
