@@ -25,6 +25,7 @@
 # profile: where a decode step's time goes (torch profiler, benchmarks/gpu/profile_decode.py):
 #   the default step, then with FlashInfer's full plan at each replay, also with the indptrs
 #   built on the device (each plan then copies them back: a sync), and with no CUDA graphs.
+# profile8b: the same for the Llama-3-8B shape at batch 1, 8 and 64 (profile-llama3-8b.txt).
 # aot: the kernels the jit stage built, packed into $OUT/flashinfer-aot.tar.xz.NN: carried back
 #   in .jit/, install puts them where FlashInfer loads them without compiling (saves the jit
 #   stage's minutes on the next machine).
@@ -103,6 +104,15 @@ stage_profile() {  # where a decode step's time goes on the device (torch profil
   ((ON_GPU)) && configs+=(bfloat16+fullplan bfloat16+fullplan+devindptr bfloat16+eager)
   $PY benchmarks/gpu/profile_decode.py --device "$DEVICE" --model-dir "$BENCH_DIR/qwen25_05b" \
     --configs "${configs[@]}" --out "$OUT/profile.txt"
+}
+
+stage_profile8b() {  # the Llama-3-8B shape's decode step: which kernels hold it off the HBM bound
+  local args=(--batches 1 8 64)
+  ((ON_GPU)) || { tiny_model || return 1; args=(--batches 1 8 --ctx 32 --steps 4); }
+  local dir=$BENCH_DIR/llama3_8b
+  ((ON_GPU)) || dir=$BENCH_DIR/tiny
+  $PY benchmarks/gpu/profile_decode.py --device "$DEVICE" --model-shape llama3-8b --model-dir "$dir" \
+    --configs bfloat16 --ctx 256 "${args[@]}" --out "$OUT/profile-llama3-8b.txt"
 }
 
 stage_info() {
@@ -203,9 +213,11 @@ stage_spec() {
   if ((ON_GPU)); then
     $PY benchmarks/spec_decode.py --device "$DEVICE" --model-dir "$BENCH_DIR/qwen25_05b" \
       --workloads a,c,d --batch-sizes 1,8,32 --max-new-tokens 96 | tee "$OUT/spec.txt"
+    return "${PIPESTATUS[0]}"  # a stage runs in its own bash, without the caller's pipefail
   else
     $PY benchmarks/spec_decode.py --device "$DEVICE" --tiny --model-dir "$BENCH_DIR/spec-tiny" \
       --workloads c,d --batch-sizes 1 --max-new-tokens 16 | tee "$OUT/spec.txt"
+    return "${PIPESTATUS[0]}"
   fi
 }
 
