@@ -1,10 +1,12 @@
 """The prefill split, before and after in one run (``device_gpu.sh``'s split stage).
 
-radixserve's FlashInfer backend splits an extend as SGLang's does: the new tokens attend to one
-another through the ragged kernel (their K/V as they are, no page table), the cached prefix
+radixserve's FlashInfer backend can split an extend as SGLang's does: the new tokens attend to
+one another through the ragged kernel (their K/V as they are, no page table), the cached prefix
 through the paged kernel, the two merged with ``merge_state``. This times whole forwards of the
-model with that split (``ragged``) against one causal paged pass over the whole sequence
-(``paged``, ``FlashInferBackend.ragged_prefill = False``), interleaved, on the same pools:
+model with that split (``ragged``, ``FlashInferBackend.ragged_prefill = "split"``) against one
+causal paged pass over the whole sequence (``paged``, ``"off"``), interleaved, on the same
+pools; the default, ``"cold"``, is the faster of the two by these rows (ragged for a batch with
+nothing cached, paged for any other):
 
 - ``scratch N``: one prompt of N tokens, nothing cached (the split is the ragged kernel alone);
 - ``on C +E``: E new tokens on a cached prefix of C;
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
         times: dict[str, list[float]] = {"ragged": [], "paged": []}
         for rep in range(args.reps + 1):  # the first is a warm-up
             for b in times:  # interleaved: the host's noise hits both
-                backend.ragged_prefill = b == "ragged"
+                backend.ragged_prefill = "split" if b == "ragged" else "off"
                 synchronize()
                 start = time.perf_counter()
                 out = runner.forward(batch)

@@ -8,6 +8,7 @@ reference wrappers on CPU, with real FlashInfer on a GPU) must reproduce it.
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from radixserve.memory_pool import KVCache, ReqToTokenPool
 from radixserve.models.attention.base import AttentionSpec
 from radixserve.models.attention.cpu_kernel import CpuKernelBackend
 from radixserve.models.attention.flashinfer_backend import (
+    RAGGED_MODES,
     FlashInferBackend,
     build_paged_kv_metadata,
 )
@@ -160,7 +162,8 @@ def test_torch_native_and_flashinfer_metadata_follow_the_contract(
         assert torch.equal(native.kv.k_buffer[layer][written], native.k)
         torch.testing.assert_close(out_native, native.reference(layer), rtol=1e-5, atol=1e-5)
 
-        for ragged in (True, False):  # extends split (ragged + prefix, merged) or one paged pass
+        # extends split (ragged + prefix, merged), one paged pass, or ragged where nothing is cached
+        for ragged in RAGGED_MODES:
             paged = Setup(spec, prefix, extend, decode, torch.float32)
             backend = FlashInferBackend(
                 spec, paged.kv, paged.pool, wrappers=ReferenceWrappers(), ragged_prefill=ragged
@@ -208,40 +211,62 @@ class SpyWrappers(ReferenceWrappers):
         super().fast_decode_plan(wrapper, *args, **kwargs)
 
 
+SPLIT = ["ragged.plan", "paged.plan", "ragged.run", "paged.run", "merge"]
+
+
 @pytest.mark.parametrize(
-    ("prefix", "expected"),
+    ("mode", "prefix", "expected"),
     [
-        ([0, 0, 0], ["ragged.plan", "ragged.run"]),  # no cached prefix: no page table at all
-        ([3, 10, 0], ["ragged.plan", "paged.plan", "ragged.run", "paged.run", "merge"]),
+        ("cold", [0, 0, 0], ["ragged.plan", "ragged.run"]),  # nothing cached: no page table
+        ("cold", [3, 10, 0], ["paged.plan", "paged.run"]),  # a prefix: one causal paged pass
+        ("split", [0, 0, 0], ["ragged.plan", "ragged.run"]),
+        ("split", [3, 10, 0], SPLIT),  # ragged new tokens, the paged prefix, merged
+        ("off", [0, 0, 0], ["paged.plan", "paged.run"]),
     ],
-    ids=["no_prefix", "prefix"],
+    ids=["cold-no_prefix", "cold-prefix", "split-no_prefix", "split-prefix", "off-no_prefix"],
 )
 def test_extend_splits_into_ragged_new_tokens_and_the_paged_prefix(
-    prefix: list[int], expected: list[str]
+    mode: str, prefix: list[int], expected: list[str]
 ) -> None:
     spec = SPECS["mqa"]  # full attention on both layers
     s = Setup(spec, prefix, [4, 1, 9], False, torch.float32)
     spy = SpyWrappers()
-    s.run(FlashInferBackend(spec, s.kv, s.pool, wrappers=spy), 0)
+    s.run(FlashInferBackend(spec, s.kv, s.pool, wrappers=spy, ragged_prefill=mode), 0)
     assert [kind for kind, _ in spy.calls] == expected
     plans = {kind: kw for kind, kw in spy.calls if kind.endswith("plan")}
-    qo, kv = plans["ragged.plan"]["args"][:2]  # type: ignore[index]
-    assert qo.tolist() == kv.tolist() == [0, 4, 5, 14]  # type: ignore[attr-defined]
-    assert plans["ragged.plan"]["causal"] is True
-    if "paged.plan" in plans:  # the prefix alone, every key of it visible to every query
-        paged = plans["paged.plan"]
+    if "ragged.plan" in plans:
+        qo, kv = plans["ragged.plan"]["args"][:2]  # type: ignore[index]
+        assert qo.tolist() == kv.tolist() == [0, 4, 5, 14]  # type: ignore[attr-defined]
+        assert plans["ragged.plan"]["causal"] is True
+    if "paged.plan" not in plans:
+        return
+    paged = plans["paged.plan"]
+    qo, kv, indices = paged["args"][:3]  # type: ignore[index]
+    assert qo.tolist() == [0, 4, 5, 14]  # type: ignore[attr-defined]
+    if "merge" in expected:  # the prefix alone, every key of it visible to every query
         assert paged["causal"] is False
-        qo, kv, indices = paged["args"][:3]  # type: ignore[index]
-        assert qo.tolist() == [0, 4, 5, 14] and kv.tolist() == [0, 3, 13, 13]  # type: ignore[attr-defined]
+        assert kv.tolist() == [0, 3, 13, 13]  # type: ignore[attr-defined]
         cached = [s.pool.req_to_token[r, :p].tolist() for r, p in zip(s.rows, prefix, strict=True)]
         assert indices.tolist() == sum(cached, [])  # type: ignore[attr-defined]
+    else:  # the whole sequence, causal
+        assert paged["causal"] is True
+        whole = [p + e for p, e in zip(prefix, [4, 1, 9], strict=True)]
+        assert kv.tolist() == [0, *itertools.accumulate(whole)]  # type: ignore[attr-defined]
+
+
+def test_ragged_prefill_takes_a_known_mode() -> None:
+    s = Setup(SPECS["mqa"], [0], [4], False, torch.float32)
+    with pytest.raises(ValueError, match="ragged_prefill"):
+        FlashInferBackend(
+            SPECS["mqa"], s.kv, s.pool, wrappers=ReferenceWrappers(), ragged_prefill="on"
+        )
 
 
 def test_windowed_layers_keep_one_causal_paged_pass() -> None:
     spec = SPECS["gqa2"]  # layer 0 full, layer 1 windowed
     s = Setup(spec, [3, 10, 0], [4, 1, 9], False, torch.float32)
     spy = SpyWrappers()
-    s.run(FlashInferBackend(spec, s.kv, s.pool, wrappers=spy), 1)
+    s.run(FlashInferBackend(spec, s.kv, s.pool, wrappers=spy, ragged_prefill="split"), 1)
     causal = [kw for kind, kw in spy.calls if kind == "paged.plan" and kw["causal"]]
     assert len(causal) == 1 and causal[0]["window_left"] == WINDOW - 1
     assert causal[0]["args"][1].tolist() == [0, 7, 18, 27]  # type: ignore[index]
@@ -414,10 +439,10 @@ GPU_BATCHES = {
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ragged", [True, False], ids=["ragged", "paged"])
+@pytest.mark.parametrize("ragged", ["split", "off"], ids=["ragged", "paged"])
 @pytest.mark.parametrize("batch_name", sorted(GPU_BATCHES))
 def test_flashinfer_kernels_match_reference_on_gpu(
-    batch_name: str, ragged: bool, device: str
+    batch_name: str, ragged: str, device: str
 ) -> None:
     _needs_flashinfer(device)
     # head_dim 64: the kernels the parity tests build (FlashInfer compiles one per head size)

@@ -14,7 +14,7 @@ from test_attention_backends import SPECS, Setup, _needs_flashinfer
 
 from radixserve.models.attention.base import AttentionSpec
 from radixserve.models.attention.cpu_kernel import CpuKernelBackend
-from radixserve.models.attention.flashinfer_backend import FlashInferBackend
+from radixserve.models.attention.flashinfer_backend import RAGGED_MODES, FlashInferBackend
 from radixserve.models.attention.paged_reference import ReferenceWrappers
 from radixserve.models.attention.torch_native import TorchNativeBackend
 from radixserve.models.forward_batch import ForwardBatch
@@ -51,7 +51,7 @@ def check(
 def test_torch_native_and_flashinfer_verify_as_the_contract_says(spec_name: str) -> None:
     spec = SPECS[spec_name]
     check(spec, lambda s: TorchNativeBackend(spec, s.kv, s.pool), torch.float32, 1e-5)
-    for ragged in (True, False):  # the split extend (ragged + paged prefix) and one paged pass
+    for ragged in RAGGED_MODES:  # the split extend (ragged + paged prefix), one paged pass, ...
         check(
             spec,
             lambda s, r=ragged: FlashInferBackend(
@@ -76,8 +76,8 @@ def test_cpu_kernel_verifies_as_the_contract_says(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ragged", [True, False], ids=["ragged", "paged"])
-def test_flashinfer_verifies_as_the_contract_says_on_gpu(ragged: bool, device: str) -> None:
+@pytest.mark.parametrize("ragged", ["split", "off"], ids=["ragged", "paged"])
+def test_flashinfer_verifies_as_the_contract_says_on_gpu(ragged: str, device: str) -> None:
     _needs_flashinfer(device)
     for layer in range(2):
         s = verify_setup(GPU_SPEC, torch.bfloat16, device)

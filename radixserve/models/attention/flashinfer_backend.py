@@ -7,11 +7,15 @@ request's page table is simply its ``req_to_token`` row: ``kv_indices`` concaten
 ``kv_last_page_len`` is all ones and ``qo_indptr`` the running sum of ``extend_len``.
 :func:`build_paged_kv_metadata` builds these with torch ops only (tested on CPU).
 
-An extend splits as SGLang's FlashInfer backend does (``ragged_prefill``, on by default): on
-each full-attention layer, the new tokens attend to one another through the ragged kernel,
-which reads their ``k`` / ``v`` as they are, with no page table; where the batch has a cached
-prefix, its queries also attend to the prefix alone through the paged kernel (not causal: all
-of a prefix precedes every new token), and ``merge_state`` joins the two by their log-sum-exps.
+An extend may split as SGLang's FlashInfer backend does (``ragged_prefill``): on each
+full-attention layer, the new tokens attend to one another through the ragged kernel, which
+reads their ``k`` / ``v`` as they are, with no page table; where the batch has a cached prefix,
+its queries also attend to the prefix alone through the paged kernel (not causal: all of a
+prefix precedes every new token), and ``merge_state`` joins the two by their log-sum-exps.
+``"cold"`` (the default) takes the ragged kernel for a batch with nothing cached and one paged
+pass for any other: on an H200 the ragged kernel alone was 1.03-1.05x the paged pass over a
+cold 4096-token prompt, and the split 0.75-0.85x it on 256 new tokens after 4096 cached
+(``benchmarks/gpu/prefill_split.py``). ``"split"`` splits every extend, ``"off"`` none.
 Layers with a sliding window keep the single causal paged pass over the whole sequence.
 
 ``flashinfer`` is imported lazily, in :class:`FlashInferWrappers` only. Tests inject
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
     from radixserve.models.forward_batch import ForwardBatch
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
+RAGGED_MODES = ("cold", "split", "off")  # see the module doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +186,8 @@ class FlashInferBackend:
 
     One prefill and one decode wrapper per distinct sliding window (FlashInfer fixes
     ``window_left`` when planning), planned once per batch in :meth:`init_forward_metadata`;
-    with ``ragged_prefill``, also one ragged wrapper for the full-attention layers' extends
-    (their paged prefill wrapper then covers the cached prefix only). With
+    also one ragged wrapper for the full-attention layers' extends (``ragged_prefill``: when
+    they split, their paged prefill wrapper covers the cached prefix only). With
     :meth:`init_cuda_graphs`, also one decode wrapper per window and captured batch size,
     planned by :meth:`init_graph_metadata` before each replay (with ``fast_graph_plan``, after
     the first, through FlashInfer's ``fast_decode_plan``).
@@ -194,9 +199,13 @@ class FlashInferBackend:
         kv_cache: KVCache,
         req_to_token_pool: ReqToTokenPool,
         wrappers: WrapperFactory | None = None,
-        ragged_prefill: bool = True,
+        ragged_prefill: str = "cold",
         fast_graph_plan: bool = True,
     ) -> None:
+        if ragged_prefill not in RAGGED_MODES:
+            raise ValueError(
+                f"ragged_prefill must be one of {RAGGED_MODES}, not {ragged_prefill!r}"
+            )
         self.spec = spec
         self.kv_cache = kv_cache
         self.req_to_token = req_to_token_pool.req_to_token
@@ -317,8 +326,10 @@ class FlashInferBackend:
                 )
 
     def _plan_extend(self, batch: ForwardBatch) -> None:
-        self._split = self.ragged_prefill and self._ragged is not None
         self._has_prefix = any(batch.extend_prefix_lens_list)
+        mode = self.ragged_prefill
+        cold = mode == "cold" and not self._has_prefix
+        self._split = self._ragged is not None and (mode == "split" or cold)
         if not self._split:
             self._plan(batch, self._prefill)
             return
