@@ -26,6 +26,8 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 # The prior until a machine is measured (and for model-free tests): a token's cost 0.14 of a
 # step's fixed cost, radixserve's decode of the Qwen2.5-0.5B shape in bf16 on a 2-core AVX-512
 # (VNNI) CPU (59 ms a step at b=1, 111 ms at b=8)
@@ -46,6 +48,23 @@ def _interp(sizes: Sequence[int], seconds: Sequence[float], n: float) -> float:
         i -= 1
     x0, x1, y0, y1 = sizes[i - 1], sizes[i], seconds[i - 1], seconds[i]
     return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+
+
+def _interp_many(sizes: Sequence[int], seconds: Sequence[float], ns: np.ndarray) -> np.ndarray:
+    """:func:`_interp` at each of ``ns`` (the same float operations, so the same values)."""
+    x = np.asarray(sizes, dtype=np.float64)
+    y = np.asarray(seconds, dtype=np.float64)
+    n = ns.astype(np.float64)
+    i = np.searchsorted(x, n, side="left")
+    last = len(sizes) - 1
+    hit = x[np.minimum(i, last)] == n
+    if last == 0:
+        out = np.where(n < x[0], y[0], y[0] * n / x[0])
+    else:
+        j = np.clip(i, 1, last)
+        x0, x1, y0, y1 = x[j - 1], x[j], y[j - 1], y[j]
+        out = np.where(i == 0, y[0], y0 + (y1 - y0) * (n - x0) / (x1 - x0))
+    return np.where(hit, y[np.minimum(i, last)], out)
 
 
 def _check_table(name: str, sizes: Sequence[int], seconds: Sequence[float]) -> None:
@@ -108,29 +127,29 @@ class StepCosts:
         if bs == 0:
             return []
         # a token's marginal time: the table's slope (about the same for every request) plus
-        # the context its attention reads; tokens go in order of gain per marginal time
+        # the context its attention reads; tokens go in order of gain per marginal time (a
+        # request's later tokens after its earlier ones: their gains are no larger)
         slope = (self.verify(2 * bs + 1, 0) - self.verify(bs, 0)) / (bs + 1)
-        cost = [max(slope + self.draft_context_s * n, 1e-12) for n in contexts]
-        order = sorted(
-            ((g, j, i) for i, row in enumerate(gains) for j, g in enumerate(row)),
-            key=lambda c: (-c[0] / cost[c[2]], c[1]),
-        )
-        context, drafted_context = sum(contexts), 0
-        best_rate, best_n = bs / self.decode(bs, context), 0
-        counts = [0] * bs
-        taken: list[int] = []
-        expected = 0.0
-        for g, j, i in order:
-            if j != counts[i]:
-                continue  # an earlier token of its draft was not taken
-            counts[i] += 1
-            taken.append(i)
-            expected += g
-            drafted_context += contexts[i]
-            rate = (bs + expected) / self.verify(bs + len(taken), context, drafted_context)
-            if rate > best_rate:
-                best_rate, best_n = rate, len(taken)
+        ctx = np.asarray(contexts, dtype=np.int64)
+        cost = np.maximum(slope + self.draft_context_s * ctx, 1e-12)
+        lens = np.fromiter((len(row) for row in gains), dtype=np.int64, count=bs)
+        total = int(lens.sum())
+        if total == 0:
+            return [0] * bs
+        g = np.fromiter((x for row in gains for x in row), dtype=np.float64, count=total)
+        req = np.repeat(np.arange(bs), lens)
+        pos = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)  # j within its draft
+        order = np.lexsort((pos, -g / cost[req]))  # stable: ties keep request order
+        taken = req[order]
+        context = int(ctx.sum())
+        drafted_context = np.cumsum(ctx[taken])
+        table = _interp_many(self.verify_sizes, self.verify_s, bs + np.arange(1, total + 1))
+        verify = table + self.verify_context_s * context + self.draft_context_s * drafted_context
+        rates = (bs + np.cumsum(g[order])) / verify
+        best = int(rates.argmax())
         plan = [0] * bs
-        for i in taken[:best_n]:
+        if rates[best] <= bs / self.decode(bs, context):
+            return plan
+        for i in taken[: best + 1].tolist():
             plan[i] += 1
         return plan

@@ -37,20 +37,18 @@ def suffix_match(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> Draft:
     length = int(tokens.shape[0])
     if k < 1 or length < min_n + 1:
         return NO_DRAFT
-    # candidate ends j < length - 1 with tokens[j] == tokens[-1]; grow each match backwards
+    # candidate ends j < length - 1 with tokens[j] == tokens[-1]; each match's length at once:
+    # the tokens before each end against the suffix's, offset by offset, cut at the first
+    # differing one (an end j reaches back j + 1 tokens at most)
     cand = np.flatnonzero(tokens[: length - 1] == tokens[length - 1])
     if cand.size == 0:
         return NO_DRAFT
-    lens = np.ones(cand.shape[0], dtype=np.int64)
-    alive = np.arange(cand.shape[0])
-    for n in range(1, max_n):
-        prev = cand[alive] - n
-        ok = prev >= 0
-        alive, prev = alive[ok], prev[ok]
-        alive = alive[tokens[prev] == tokens[length - 1 - n]]
-        if alive.size == 0:
-            break
-        lens[alive] += 1
+    span = min(max_n, length - 1)
+    back = np.arange(span)
+    before = cand[:, None] - back  # [candidates, span]
+    same = tokens[np.maximum(before, 0)] == tokens[length - 1 - back]
+    same &= before >= 0
+    lens = np.where(same.all(axis=1), span, same.argmin(axis=1))
     best = int(lens.max())
     if best < min_n:
         return NO_DRAFT

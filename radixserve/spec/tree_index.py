@@ -29,6 +29,8 @@ from radixserve.radix.tree_observer import POOL
 from radixserve.spec.suffix_match import NO_DRAFT, Draft
 
 _PRIME = np.uint64(0x100000001B3)
+_PRIME_INT = int(_PRIME)
+_MASK64 = (1 << 64) - 1
 _POS_BITS = 32
 _POS_MASK = (1 << _POS_BITS) - 1
 
@@ -108,21 +110,25 @@ class TreeDraftIndex:
         n = self.min_n
         if not table or k < 1 or tokens.shape[0] < n:
             return NO_DRAFT
-        entries = table.get(int(_hash_windows(tokens[-n:], n)[0]))
+        tail = tokens[-self.max_n :].tolist()[::-1]  # the request's last tokens, newest first
+        entries = table.get(_hash_tail(tail[:n]))
         if not entries:
             return NO_DRAFT
         best: tuple[int, int] = (0, 0)
-        best_tokens = None
+        best_at: tuple[np.ndarray, int] | None = None
         for entry in reversed(entries):  # newest first: it wins ties
             seg = self._segments[entry >> _POS_BITS]
             e = entry & _POS_MASK
-            m = _match_len(seg.tokens, e, tokens, self.max_n)
-            cont = seg.tokens[e + 1 : e + 1 + k]
-            if m >= n and (m, cont.shape[0]) > best:
-                best, best_tokens = (m, int(cont.shape[0])), cont
-        if best_tokens is None:
+            m = _match_len(seg.tokens, e, tail)
+            if m < n:
+                continue
+            found = (m, min(k, int(seg.tokens.shape[0]) - e - 1))  # match, continuation
+            if found > best:
+                best, best_at = found, (seg.tokens, e)
+        if best_at is None:
             return NO_DRAFT
-        return Draft(best_tokens.copy(), best[0], "tree")
+        seg_tokens, e = best_at
+        return Draft(seg_tokens[e + 1 : e + 1 + k].copy(), best[0], "tree")
 
     def check_integrity(self) -> None:
         """Every entry names a live segment of its namespace at an indexed place; the token
@@ -194,9 +200,21 @@ def _hash_windows(tokens: np.ndarray, n: int) -> np.ndarray:
     return h
 
 
-def _match_len(seg_tokens: np.ndarray, end: int, tokens: np.ndarray, max_n: int) -> int:
-    """How many tokens ending at ``seg_tokens[end]`` equal the end of ``tokens`` (<= max_n)."""
-    n = min(max_n, end + 1, tokens.shape[0])
-    differs = seg_tokens[end + 1 - n : end + 1][::-1] != tokens[-n:][::-1]
-    first = int(differs.argmax())
-    return first if differs[first] else n
+def _hash_tail(newest_first: list[int]) -> int:
+    """:func:`_hash_windows` of one window, given newest token first, in Python ints (the same
+    uint64 arithmetic, wrapping): one lookup's hash without numpy's per-call cost."""
+    h = 0
+    for t in reversed(newest_first):
+        h = (h * _PRIME_INT + (t & _MASK64) + 1) & _MASK64
+    return h
+
+
+def _match_len(seg_tokens: np.ndarray, end: int, tail: list[int]) -> int:
+    """How many tokens ending at ``seg_tokens[end]`` equal the request's last ones (``tail``,
+    newest first: at most ``max_n``). A few Python compares: cheaper than numpy's calls."""
+    n = min(len(tail), end + 1)
+    window = seg_tokens[end + 1 - n : end + 1].tolist()[::-1]
+    m = 0
+    while m < n and window[m] == tail[m]:
+        m += 1
+    return m

@@ -13,6 +13,7 @@ import torch
 from radixserve.radix import RadixCache
 from radixserve.radix.kv_events import KVEventRecorder
 from radixserve.spec import NgramDrafter, NgramParams, StepCosts, TreeDraftIndex, suffix_match
+from radixserve.spec.tree_index import _hash_tail, _hash_windows
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -213,3 +214,13 @@ def test_step_costs_refuse_bad_tables() -> None:
         StepCosts((2, 1), (1.0, 2.0), (1,), (1.0,))
     with pytest.raises(ValueError):
         StepCosts((1,), (0.0,), (1,), (1.0,))
+
+
+def test_a_lookups_hash_is_the_indexed_windows_hash() -> None:
+    """The index hashes its segments' windows with numpy and a lookup's window in Python ints:
+    the same uint64 arithmetic, negative ids and ids past 2**31 included."""
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        n = int(rng.integers(1, 6))
+        window = rng.integers(-(2**31), 2**31 - 1, n).astype(np.int32)
+        assert _hash_tail(window.tolist()[::-1]) == int(_hash_windows(window, n)[0])
