@@ -29,6 +29,7 @@ BLOCK = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.DOT
 DP2 = "benchmarks/results/kv-events-dp2"
 SIM = "benchmarks/results/kv-events-sim"
 H200 = "benchmarks/results/h200-2026-11-26"
+H200_NOW = "benchmarks/results/h200-2026-11-28"
 
 
 def load(path: str) -> dict[str, Any]:
@@ -257,24 +258,81 @@ def h200_multiturn() -> str:
 
 
 def h200_throughput() -> str:
-    """Tokens/s with decode CUDA graphs and without, beside transformers, on one H200."""
+    """Tokens/s with decode CUDA graphs and without, beside transformers, on one H200; the
+    latest run, with the first run's graphs beside it."""
     files = {
         "Qwen2.5-0.5B": "throughput-qwen25-0.5b.json",
         "Llama-3-8B": "throughput-llama3-8b.json",
     }
     header = ["shape", "row", "graphs", "eager", "graphs / eager", "HF bf16", "graphs / HF"]
-    header += ["graphs: share of the bound"]
+    header += ["graphs: share of the bound", "graphs 2026-11-26 (share)", "now / then"]
     rows = []
     for shape, name in files.items():
-        for row in load(f"{H200}/{name}")["rows"]:
+        then = {r["row"]: r for r in load(f"{H200}/{name}")["rows"]}
+        for row in load(f"{H200_NOW}/{name}")["rows"]:
             t = row["tokens_per_s"]
             graphs, eager, hf = t["rs bfloat16"], t["rs bfloat16+eager"], t["HF bfloat16"]
-            bound = row.get("bound_fraction", {}).get("rs bfloat16")
+            old = then[row["row"]]
+            before = old["tokens_per_s"]["rs bfloat16"]
             rows.append(
                 [shape, row["row"], num(graphs), num(eager), times(graphs / eager), num(hf)]
-                + [times(graphs / hf), "" if bound is None else f"{100 * bound:.0f}%"]
+                + [times(graphs / hf), _share(row)]
+                + [f"{num(before)} ({_share(old)})".replace(" ()", ""), times(graphs / before)]
             )
-    return table(header, rows, [f"{H200}/{name}" for name in files.values()])
+    paths = [f"{d}/{name}" for d in (H200_NOW, H200) for name in files.values()]
+    return table(header, rows, paths)
+
+
+def _share(row: dict[str, Any]) -> str:
+    bound = row.get("bound_fraction", {}).get("rs bfloat16")
+    return "" if bound is None else f"{100 * bound:.0f}%"
+
+
+def h200_split() -> str:
+    """The prefill split (ragged new tokens + the paged prefix, merged) against one paged
+    pass, whole forwards on one H200."""
+    files = {"Qwen2.5-0.5B": "split-qwen25-0.5b.json", "Llama-3-8B": "split-llama3-8b.json"}
+    header = ["shape", "extend", "split tok/s", "one paged pass tok/s", "split / paged"]
+    header += ["max logit diff"]
+    rows = [
+        [shape, r["row"], num(r["tokens_per_s"]["ragged"]), num(r["tokens_per_s"]["paged"])]
+        + [times(r["ratio"]), f"{r['max_logit_diff']:.3g}"]
+        for shape, name in files.items()
+        for r in load(f"{H200_NOW}/{name}")["rows"]
+    ]
+    return table(header, rows, [f"{H200_NOW}/{name}" for name in files.values()])
+
+
+def h200_overlap() -> str:
+    """The scheduler's real loop over the model on one H200: ms per decode step with overlap
+    off, launched from the worker thread, and on the stream."""
+    files = {"Qwen2.5-0.5B": "overlap-qwen25-0.5b.json", "Llama-3-8B": "overlap-llama3-8b.json"}
+    header = ["shape", "batch", "off ms", "thread ms", "stream ms", "best / off"]
+    rows = []
+    for shape, name in files.items():
+        by: dict[int, dict[str, float]] = {}
+        for r in load(f"{H200_NOW}/{name}")["rows"]:
+            by.setdefault(r["batch"], {})[r["overlap"]] = r["step_ms"]
+        for batch, m in sorted(by.items()):
+            best = min(m["thread"], m["stream"])
+            rows.append(
+                [shape, str(batch)]
+                + [f"{m[k]:.2f}" for k in ("off", "thread", "stream")]
+                + [times(m["off"] / best)]
+            )
+    return table(header, rows, [f"{H200_NOW}/{name}" for name in files.values()])
+
+
+def h200_spec() -> str:
+    """NGRAM against plain decoding on one H200 (spec_decode.py's printed table)."""
+    path = f"{H200_NOW}/spec.txt"
+    header = ["workload", "batch", "plain tok/s", "NGRAM tok/s", "speedup", "accept length"]
+    rows = []
+    names = {"a": "a: code edit", "c": "c: sent again", "d": "d: prose"}
+    for line in (REPO / path).read_text(encoding="utf-8").splitlines()[2:]:
+        w, bs, plain, spec, speedup, accept = line.split()
+        rows.append([names[w], bs, num(float(plain)), num(float(spec)), speedup, accept])
+    return table(header, rows, [path])
 
 
 ZEN4 = "benchmarks/results/zen4-2026-11-28"
@@ -461,6 +519,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "kv-events-sim": kv_events_sim,
     "kv-events-dp2": kv_events_dp2,
     "h200-throughput": h200_throughput,
+    "h200-split": h200_split,
+    "h200-overlap": h200_overlap,
+    "h200-spec": h200_spec,
     "zen4-step": zen4_step,
     "zen4-multiturn": zen4_multiturn,
     "zen4-forced-avx512": zen4_forced_avx512,
