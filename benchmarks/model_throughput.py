@@ -121,7 +121,7 @@ def stream_bandwidth(
 
 
 CELL = 22  # characters per table cell: " 1402.3 (1390-1411)"
-OPTIONS = ("int8", "eager", "fullplan", "paged")
+OPTIONS = ("int8", "eager", "fullplan", "paged", "tc")
 
 
 class OurSide:
@@ -138,8 +138,9 @@ class OurSide:
         device: str = "cpu",
     ) -> None:
         # +int8: weight-only int8; +eager: no CUDA graphs; on FlashInfer, the baselines of the
-        # fast graph plan and the prefill split: +fullplan (a graph replay's full plan), +paged
-        # (one paged pass, no prefill split)
+        # fast graph plan and the ragged prefill: +fullplan (a graph replay's full plan), +paged
+        # (one paged pass, never the ragged kernel), +tc (decode on tensor cores, whatever the
+        # GQA group)
         dtype, *options = config.split("+")
         if not set(options) <= set(OPTIONS):
             raise ValueError(f"unknown options in {config!r}: {', '.join(OPTIONS)} exist")
@@ -150,6 +151,7 @@ class OurSide:
             device=device,
             quantization=quantization,
             disable_cuda_graph="eager" in options,
+            flashinfer_decode_tensor_cores=True if "tc" in options else None,
             max_total_tokens=max_bs * ctx,
             max_running_requests=max_bs,
             max_context_len=ctx,
@@ -164,7 +166,8 @@ class OurSide:
             if not isinstance(backend, FlashInferBackend):
                 raise ValueError(f"{config!r}: +fullplan and +paged are FlashInfer's options")
             backend.fast_graph_plan = "fullplan" not in options
-            backend.ragged_prefill = "paged" not in options
+            if "paged" in options:
+                backend.ragged_prefill = "off"
         self.ctx = ctx
         self.pool = self.runner.req_to_token_pool
 
@@ -430,8 +433,8 @@ def main() -> None:
         nargs="+",
         default=["bfloat16", "bfloat16+int8", "float32"],
         help="radixserve sides: a dtype, optionally +int8 (weight-only int8) and, on CUDA, +eager "
-        "(no CUDA graphs), +fullplan (FlashInfer's full plan at each graph replay), +paged (no "
-        "prefill split)",
+        "(no CUDA graphs), +fullplan (FlashInfer's full plan at each graph replay), +paged (never "
+        "the ragged prefill kernel), +tc (FlashInfer's decode on tensor cores)",
     )
     parser.add_argument(
         "--hf-dtypes",

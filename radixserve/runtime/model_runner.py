@@ -101,6 +101,7 @@ class ModelRunner:
             self.kv_cache,
             self.req_to_token_pool,
             cpu_kernels=cpu_kernels,
+            decode_tensor_cores=config.execution.flashinfer_decode_tensor_cores,
         )
         self.graphs = self._cuda_graphs(config)
         self._sender: BatchSender | None = None

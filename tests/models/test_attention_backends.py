@@ -18,12 +18,14 @@ import pytest
 import torch
 
 from radixserve.memory_pool import KVCache, ReqToTokenPool
+from radixserve.models.attention import flashinfer_backend
 from radixserve.models.attention.base import AttentionSpec
 from radixserve.models.attention.cpu_kernel import CpuKernelBackend
 from radixserve.models.attention.flashinfer_backend import (
     RAGGED_MODES,
     FlashInferBackend,
     build_paged_kv_metadata,
+    decode_on_tensor_cores,
 )
 from radixserve.models.attention.paged_reference import (
     ReferenceWrappers,
@@ -413,6 +415,29 @@ def test_registry(tmp_path: object) -> None:
         assert isinstance(chosen, CpuKernelBackend)
         off = CpuKernels.build(attention=False)  # disable_cpu_attention_kernel
         assert isinstance(create_attention_backend(None, spec, kv, pool, off), TorchNativeBackend)
+
+
+def test_decode_tensor_cores_follow_the_group_or_the_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CUDA cores for GQA groups of 1, 2, 4 and 8 unless the config says otherwise, and the
+    config's word reaches the wrappers through the registry (``ModelRunner``'s path)."""
+    groups = {1: (8, 8), 2: (8, 4), 3: (6, 2), 4: (8, 2), 7: (14, 2), 8: (8, 1)}
+    for group, (heads, kv_heads) in groups.items():
+        spec = AttentionSpec(heads, kv_heads, 64, 0.125, (None,))
+        assert decode_on_tensor_cores(spec) == (group not in (1, 2, 4, 8))
+        assert decode_on_tensor_cores(spec, True) and not decode_on_tensor_cores(spec, False)
+    made: list[bool | None] = []
+
+    class Recording(ReferenceWrappers):
+        def __init__(self, spec: AttentionSpec, device: torch.device, cores: bool | None) -> None:
+            made.append(cores)
+
+    monkeypatch.setattr(flashinfer_backend, "FlashInferWrappers", Recording)
+    kv, pool = KVCache(2, 16, 2, 32), ReqToTokenPool(2, 8)
+    for cores in (None, True, False):
+        create_attention_backend("flashinfer", SPECS["gqa2"], kv, pool, decode_tensor_cores=cores)
+    assert made == [None, True, False]
 
 
 def test_cpu_path_never_imports_flashinfer() -> None:

@@ -214,18 +214,23 @@ def test_kv_tier_load_back_on_device(device: str, device_llama_dir: Path) -> Non
 
 
 @pytest.mark.parametrize("fast_plan", [True, False], ids=["fast_plan", "full_plan"])
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "llama-tc", "qwen3", "mistral"])
 def test_cuda_graph_decode_matches_eager(
     arch: str, fast_plan: bool, device: str, device_model_dirs: dict[str, Path]
 ) -> None:
     """A decode step replayed from a CUDA graph gives the eager step's logits, at captured and
     padded sizes, a smaller batch after a larger one (stale graph inputs must not leak), on
     FlashInfer's CUDA-core decode (llama: groups of 4), its tensor-core decode (qwen3: groups
-    of 3) and a sliding window (mistral); each replay planned through FlashInfer's
-    ``fast_decode_plan`` (the default) or its full ``plan``."""
+    of 3; llama-tc: groups of 4 on tensor cores, ``flashinfer_decode_tensor_cores``) and a
+    sliding window (mistral); each replay planned through FlashInfer's ``fast_decode_plan``
+    (the default) or its full ``plan``."""
     if not device.startswith("cuda"):
         pytest.skip("CUDA graphs need a CUDA GPU (--device cpu: there are none to replay)")
-    runner = make_runner(device_model_dirs[arch], dtype="bfloat16", device=device)
+    model, _, tc = arch.partition("-")
+    runner = make_runner(
+        device_model_dirs[model], dtype="bfloat16", device=device, tensor_cores=bool(tc) or None
+    )
+    assert runner.attn_backend._factory.use_tensor_cores == (model == "qwen3" or bool(tc))  # type: ignore[attr-defined]
     runner.attn_backend.fast_graph_plan = fast_plan  # type: ignore[attr-defined]
     graphs = runner.graphs
     assert graphs is not None and graphs.sizes == [1, 2, 4, 8, 16]

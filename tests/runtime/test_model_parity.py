@@ -207,7 +207,11 @@ def oracle(
 
 
 def make_runner(
-    model_dir: Path, backend: str | None = None, dtype: str = "float32", device: str = "cpu"
+    model_dir: Path,
+    backend: str | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    tensor_cores: bool | None = None,
 ) -> ModelRunner:
     config = EngineConfig.from_flat(
         model_path=str(model_dir),
@@ -217,6 +221,7 @@ def make_runner(
         max_running_requests=16,
         max_context_len=256,
         attention_backend=backend,
+        flashinfer_decode_tensor_cores=tensor_cores,
     )
     kv = KVManager.build(config)
     assert kv.kv_cache is not None

@@ -103,16 +103,26 @@ class WrapperFactory(Protocol):
     ) -> None: ...
 
 
+def decode_on_tensor_cores(spec: AttentionSpec, override: bool | None = None) -> bool:
+    """Whether FlashInfer's decode runs on tensor cores: ``override`` where given, else for GQA
+    groups other than 1, 2, 4 and 8 (the CUDA-core kernels FlashInfer builds; SGLang takes
+    tensor cores from groups of 4 on)."""
+    if override is not None:
+        return override
+    return spec.group_size not in (1, 2, 4, 8)
+
+
 class FlashInferWrappers:
     """Real FlashInfer wrappers sharing one workspace buffer."""
 
-    def __init__(self, spec: AttentionSpec, device: torch.device) -> None:
+    def __init__(
+        self, spec: AttentionSpec, device: torch.device, tensor_cores: bool | None = None
+    ) -> None:
         import flashinfer  # optional extra [gpu]
 
         self._flashinfer = flashinfer
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        # the CUDA-core decode kernels cover group sizes 1/2/4/8; tensor cores handle any
-        self.use_tensor_cores = spec.group_size not in (1, 2, 4, 8)
+        self.use_tensor_cores = decode_on_tensor_cores(spec, tensor_cores)
 
     def prefill(self) -> Any:
         # FlashAttention-2's templates, as SGLang's FlashInfer backend asks for: "auto" would
@@ -190,7 +200,8 @@ class FlashInferBackend:
     they split, their paged prefill wrapper covers the cached prefix only). With
     :meth:`init_cuda_graphs`, also one decode wrapper per window and captured batch size,
     planned by :meth:`init_graph_metadata` before each replay (with ``fast_graph_plan``, after
-    the first, through FlashInfer's ``fast_decode_plan``).
+    the first, through FlashInfer's ``fast_decode_plan``). ``decode_tensor_cores``: see
+    :func:`decode_on_tensor_cores`.
     """
 
     def __init__(
@@ -201,21 +212,20 @@ class FlashInferBackend:
         wrappers: WrapperFactory | None = None,
         ragged_prefill: str = "cold",
         fast_graph_plan: bool = True,
+        decode_tensor_cores: bool | None = None,
     ) -> None:
-        if ragged_prefill not in RAGGED_MODES:
-            raise ValueError(
-                f"ragged_prefill must be one of {RAGGED_MODES}, not {ragged_prefill!r}"
-            )
         self.spec = spec
         self.kv_cache = kv_cache
         self.req_to_token = req_to_token_pool.req_to_token
-        factory = wrappers if wrappers is not None else FlashInferWrappers(spec, kv_cache.device)
+        factory = wrappers
+        if factory is None:
+            factory = FlashInferWrappers(spec, kv_cache.device, decode_tensor_cores)
         self._factory = factory
         windows = set(spec.sliding_windows)
         self._prefill = {w: factory.prefill() for w in windows}
         self._decode = {w: factory.decode() for w in windows}
         self._ragged = factory.ragged() if None in windows else None
-        self.ragged_prefill = ragged_prefill
+        self.ragged_prefill = ragged_prefill  # checked by the property
         self._graph_decode: dict[int, dict[int | None, Any]] = {}  # batch size -> per window
         self._graph_buffers: GraphBuffers | None = None
         self._graph_planned: set[int] = set()  # sizes planned in full once (at capture)
@@ -224,6 +234,17 @@ class FlashInferBackend:
         self._active = self._decode  # the wrappers the last plan was for
         self._split = False  # the last plan: full-attention extends run ragged (+ prefix)
         self._has_prefix = False  # ... and some request of it has a cached prefix
+
+    @property
+    def ragged_prefill(self) -> str:
+        """Which extends split (see the module doc): ``"cold"``, ``"split"`` or ``"off"``."""
+        return self._ragged_prefill
+
+    @ragged_prefill.setter
+    def ragged_prefill(self, mode: str) -> None:
+        if mode not in RAGGED_MODES:
+            raise ValueError(f"ragged_prefill must be one of {RAGGED_MODES}, not {mode!r}")
+        self._ragged_prefill = mode
 
     def init_cuda_graphs(self, batch_sizes: list[int], max_context_len: int) -> None:
         """Decode wrappers for CUDA graphs of each of ``batch_sizes``, their page tables in one

@@ -37,9 +37,12 @@ def create_attention_backend(
     kv_cache: KVCache,
     req_to_token_pool: ReqToTokenPool,
     cpu_kernels: CpuKernels | None = None,
+    decode_tensor_cores: bool | None = None,
 ) -> AttentionBackend:
     """Build the backend ``name`` (``None``: the device default). ``ValueError`` for an unknown
-    name, or ``cpu_kernel`` without a kernel for this KV in ``cpu_kernels``."""
+    name, or ``cpu_kernel`` without a kernel for this KV in ``cpu_kernels``.
+    ``decode_tensor_cores``: FlashInfer's decode kernels (``ExecutionConfig``'s
+    ``flashinfer_decode_tensor_cores``)."""
     usable = cpu_kernel.usable(cpu_kernels, kv_cache, spec)
     name = name or default_backend_name(kv_cache.device, usable)
     if name not in ATTENTION_BACKENDS:
@@ -48,7 +51,11 @@ def create_attention_backend(
         )
     module_name, class_name = ATTENTION_BACKENDS[name]
     cls = getattr(importlib.import_module(module_name), class_name)
-    options = {"kernels": cpu_kernels} if name == "cpu_kernel" else {}
+    options: dict[str, object] = {}
+    if name == "cpu_kernel":
+        options["kernels"] = cpu_kernels
+    elif name == "flashinfer":
+        options["decode_tensor_cores"] = decode_tensor_cores
     if name == "cpu_kernel" and not usable:
         raise ValueError(f"the cpu_kernel attention backend cannot run {kv_cache.dtype} KV here")
     backend: AttentionBackend = cls(spec, kv_cache, req_to_token_pool, **options)
