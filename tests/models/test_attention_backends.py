@@ -25,8 +25,8 @@ from radixserve.models.attention.flashinfer_backend import (
     RAGGED_MODES,
     FlashInferBackend,
     build_paged_kv_metadata,
-    decode_on_tensor_cores,
 )
+from radixserve.models.attention.flashinfer_wrappers import decode_on_tensor_cores
 from radixserve.models.attention.paged_reference import (
     ReferenceWrappers,
     merge_state_reference,
@@ -487,7 +487,7 @@ def test_flashinfer_lse_and_merge_state_match_reference_on_gpu(device: str) -> N
     """What the split extend rests on: FlashInfer's log-sum-exp is the reference's (base 2),
     a request with no keys gives -inf, and ``merge_state`` is ``merge_state_reference``."""
     _needs_flashinfer(device)
-    from radixserve.models.attention.flashinfer_backend import FlashInferWrappers
+    from radixserve.models.attention.flashinfer_wrappers import FlashInferWrappers
 
     spec = AttentionSpec(8, 2, 64, 64**-0.5, (None,))
     wrappers = FlashInferWrappers(spec, torch.device(device))
