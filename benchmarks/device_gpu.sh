@@ -31,7 +31,9 @@
 #   stage's minutes on the next machine).
 # bench: decode tokens/s at batch 1, 8, 64, 256 and prefill tokens/s beside HF transformers on
 #   the Qwen2.5-0.5B- and Llama-3-8B-shaped random models in bf16, as a share of the HBM bound
-#   (benchmarks/model_throughput.py), then the multi-turn shape (a) with the cache on and off.
+#   (benchmarks/model_throughput.py; also with FlashInfer's fused norm and activation, +fused,
+#   and on the 8B shape with tensor-core decode, +tc), then the multi-turn shape (a) with the
+#   cache on and off.
 #   With --device cpu: a tiny model, batches 1 and 8, and `bench multiturn --quick`.
 #
 # spec: speculative decoding against plain decoding on the Qwen2.5-0.5B shape (benchmarks/
@@ -194,13 +196,13 @@ throughput() {  # name shape model_dir extra args...: writes throughput-<name>.j
     --configs "${configs[@]}" --hf-dtypes bfloat16 --json "$OUT/throughput-$name.json" "$@"
 }
 
-stage_bench05() {  # also the graphs' full plan at each replay: the fast plan's baseline
-  GPU_BASELINES=bfloat16+fullplan throughput qwen25-0.5b qwen25-0.5b "$BENCH_DIR/qwen25_05b" \
+stage_bench05() {  # also FlashInfer's fused norm and activation
+  GPU_BASELINES=bfloat16+fused throughput qwen25-0.5b qwen25-0.5b "$BENCH_DIR/qwen25_05b" \
     --batch-sizes 1 8 64 256 --prompt-len 1024 --context-len 512 --decode-steps 32 --reps 5
 }
 
-stage_bench8b() {  # also decode on tensor cores: SGLang's choice for this GQA group of 4
-  GPU_BASELINES=bfloat16+tc throughput llama3-8b llama3-8b "$BENCH_DIR/llama3_8b" --batch-sizes 1 8 64 256 --prompt-len 1024 \
+stage_bench8b() {  # also decode on tensor cores (SGLang's choice for this GQA group of 4), fused
+  GPU_BASELINES="bfloat16+tc bfloat16+fused bfloat16+tc+fused" throughput llama3-8b llama3-8b "$BENCH_DIR/llama3_8b" --batch-sizes 1 8 64 256 --prompt-len 1024 \
     --context-len 256 --decode-steps 16 --reps 3
 }
 

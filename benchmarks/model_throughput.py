@@ -121,7 +121,7 @@ def stream_bandwidth(
 
 
 CELL = 22  # characters per table cell: " 1402.3 (1390-1411)"
-OPTIONS = ("int8", "eager", "fullplan", "paged", "tc")
+OPTIONS = ("int8", "eager", "fullplan", "paged", "tc", "fused")
 
 
 class OurSide:
@@ -140,7 +140,7 @@ class OurSide:
         # +int8: weight-only int8; +eager: no CUDA graphs; on FlashInfer, the baselines of the
         # fast graph plan and the ragged prefill: +fullplan (a graph replay's full plan), +paged
         # (one paged pass, never the ragged kernel), +tc (decode on tensor cores, whatever the
-        # GQA group)
+        # GQA group), +fused (FlashInfer's fused add+RMSNorm and SiLU-and-mul)
         dtype, *options = config.split("+")
         if not set(options) <= set(OPTIONS):
             raise ValueError(f"unknown options in {config!r}: {', '.join(OPTIONS)} exist")
@@ -152,6 +152,7 @@ class OurSide:
             quantization=quantization,
             disable_cuda_graph="eager" in options,
             flashinfer_decode_tensor_cores=True if "tc" in options else None,
+            flashinfer_fused_ops="fused" in options,
             max_total_tokens=max_bs * ctx,
             max_running_requests=max_bs,
             max_context_len=ctx,
@@ -434,7 +435,8 @@ def main() -> None:
         default=["bfloat16", "bfloat16+int8", "float32"],
         help="radixserve sides: a dtype, optionally +int8 (weight-only int8) and, on CUDA, +eager "
         "(no CUDA graphs), +fullplan (FlashInfer's full plan at each graph replay), +paged (never "
-        "the ragged prefill kernel), +tc (FlashInfer's decode on tensor cores)",
+        "the ragged prefill kernel), +tc (FlashInfer's decode on tensor cores), +fused (its fused "
+        "add+RMSNorm and SiLU-and-mul)",
     )
     parser.add_argument(
         "--hf-dtypes",

@@ -3,8 +3,9 @@
 FlashInfer builds a kernel the first time it meets a (kind, head size, group, window); on a
 fresh GPU machine every one is compiled in this run. This runs two extends (from scratch, and
 on a cached prefix: the ragged kernel, the prefix's paged pass and ``merge_state``) and one
-decode through :class:`FlashInferBackend` for each attention shape the `gpu` tests and the
-benchmarks use, printing how long each took. ``--device cpu`` runs the same calls through the
+decode (on CUDA cores where the group allows, and on tensor cores) through
+:class:`FlashInferBackend` for each attention shape the `gpu` tests and the benchmarks use, then
+the fused norm and activation kernels (``CudaKernels``), printing how long each took. ``--device cpu`` runs the same calls through the
 torch reference wrappers (the dry run proves the calls, not the kernels).
 """
 
@@ -22,6 +23,7 @@ from radixserve.models.attention.base import AttentionSpec
 from radixserve.models.attention.flashinfer_backend import FlashInferBackend
 from radixserve.models.attention.paged_reference import ReferenceWrappers
 from radixserve.models.forward_batch import ForwardBatch
+from radixserve.models.kernels import CudaKernels
 
 # (heads, KV heads, head_dim, window), grouped by the kernels FlashInfer builds for them: one
 # prefill module and one decode module per (head_dim, sliding window or not); group sizes other
@@ -34,6 +36,7 @@ GROUPS: dict[str, list[tuple[int, int, int, int | None]]] = {
     "hd64-window": [(4, 2, 64, 16), (8, 2, 64, 64)],
     "hd128": [(32, 8, 128, None)],
 }
+FUSED = "fused"  # the norm and activation kernels of CudaKernels (one module each, any width)
 LEN = 40
 
 
@@ -43,7 +46,8 @@ def warm(heads: int, kv_heads: int, dim: int, window: int | None, device: str) -
     pool = ReqToTokenPool(4, 512, device)
     pool.req_to_token[0, : 2 * LEN] = torch.arange(1, 2 * LEN + 1, dtype=torch.int32)
     wrappers = None if device.startswith("cuda") else ReferenceWrappers()
-    backend = FlashInferBackend(spec, kv, pool, wrappers=wrappers)
+    # the split extend (ragged + paged prefix + merge_state) and the paged passes all build here
+    split = FlashInferBackend(spec, kv, pool, wrappers=wrappers, ragged_prefill="split")
     extend = ForwardBatch.extend(
         list(range(LEN)), [0], [0], [LEN], torch.arange(1, LEN + 1), device
     )
@@ -52,7 +56,9 @@ def warm(heads: int, kv_heads: int, dim: int, window: int | None, device: str) -
         list(range(LEN)), [0], [LEN], [LEN], torch.arange(LEN + 1, 2 * LEN + 1), device
     )
     decode = ForwardBatch.decode([1], [0], [LEN], torch.tensor([LEN]), device)
-    for batch in (extend, on_prefix, decode):
+    # decode on tensor cores too (ExecutionConfig.flashinfer_decode_tensor_cores, the +tc side)
+    tc = FlashInferBackend(spec, kv, pool, wrappers=wrappers, decode_tensor_cores=True)
+    for batch, backend in ((extend, split), (on_prefix, split), (decode, split), (decode, tc)):
         n = batch.input_ids.shape[0]
         q = torch.randn(n, heads, dim, dtype=torch.bfloat16, device=device)
         k = torch.randn(n, kv_heads, dim, dtype=torch.bfloat16, device=device)
@@ -62,10 +68,23 @@ def warm(heads: int, kv_heads: int, dim: int, window: int | None, device: str) -
         assert out.shape == (n, heads * dim) and bool(out.float().isfinite().all())
 
 
+def warm_fused(device: str) -> None:
+    """FlashInfer's fused add+RMSNorm, RMSNorm and SiLU-and-mul (``CudaKernels``)."""
+    if not device.startswith("cuda"):
+        return  # the CPU's tests run them through a stand-in (tests/models/test_cuda_kernels.py)
+    kernels = CudaKernels.flashinfer()
+    x = torch.randn(4, 896, dtype=torch.bfloat16, device=device)
+    w = torch.ones(896, dtype=torch.bfloat16, device=device)
+    kernels.rms_norm(x.clone(), w, 1e-6)
+    kernels.rms_norm(x.clone(), w, 1e-6, x.clone())
+    kernels.silu_mul(torch.randn(4, 2 * 896, dtype=torch.bfloat16, device=device))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--groups", nargs="+", choices=list(GROUPS), default=list(GROUPS))
+    groups = [*GROUPS, FUSED]
+    parser.add_argument("--groups", nargs="+", choices=groups, default=groups)
     parser.add_argument("--parallel", action="store_true", help="one process per group")
     args = parser.parse_args()
     if args.parallel:
@@ -75,6 +94,11 @@ def main() -> None:
         ]
         sys.exit(max(p.wait() for p in procs))
     for group in args.groups:
+        if group == FUSED:
+            start = time.perf_counter()
+            warm_fused(args.device)
+            print(f"[{FUSED}] norms and SiLU-and-mul: {time.perf_counter() - start:.1f} s")
+            continue
         for shape in GROUPS[group]:
             start = time.perf_counter()
             warm(*shape, args.device)

@@ -131,6 +131,9 @@ class ExecutionConfig:
     # CUDA: FlashInfer's decode on tensor cores (True), on CUDA cores (False), or None: CUDA
     # cores for GQA groups of 1, 2, 4 and 8 (FlashInfer builds those), tensor cores for others
     flashinfer_decode_tensor_cores: bool | None = None
+    # CUDA: FlashInfer's fused add+RMSNorm and SiLU-and-mul for the torch ops (models/kernels/
+    # cuda_kernels.py)
+    flashinfer_fused_ops: bool = False
     disable_overlap_schedule: bool = False
     overlap_launch: str = "thread"  # one of OVERLAP_LAUNCHES
 

@@ -12,14 +12,18 @@ import torch
 from radixserve.config import EngineConfig
 from radixserve.models.kernels import TORCH_ONLY, CpuKernels
 from radixserve.models.kernels._ext import best_variant, cpu_has_native_bf16
+from radixserve.models.kernels.cuda_kernels import CudaKernels
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def cpu_kernels_for(config: EngineConfig) -> CpuKernels:
-    """The CPU kernels a model of ``config`` runs with: this CPU's best variant (built or
-    loaded now, not on the first step), or the torch paths (CUDA, switched off, no compiler)."""
+    """The kernels a model of ``config`` runs with: on a CPU this CPU's best variant (built or
+    loaded now, not on the first step), or the torch paths (switched off, no compiler); on CUDA
+    the torch paths, or FlashInfer's fused ones where ``flashinfer_fused_ops`` asks."""
     if torch.device(config.device).type != "cpu":
+        if config.execution.flashinfer_fused_ops:
+            return CudaKernels.flashinfer()
         return TORCH_ONLY
     return CpuKernels.build(
         config.execution.cpu_isa,

@@ -34,6 +34,7 @@ MODULES = [
     "test_device_spec",
     "test_verify_attention",
     "test_attention_backends",
+    "test_cuda_kernels",
 ]
 
 PROBE = r"""
