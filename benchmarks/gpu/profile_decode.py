@@ -3,7 +3,8 @@
 For each batch size: the wall time of a greedy decode step through ModelRunner (the 0.5B-shaped
 random model, bf16), the host time of the attention metadata (FlashInfer's ``plan``) inside it,
 the device's kernel time per step (torch profiler), and so the share of the step the device
-sits idle waiting for the host; then the profiler's top host and device ops. ``--configs``
+sits idle waiting for the host; then the profiler's top host and device ops, and the device's
+time per step by kind of kernel (GEMM, attention, norm, index, other: ``by_kind``). ``--configs``
 compares ways of stepping in one run: ``+eager`` (no CUDA graphs), ``+fullplan`` (FlashInfer's
 full ``plan`` at each replay instead of the fast one), ``+fullplan+devindptr`` (also the
 indptrs built on the device, so each plan copies them back to the host). Written to
@@ -55,6 +56,37 @@ def kernel_seconds(prof: profile) -> float:
     """The device's busy time: the sum of the kernels' own durations."""
     events = prof.key_averages()
     return sum(getattr(e, "self_device_time_total", 0.0) for e in events) / 1e6
+
+
+# a kernel's kind by its name (cuBLAS's nvjet/cutlass/sm90 GEMMs and their split-K reduction,
+# FlashInfer's attention and merge, torch's norms, index kernels, the rest): first match wins
+KINDS = (
+    ("attention", ("flashinfer::Batch", "flashinfer::Single")),
+    ("attention merge", ("MergeStates", "merge_state")),
+    ("GEMM", ("nvjet", "gemm", "gemv", "cutlass", "splitKreduce", "sm90_xmma", "ampere")),
+    ("norm", ("layer_norm", "rms", "RMSNorm", "Norm")),
+    ("index (KV writes, gathers)", ("index",)),
+)
+
+
+def by_kind(kernels: list[tuple[str, float]]) -> dict[str, float]:
+    """Device seconds per kind (``KINDS``; "other": pointwise kernels, copies) of (kernel
+    name, seconds) pairs, largest first."""
+    out: dict[str, float] = {}
+    for name, seconds in kernels:
+        kind = next((k for k, keys in KINDS if any(s in name for s in keys)), "other")
+        out[kind] = out.get(kind, 0.0) + seconds
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def device_kernels(prof: profile) -> list[tuple[str, float]]:
+    """(name, device seconds) of each kernel the profile saw: the events with device time and
+    no host time of their own (torch's ops carry both, their kernels the device's alone)."""
+    return [
+        (e.key, e.self_device_time_total / 1e6)
+        for e in prof.key_averages()
+        if getattr(e, "self_device_time_total", 0) > 0 and e.self_cpu_time_total == 0
+    ]
 
 
 def device_indptrs(inner: Callable[..., PagedKVMetadata]) -> Callable[..., PagedKVMetadata]:
@@ -131,10 +163,15 @@ def _run(args: argparse.Namespace, config: str, bs: int, lines: list[str], name:
         averages.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60)
     )
     if busy:
+        kinds = by_kind(device_kernels(prof))
+        lines.append(
+            "device ms a step by kind: "
+            + ", ".join(f"{k} {s / args.steps * 1e3:.3f}" for k, s in kinds.items())
+        )
         lines.append(
             averages.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60)
         )
-    print("\n".join(lines[-2 if busy else -1 :]), flush=True)  # now: a later batch may fail
+    print("\n".join(lines[-3 if busy else -1 :]), flush=True)  # now: a later batch may fail
 
 
 def main() -> None:

@@ -93,3 +93,30 @@ def test_dry_run_writes_every_file(tmp_path: Path) -> None:
     bench = json.loads((out / "bench" / "multiturn.json").read_text())
     assert bench["options"]["device"] == "cpu"
     assert {s["name"] for s in bench["systems"]} == {"radixserve", "radixserve-no-cache"}
+
+
+@pytest.mark.timeout(60)
+def test_profile_sorts_the_h200s_kernels_by_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``profile_decode.by_kind`` on kernel names the H200's profile of the 8B shape printed."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks" / "gpu"))
+    from profile_decode import by_kind
+
+    kernels = [
+        ("nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT", 3.0),
+        ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>", 0.5),
+        ("void flashinfer::BatchDecodeWithPagedKVCacheKernel<(flashinfer::PosEncodingMode)0>", 1.0),
+        ("void flashinfer::BatchPrefillWithPagedKVCacheKernel<flashinfer::KernelTraits>", 0.5),
+        ("void flashinfer::PersistentVariableLengthMergeStatesKernel<8u, 16u>", 0.25),
+        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float>", 0.75),
+        ("void at::native::index_elementwise_kernel<128, 4>", 0.5),
+        ("void at::native::vectorized_elementwise_kernel<8, at::native::silu>", 0.125),
+    ]
+    assert by_kind(kernels) == {
+        "GEMM": 3.5,
+        "attention": 1.5,
+        "norm": 0.75,
+        "index (KV writes, gathers)": 0.5,
+        "attention merge": 0.25,
+        "other": 0.125,
+    }
