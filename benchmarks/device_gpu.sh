@@ -25,7 +25,8 @@
 # profile: where a decode step's time goes (torch profiler, benchmarks/gpu/profile_decode.py):
 #   the default step, then with FlashInfer's full plan at each replay, also with the indptrs
 #   built on the device (each plan then copies them back: a sync), and with no CUDA graphs.
-# profile8b: the same for the Llama-3-8B shape at batch 1, 8 and 64 (profile-llama3-8b.txt).
+# profile8b: the same for the Llama-3-8B shape at batch 1, 8 and 64, also with tensor-core
+#   decode and FlashInfer's fused ops (profile-llama3-8b.txt).
 # aot: the kernels the jit stage built, packed into $OUT/flashinfer-aot.tar.xz.NN: carried back
 #   in .jit/, install puts them where FlashInfer loads them without compiling (saves the jit
 #   stage's minutes on the next machine).
@@ -109,12 +110,12 @@ stage_profile() {  # where a decode step's time goes on the device (torch profil
 }
 
 stage_profile8b() {  # the Llama-3-8B shape's decode step: which kernels hold it off the HBM bound
-  local args=(--batches 1 8 64)
+  local args=(--batches 1 8 64 --configs bfloat16 bfloat16+tc+fused)
   ((ON_GPU)) || { tiny_model || return 1; args=(--batches 1 8 --ctx 32 --steps 4); }
   local dir=$BENCH_DIR/llama3_8b
   ((ON_GPU)) || dir=$BENCH_DIR/tiny
   $PY benchmarks/gpu/profile_decode.py --device "$DEVICE" --model-shape llama3-8b --model-dir "$dir" \
-    --configs bfloat16 --ctx 256 "${args[@]}" --out "$OUT/profile-llama3-8b.txt"
+    --ctx 256 "${args[@]}" --out "$OUT/profile-llama3-8b.txt"
 }
 
 stage_info() {
