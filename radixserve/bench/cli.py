@@ -137,6 +137,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="tokens a request computes in one verify (serve's flag; default: serve's)",
     )
+    add(
+        "--enable-mixed-chunk",
+        action="store_true",
+        help="prefill steps also compute the running requests' next tokens (serve's flag)",
+    )
     add("--seed", type=int, default=0)
     add("--out", default="bench_out", help="directory for the JSON and PNG")
     add("--name", default=None, help="file stem of the outputs (default: benchmark and shape)")
@@ -259,6 +264,7 @@ def _run(args: argparse.Namespace) -> int:
         kv_tier_bytes=args.kv_tier_size,
         speculative_algorithm=args.speculative_algorithm,
         speculative_num_draft_tokens=args.speculative_num_draft_tokens,
+        enable_mixed_chunk=args.enable_mixed_chunk,
     )
     sweep = "-sweep" if len(policies) > 1 else (f"-dp{args.dp_size}" if args.dp_size > 1 else "")
     sweep += "-tier" if args.kv_tier else ""

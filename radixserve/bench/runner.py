@@ -34,6 +34,9 @@ STAT_KEYS = (
     "num_spec_drafts",
     "num_spec_draft_tokens",
     "num_spec_accepted_tokens",
+    "num_prefill_batches",
+    "num_decode_batches",
+    "num_mixed_batches",
 )
 # one run: its records (in completion order), wall time and scheduler-counter deltas
 Run = tuple[list[RequestRecord], float, dict[str, Any] | None]

@@ -47,6 +47,7 @@ SERVER_INFO_KEYS = (
     "enable_hierarchical_cache",
     "speculative_algorithm",
     "speculative_num_draft_tokens",
+    "enable_mixed_chunk",
 )
 
 
@@ -77,6 +78,7 @@ class BenchOptions:
     kv_tier_bytes: int | None = None  # the tier's size (None: the runtime's default, 2 pools)
     speculative_algorithm: str | None = None  # NGRAM: every radixserve system drafts
     speculative_num_draft_tokens: int | None = None  # None: the runtime's default
+    enable_mixed_chunk: bool = False  # serve's flag: prefill steps carry the running requests
 
     def __post_init__(self) -> None:
         if self.repeat < 1:
@@ -341,6 +343,7 @@ def _started(
             **setup.engine_kwargs(tier_dir),
             **opts.speculative(),
             **threads,
+            enable_mixed_chunk=opts.enable_mixed_chunk,
         )
         try:
             yield EngineClient(engine), None
@@ -364,6 +367,8 @@ def _started(
         extra_args += ("--quantization", opts.quantization)
     for key, value in opts.speculative().items():
         extra_args += ("--" + key.replace("_", "-"), str(value))
+    if opts.enable_mixed_chunk:
+        extra_args += ("--enable-mixed-chunk",)
     grpc = False
     if router_policy is not None:  # "cache_aware:grpc": smg over gRPC workers (KV events)
         router_policy, _, transport = router_policy.partition(":")

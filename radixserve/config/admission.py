@@ -61,6 +61,9 @@ class AdmissionConfig:
     # chosen by measurement: benchmarks/README.md, "Schedule policies"
     schedule_policy: str = "adaptive"
     enable_priority_scheduling: bool = False
+    # SGLang's --enable-mixed-chunk: a prefill step also computes the running requests' next
+    # tokens (one each), so they do not wait a step for it (runtime/scheduler.py, _mix)
+    enable_mixed_chunk: bool = False
     schedule_low_priority_values_first: bool = False  # SGLang default: larger value = more urgent
     # what preemption and retraction do with the victim's KV: cache it and recompute what was
     # evicted (recompute), or move it to the tier, pinned until it resumes (swap; needs a tier)

@@ -37,6 +37,11 @@ def add_admission_flags(serve: argparse.ArgumentParser) -> None:
         "--prefill-interleaving-min-continuation-tokens, default half the chunk)",
     )
     add("--enable-prefill-interleaving", action="store_true", help="the default; for SGLang's")
+    add(
+        "--enable-mixed-chunk",
+        action="store_true",
+        help="a prefill step also computes the running requests' next tokens (SGLang's flag)",
+    )
     add("--prefill-interleaving-min-continuation-tokens", type=int, default=None)
     add(
         "--max-running-requests",

@@ -26,8 +26,9 @@ class ScheduleBatch:
         self.samples: list[bool] = []
         # per request: the next prompt token, when a mid-prompt chunk must report its logprob
         self.boundary_targets: list[int | None] = []
-        # an extend over running requests (tokens a grammar forced): they stay in the running batch
-        self.keeps_running = False
+        # the requests from this index on stay in the running batch (0: all of them, a verify or
+        # a grammar's forced tokens; the running requests a mixed prefill carries; None: none)
+        self.running_from: int | None = None
         # VERIFY: each request's drafted tokens (int32), verified after its last token
         self.drafts: list[np.ndarray] = []
 
@@ -45,6 +46,11 @@ class ScheduleBatch:
     def is_verify(self) -> bool:
         return self.mode is ForwardMode.VERIFY
 
+    def stays_running(self, i: int) -> bool:
+        """Whether request ``i`` was running before this forward and stays in the running batch
+        (otherwise an extend's request joins it once its prompt is done)."""
+        return self.running_from is not None and i >= self.running_from
+
     @property
     def has_grammar(self) -> bool:
         return any(r.grammar for r in self.reqs)
@@ -55,10 +61,11 @@ class ScheduleBatch:
         admissions: list[Admission],
         slots: torch.Tensor,
         device: torch.device,
-        keeps_running: bool = False,
+        running_from: int | None = None,
     ) -> ScheduleBatch:
         """Each request computes ``fill_ids[kv_len - extend_len : kv_len]``: the ``slots`` that
-        ``KVManager.alloc_extend`` gave the plan (the rows already point at them)."""
+        ``KVManager.alloc_extend`` (or ``alloc_decode``) gave (the rows already point at them).
+        ``running_from``: see :meth:`stays_running`."""
         reqs = [a.req for a in admissions]
         extend_lens = [a.extend_len for a in admissions]
         prefix_lens = [r.kv_len - n for r, n in zip(reqs, extend_lens, strict=True)]
@@ -68,7 +75,7 @@ class ScheduleBatch:
             pieces.append(req.fill_ids[start : start + n])
             starts.append(_input_logprob_start(req, start, n))
         batch = cls(reqs, ForwardMode.EXTEND)
-        batch.keeps_running = keeps_running
+        batch.running_from = running_from
         batch.samples = [r.kv_len == r.seq_len for r in reqs]
         batch.boundary_targets = [
             _boundary_target(r, s) for r, s in zip(reqs, batch.samples, strict=True)
@@ -115,7 +122,7 @@ class ScheduleBatch:
             assert start == req.seq_len - 1, "a verify follows a request's every computed token"
             pieces += [req.fill_ids[start:], draft]
         batch = ScheduleBatch(list(self.reqs), ForwardMode.VERIFY)
-        batch.keeps_running = True
+        batch.running_from = 0
         batch.samples = [True] * len(self.reqs)
         batch.boundary_targets = [None] * len(self.reqs)
         batch.drafts = drafts
@@ -150,7 +157,7 @@ class ScheduleBatch:
         if lens is None:
             return self.decode(slots, device)
         admissions = [Admission(r, None, n) for r, n in zip(self.reqs, lens, strict=True)]
-        return ScheduleBatch.extend(admissions, slots, device, keeps_running=True)
+        return ScheduleBatch.extend(admissions, slots, device, running_from=0)
 
     def drop_done(self, max_context_len: int) -> None:
         """Requests that finished, or whose last token is already scheduled (length, context),

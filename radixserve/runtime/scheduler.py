@@ -19,8 +19,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import torch
+
 from radixserve.config import EngineConfig
-from radixserve.policy import PrefillAdder, PrefillPlan, SchedulePolicy
+from radixserve.policy import Admission, PrefillAdder, PrefillPlan, SchedulePolicy
 from radixserve.runtime.grammar import GrammarFactory
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.kv_manager import KVManager
@@ -157,6 +159,8 @@ class Scheduler:
             # a prefill in flight caches its prompts when processed: admit after that, so the
             # waiting requests can match them (overlap resumes with the next decode)
             self.sync()
+        elif self.admission.enable_mixed_chunk and (self.waiting or self.chunked_req is not None):
+            self.sync()  # a mixed prefill needs the running requests' last tokens (_mix)
         if self.chunked_req is not None:
             if self.config.kv_tier.kv_tier_write_policy == "write_through":
                 self.sync()  # the tier copies what is cached: the chunk in flight first
@@ -213,10 +217,38 @@ class Scheduler:
             a.req.cached_tokens += a.prefix_len
             a.req.cached_tokens_tier += a.load_len
         self.chunked_req = plan.chunked
-        batch = ScheduleBatch.extend(plan.admitted, slots, self.device)
+        forward, slots, running_from = self._mix(plan.admitted, slots)
+        batch = ScheduleBatch.extend(forward, slots, self.device, running_from)
         self.loras.attach(batch, keep=self.running.reqs)
         self.stats.on_prefill(batch, new)
         return batch
+
+    def _mix(
+        self, admitted: list[Admission], slots: torch.Tensor
+    ) -> tuple[list[Admission], torch.Tensor, int | None]:
+        """With ``enable_mixed_chunk``, SGLang's mixed chunk: the running requests' next tokens,
+        one each, join the prefill's forward (an extend of one token over each one's KV) rather
+        than wait for the decode step after it. Not with speculation (a decode step may be a
+        verify), a grammar or forced tokens (the next step's tokens are a grammar's), logprobs
+        (as SGLang), or when the pool cannot lend the slots. Returns the forward's admissions,
+        slots, and where the running requests begin (None: not mixed)."""
+        plain = admitted, slots, None
+        if not self.admission.enable_mixed_chunk or not self.running or self.spec.enabled:
+            return plain
+        if self.in_flight is not None:  # get_next_batch synced before planning; else not now
+            return plain
+        reqs = [*(a.req for a in admitted), *self.running.reqs]
+        if any(r.return_logprob or r.grammar is not None for r in reqs):
+            return plain
+        self.running.drop_done(self.max_context_len)
+        if not self.running or self.running.new_token_lens() is not None:
+            return plain
+        carried = self.kv.alloc_decode(self.running.reqs)
+        if carried is None:
+            return plain
+        self._decay_new_token_ratio()
+        mixed = [*admitted, *(Admission(r, None, 1) for r in self.running.reqs)]
+        return mixed, torch.cat([slots, carried]), len(admitted)
 
     def _get_decode_batch(self) -> ScheduleBatch | None:
         self.running.drop_done(self.max_context_len)
@@ -244,10 +276,14 @@ class Scheduler:
         self.loras.attach(batch)
         if lens is not None:  # forced tokens: one extend step over the running batch
             self.stats.num_jump_batches += 1
+        self._decay_new_token_ratio()
+        return batch
+
+    def _decay_new_token_ratio(self) -> None:
+        """After each step that decodes (SGLang's new_token_ratio schedule)."""
         c = self.constants
         decay = (c.init_new_token_ratio - c.min_new_token_ratio) / c.new_token_ratio_decay_steps
         self.new_token_ratio = max(self.new_token_ratio - decay, c.min_new_token_ratio)
-        return batch
 
     # ---- results --------------------------------------------------------------------------
     def process_result(self, batch: ScheduleBatch, result: BatchResult) -> None:
@@ -272,7 +308,7 @@ class Scheduler:
             self.pending_outputs.append(out)
             if req.is_finished:
                 self._finish(req, release=req not in in_next)
-            elif not batch.is_decode and not batch.keeps_running:
+            elif not batch.is_decode and not batch.stays_running(i):
                 # cache the prompt now, so requests sharing it hit while this one decodes
                 self.kv.cache_unfinished(req)
                 new_running.append(req)

@@ -28,6 +28,7 @@ class SchedulerStats:
     num_retractions: int = 0
     num_preemptions: int = 0
     num_jump_batches: int = 0  # extend steps of tokens a grammar forced (jump-forward)
+    num_mixed_batches: int = 0  # prefill steps that carried the running requests' next tokens
     num_jumped_tokens: int = 0
     # speculative decoding (vLLM's counters): verify steps, requests' drafts verified, their
     # tokens, those accepted, and accepted by draft position
@@ -48,7 +49,9 @@ class SchedulerStats:
         self.num_prefill_batches += 1
         fb = batch.forward_batch
         assert fb is not None
-        self.num_prefill_tokens += fb.num_tokens
+        carried = 0 if batch.running_from is None else len(batch.reqs) - batch.running_from
+        self.num_mixed_batches += carried > 0
+        self.num_prefill_tokens += fb.num_tokens - carried
         self.num_cached_tokens += sum(a.prefix_len for a in new)
         self.num_cached_tokens_tier += sum(a.load_len for a in new)
 
@@ -109,6 +112,7 @@ class SchedulerStats:
             "num_prefill_batches": self.num_prefill_batches,
             "num_decode_batches": self.num_decode_batches,
             "num_jump_batches": self.num_jump_batches,
+            "num_mixed_batches": self.num_mixed_batches,
             "num_jumped_tokens": self.num_jumped_tokens,
             "num_spec_verify_batches": self.num_spec_verify_batches,
             "num_spec_drafts": self.num_spec_drafts,

@@ -73,10 +73,12 @@ def unconstrained(engine_model_dir) -> dict[str, object]:
         reference.shutdown()
 
 
-@pytest.mark.parametrize("overlap", ["off", "thread", "stream"])
+@pytest.mark.parametrize("overlap", ["off", "thread", "stream", "off-mixed", "thread-mixed"])
 def test_stress_small_pool(engine_model_dir, unconstrained, overlap: str) -> None:
     """Every KV path under pressure; with overlap launched from the worker thread or from the
-    scheduler thread (``--overlap-launch stream``: on the CPU the same results, serialized)."""
+    scheduler thread (``--overlap-launch stream``: on the CPU the same results, serialized);
+    ``-mixed``: with ``--enable-mixed-chunk``, prefill steps carrying the running requests."""
+    overlap, _, mixed = overlap.partition("-")
     requests = make_requests(500)
     expected = unconstrained
     base = dict(model_path=str(engine_model_dir), dtype="float32", random_seed=0)
@@ -89,6 +91,7 @@ def test_stress_small_pool(engine_model_dir, unconstrained, overlap: str) -> Non
         enable_priority_scheduling=True,
         disable_overlap_schedule=overlap == "off",
         overlap_launch="thread" if overlap == "off" else overlap,
+        enable_mixed_chunk=bool(mixed),
         # a fast-decaying new_token_ratio over-admits sooner, so decode runs out and retracts
         constants=SchedulerConstants(new_token_ratio_decay_steps=40),
     )
@@ -107,6 +110,7 @@ def test_stress_small_pool(engine_model_dir, unconstrained, overlap: str) -> Non
             assert ids == expected[rid][1], f"{rid} differs from the unconstrained run"
     assert num_aborted > 0
     assert stats["num_retractions"] > 0 and stats["num_preemptions"] > 0
+    assert (stats["num_mixed_batches"] > 0) == bool(mixed)
     assert (
         stats["num_free_tokens"] + stats["num_cached_tokens_in_tree"] == stats["max_total_tokens"]
     )
