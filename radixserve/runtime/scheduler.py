@@ -19,17 +19,18 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-import torch
-
 from radixserve.config import EngineConfig
-from radixserve.policy import Admission, PrefillAdder, PrefillPlan, SchedulePolicy
+from radixserve.policy import PrefillAdder, PrefillPlan, SchedulePolicy
 from radixserve.runtime.grammar import GrammarFactory
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.lora_manager import LoraManager
+from radixserve.runtime.mixed_chunk import carry_running
 from radixserve.runtime.model_worker import BatchResult, Worker
 from radixserve.runtime.output_processor import advance, make_output
+from radixserve.runtime.overlap_wait import must_wait
 from radixserve.runtime.request_limits import RequestLimits
+from radixserve.runtime.retraction import NewTokenRatio, need, retract
 from radixserve.runtime.schedule_batch import ScheduleBatch
 from radixserve.runtime.scheduler_stats import SchedulerStats
 from radixserve.runtime.spec_decode import SpecDecoder, verify_lens
@@ -86,7 +87,7 @@ class Scheduler:
         self.in_flight: tuple[ScheduleBatch, Future[BatchResult]] | None = None
         self.pending_aborts: set[str] = set()
         self.pending_outputs: list[ReqOutput] = []
-        self.new_token_ratio = self.constants.init_new_token_ratio
+        self.new_token_ratio = NewTokenRatio(self.constants)
         self.stats = SchedulerStats(clock=clock)
         runner = getattr(worker, "runner", None)  # the cost model measures its steps
         self.spec = SpecDecoder.of(config, self.kv, self.max_context_len, self.stats, runner)
@@ -125,7 +126,7 @@ class Scheduler:
         """One iteration: ``overlap_step`` or ``normal_step``; outputs of updated requests."""
         outputs = self.overlap_step() if self.worker.overlap else self.normal_step()
         if not self.has_work:
-            self.new_token_ratio = self.constants.init_new_token_ratio
+            self.new_token_ratio = NewTokenRatio(self.constants)
         return outputs
 
     def normal_step(self) -> list[ReqOutput]:
@@ -153,17 +154,16 @@ class Scheduler:
     # ---- choosing the next batch -------------------------------------------------------------
     def get_next_batch(self) -> ScheduleBatch | None:
         self._apply_aborts()
-        if self.in_flight is not None and (self.spec.enabled or self.in_flight[0].has_grammar):
-            self.sync()  # a grammar's next mask, or the next drafts, need the tokens in flight
-        if self.waiting and self.in_flight is not None and not self.in_flight[0].is_decode:
-            # a prefill in flight caches its prompts when processed: admit after that, so the
-            # waiting requests can match them (overlap resumes with the next decode)
+        if self.in_flight is not None and must_wait(
+            self.in_flight[0],
+            waiting=bool(self.waiting),
+            chunked=self.chunked_req is not None,
+            spec=self.spec.enabled,
+            mixed_chunk=self.admission.enable_mixed_chunk,
+            write_through=self.config.kv_tier.kv_tier_write_policy == "write_through",
+        ):
             self.sync()
-        elif self.admission.enable_mixed_chunk and (self.waiting or self.chunked_req is not None):
-            self.sync()  # a mixed prefill needs the running requests' last tokens (_mix)
         if self.chunked_req is not None:
-            if self.config.kv_tier.kv_tier_write_policy == "write_through":
-                self.sync()  # the tier copies what is cached: the chunk in flight first
             self.kv.cache_unfinished(self.chunked_req)
         batch = self._get_prefill_batch()
         if batch is None and self.running:
@@ -186,8 +186,9 @@ class Scheduler:
         ordering = self.policy.calc_priority(
             self.waiting, self.stats.num_prefill_tokens, self.kv.available_size()
         )
+        ratio = self.new_token_ratio.value
         adder = PrefillAdder(
-            self.admission, self.kv, self.running.reqs, self.new_token_ratio, max(max_new_reqs, 0)
+            self.admission, self.kv, self.running.reqs, ratio, max(max_new_reqs, 0)
         )
         gate = self.loras.gate([*self.running.reqs, *filter(None, [self.chunked_req])])
         plan = adder.plan(
@@ -217,38 +218,19 @@ class Scheduler:
             a.req.cached_tokens += a.prefix_len
             a.req.cached_tokens_tier += a.load_len
         self.chunked_req = plan.chunked
-        forward, slots, running_from = self._mix(plan.admitted, slots)
+        forward, running_from = plan.admitted, None
+        # --enable-mixed-chunk (runtime/mixed_chunk.py): not with speculation (a decode step may
+        # be a verify) nor a batch in flight (get_next_batch waited for it: overlap_wait.py)
+        mixed = self.admission.enable_mixed_chunk and not self.spec.enabled
+        if mixed and self.running and self.in_flight is None:
+            carried = carry_running(forward, slots, self.running, self.kv, self.max_context_len)
+            if carried is not None:
+                forward, slots, running_from = carried
+                self.new_token_ratio.decay()
         batch = ScheduleBatch.extend(forward, slots, self.device, running_from)
         self.loras.attach(batch, keep=self.running.reqs)
         self.stats.on_prefill(batch, new)
         return batch
-
-    def _mix(
-        self, admitted: list[Admission], slots: torch.Tensor
-    ) -> tuple[list[Admission], torch.Tensor, int | None]:
-        """With ``enable_mixed_chunk``, SGLang's mixed chunk: the running requests' next tokens,
-        one each, join the prefill's forward (an extend of one token over each one's KV) rather
-        than wait for the decode step after it. Not with speculation (a decode step may be a
-        verify), a grammar or forced tokens (the next step's tokens are a grammar's), logprobs
-        (as SGLang), or when the pool cannot lend the slots. Returns the forward's admissions,
-        slots, and where the running requests begin (None: not mixed)."""
-        plain = admitted, slots, None
-        if not self.admission.enable_mixed_chunk or not self.running or self.spec.enabled:
-            return plain
-        if self.in_flight is not None:  # get_next_batch synced before planning; else not now
-            return plain
-        reqs = [*(a.req for a in admitted), *self.running.reqs]
-        if any(r.return_logprob or r.grammar is not None for r in reqs):
-            return plain
-        self.running.drop_done(self.max_context_len)
-        if not self.running or self.running.new_token_lens() is not None:
-            return plain
-        carried = self.kv.alloc_decode(self.running.reqs)
-        if carried is None:
-            return plain
-        self._decay_new_token_ratio()
-        mixed = [*admitted, *(Admission(r, None, 1) for r in self.running.reqs)]
-        return mixed, torch.cat([slots, carried]), len(admitted)
 
     def _get_decode_batch(self) -> ScheduleBatch | None:
         self.running.drop_done(self.max_context_len)
@@ -276,14 +258,8 @@ class Scheduler:
         self.loras.attach(batch)
         if lens is not None:  # forced tokens: one extend step over the running batch
             self.stats.num_jump_batches += 1
-        self._decay_new_token_ratio()
+        self.new_token_ratio.decay()
         return batch
-
-    def _decay_new_token_ratio(self) -> None:
-        """After each step that decodes (SGLang's new_token_ratio schedule)."""
-        c = self.constants
-        decay = (c.init_new_token_ratio - c.min_new_token_ratio) / c.new_token_ratio_decay_steps
-        self.new_token_ratio = max(self.new_token_ratio - decay, c.min_new_token_ratio)
 
     # ---- results --------------------------------------------------------------------------
     def process_result(self, batch: ScheduleBatch, result: BatchResult) -> None:
@@ -361,46 +337,34 @@ class Scheduler:
     def _preempt(self, victims: list[Req]) -> None:
         self.sync()
         for req in victims:
-            if req.is_finished or req not in self.running.reqs:
-                continue
-            self._send_back(req)
-            req.num_preemptions += 1
-            self.stats.num_preemptions += 1
+            if not req.is_finished and req in self.running.reqs:
+                self._send_back(req, retracted=False)
 
     def _retract_for_decode(self) -> None:
-        """Evict first (done by the failed allocation); then retract the requests with the fewest
-        generated tokens, then the longest prompts, until ~``retract_decode_steps`` more tokens
-        each (or a jump-forward's forced tokens, when more) fit; then set ``new_token_ratio``."""
+        """Evict first (done by the failed allocation); then retract (``runtime/retraction.py``),
+        the chunked request too if still short; then reset ``new_token_ratio``."""
         steps = self.constants.retract_decode_steps
-
-        def need() -> int:  # a grammar's forced tokens (one extend) count whole, not as one
-            return sum(max(r.seq_len - r.kv_len, steps) for r in self.running.reqs)
-
-        order = sorted(self.running.reqs, key=lambda r: (r.output_len, -r.prompt_len))
-        while len(self.running) > 1 and self.kv.available_size() < need():
-            victim = order.pop(0)
-            self._send_back(victim)
-            victim.num_retractions += 1
-            self.stats.num_retractions += 1
+        retract(self.running.reqs, self.kv.available_size, self._send_back, steps)
         chunked = self.chunked_req
-        if chunked is not None and self.kv.available_size() < need():
+        if chunked is not None and self.kv.available_size() < need(self.running.reqs, steps):
             self.chunked_req = None
-            self.stats.num_swapped_out_tokens += self.kv.send_back(chunked, self.swap)
-            self.waiting.insert(0, chunked)
-            chunked.num_retractions += 1
-            self.stats.num_retractions += 1
-        decoded = sum(r.output_len for r in self.running.reqs)
-        wanted = sum(r.max_new_tokens for r in self.running.reqs)
-        self.new_token_ratio = min(1.0, (decoded + steps * len(self.running)) / max(wanted, 1))
+            self._send_back(chunked)
+        self.new_token_ratio.after_retraction(self.running.reqs)
 
-    def _send_back(self, req: Req) -> None:
+    def _send_back(self, req: Req, retracted: bool = True) -> None:
         """Release the request's KV (caching what it computed, or swapping it to the tier) and
-        queue it again, output kept."""
+        queue it again, output kept; counted as a retraction or a preemption."""
         self.running.filter(drop={req})
         self.stats.num_swapped_out_tokens += self.kv.send_back(req, self.swap)
         if req.grammar is not None:
             req.grammar.sync_to(req.output_ids)
         self.waiting.insert(0, req)
+        if retracted:
+            req.num_retractions += 1
+            self.stats.num_retractions += 1
+        else:
+            req.num_preemptions += 1
+            self.stats.num_preemptions += 1
 
     # ---- helpers ---------------------------------------------------------------------------
     def _take_outputs(self) -> list[ReqOutput]:
@@ -418,7 +382,8 @@ class Scheduler:
 
     def get_stats(self) -> dict[str, Any]:
         num_running = len(self.running) + (self.chunked_req is not None)
-        return self.stats.snapshot(self.kv, num_running, len(self.waiting), self.new_token_ratio)
+        ratio = self.new_token_ratio.value
+        return self.stats.snapshot(self.kv, num_running, len(self.waiting), ratio)
 
     def check_alive(self) -> None:
         """``RuntimeError`` if the model cannot run any more (a tensor-parallel rank died)."""
