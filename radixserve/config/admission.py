@@ -62,7 +62,7 @@ class AdmissionConfig:
     schedule_policy: str = "adaptive"
     enable_priority_scheduling: bool = False
     # SGLang's --enable-mixed-chunk: a prefill step also computes the running requests' next
-    # tokens (one each), so they do not wait a step for it (runtime/scheduler.py, _mix)
+    # tokens (one each), so they do not wait a step for it (runtime/mixed_chunk.py)
     enable_mixed_chunk: bool = False
     schedule_low_priority_values_first: bool = False  # SGLang default: larger value = more urgent
     # what preemption and retraction do with the victim's KV: cache it and recompute what was

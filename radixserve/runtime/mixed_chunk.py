@@ -1,7 +1,7 @@
 """The mixed chunk (SGLang's ``--enable-mixed-chunk``): a prefill's forward that also computes
 the running requests' next tokens, one each, as an extend of one token over each one's KV, so
 they do not stand still while a new prompt is prefilled. The scheduler decides when
-(``Scheduler._mix``: the flag, no speculation, nothing in flight); this lays the batch out."""
+(``Scheduler._commit``: the flag, no speculation, nothing in flight); this lays the batch out."""
 
 from __future__ import annotations
 
