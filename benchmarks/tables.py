@@ -277,7 +277,8 @@ def h200_throughput() -> str:
             rows.append(
                 [shape, row["row"], num(graphs), num(eager), times(graphs / eager), num(hf)]
                 + [times(graphs / hf), _share(row)]
-                + [f"{num(before)} ({_share(old)})".replace(" ()", ""), times(graphs / before)]
+                + [num(before) + (f" ({share})" if (share := _share(old)) else "")]
+                + [times(graphs / before)]
             )
     paths = [f"{d}/{name}" for d in (H200_NOW, H200) for name in files.values()]
     return table(header, rows, paths)

@@ -5,8 +5,9 @@ fresh GPU machine every one is compiled in this run. This runs two extends (from
 on a cached prefix: the ragged kernel, the prefix's paged pass and ``merge_state``) and one
 decode (on CUDA cores where the group allows, and on tensor cores) through
 :class:`FlashInferBackend` for each attention shape the `gpu` tests and the benchmarks use, then
-the fused norm and activation kernels (``CudaKernels``), printing how long each took. ``--device cpu`` runs the same calls through the
-torch reference wrappers (the dry run proves the calls, not the kernels).
+the fused norm and activation kernels (``CudaKernels``), printing how long each took.
+``--device cpu`` runs the same calls through the torch reference wrappers (the dry run proves
+the calls, not the kernels).
 """
 
 from __future__ import annotations

@@ -26,12 +26,9 @@ def retract(
 ) -> None:
     """Send back requests of ``running`` (in the order above, one always stays) until
     ``available()`` slots cover :func:`need` of those left."""
-    order = sorted(running, key=lambda r: (r.output_len, -r.prompt_len))
-    left = list(running)
+    left = sorted(running, key=lambda r: (r.output_len, -r.prompt_len))  # victims first
     while len(left) > 1 and available() < need(left, steps):
-        victim = order.pop(0)
-        left.remove(victim)
-        send_back(victim)
+        send_back(left.pop(0))
 
 
 class NewTokenRatio:
