@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 
 class RouterLog:
@@ -70,17 +71,27 @@ def wait_router_ready(
     router: subprocess.Popen[bytes] | None = None,
     key: str | None = None,
 ) -> bool:
-    """Poll the router's ``/workers`` (with ``key``, where it wants one) until it lists
-    ``num_workers`` healthy workers (its ``/health`` answers before it has registered them)."""
+    """Poll the router until its ``/workers`` (with ``key``, where it wants one) lists
+    ``num_workers`` healthy workers and its ``/v1/models`` names a model: its ``/health``
+    answers before it has registered them, and a worker can be listed healthy a moment before
+    its model is (smg then answers ``/v1/models`` with an error)."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     while time.monotonic() < deadline and (router is None or router.poll() is None):
         try:
-            request = urllib.request.Request(f"{url}/workers", headers=headers)
-            with urllib.request.urlopen(request, timeout=2) as resp:
-                workers = json.load(resp).get("workers", [])
+            workers = _get_json(f"{url}/workers", headers).get("workers", [])
             if sum(bool(w.get("is_healthy")) for w in workers) >= num_workers:
-                return True
+                if _get_json(f"{url}/v1/models", headers).get("data"):
+                    return True
         except (OSError, ValueError, urllib.error.URLError):
             pass
         time.sleep(0.25)
     return False
+
+
+def _get_json(url: str, headers: dict[str, str]) -> dict[str, Any]:
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=2) as resp:
+        body = json.load(resp)
+    if not isinstance(body, dict):
+        raise ValueError(f"{url} answered {type(body).__name__}, not an object")
+    return body

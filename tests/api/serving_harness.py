@@ -87,10 +87,11 @@ def start_server(
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode}:\n{server.log()}")
         try:
-            # the launcher's ready line too: behind --dp-size the gateway answers /health
-            # before it has registered the workers (its /v1/models then has no "data")
+            # the launcher's ready line too, naming this URL: behind --dp-size the gateway
+            # answers /health before it has registered the workers, and each worker prints a
+            # ready line of its own (at its own port) before that
             healthy = httpx.get(f"{server.url}/health", timeout=1.0).status_code == 200
-            if healthy and READY_LINE in server.log():
+            if healthy and f"{READY_LINE} {server.url}" in server.log():
                 return server
         except httpx.HTTPError:
             pass
@@ -131,7 +132,9 @@ def serving(args: list[str], log_path: Path, api_key: str | None = None) -> Iter
 
 
 def model_name(server: Server) -> str:
-    return str(httpx.get(f"{server.url}/v1/models", headers=server.headers).json()["data"][0]["id"])
+    resp = httpx.get(f"{server.url}/v1/models", headers=server.headers, timeout=30)
+    assert resp.status_code == 200 and '"data"' in resp.text, (resp.status_code, resp.text)
+    return str(resp.json()["data"][0]["id"])
 
 
 def pick_stop(text: str) -> str | None:
