@@ -128,6 +128,9 @@ class ExecutionConfig:
     # most 256) replayed from CUDA graphs captured at start (runtime/cuda_graph.py)
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None
+    # CUDA, with speculative decoding: verify forwards replayed from graphs too (runtime/
+    # verify_graph.py), of up to min(cuda_graph_max_bs, 64) requests
+    cuda_graph_verify: bool = False
     # CUDA: FlashInfer's decode on tensor cores (True), on CUDA cores (False), or None: CUDA
     # cores for GQA groups of 1, 2, 4 and 8 (FlashInfer builds those), tensor cores for others
     flashinfer_decode_tensor_cores: bool | None = None

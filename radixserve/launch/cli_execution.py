@@ -38,6 +38,12 @@ def add_execution_flags(serve: argparse.ArgumentParser) -> None:
         help="CUDA: the largest decode batch replayed from a graph (default: "
         "--max-running-requests, at most 256)",
     )
+    add(
+        "--cuda-graph-verify",
+        action="store_true",
+        help="CUDA, with --speculative-algorithm: replay verify forwards from graphs too (up to "
+        "64 requests; not yet measured on a GPU, so off by default)",
+    )
 
 
 def add_parallel_flags(serve: argparse.ArgumentParser) -> None:

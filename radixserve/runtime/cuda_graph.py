@@ -9,12 +9,16 @@ The rows past ``bs`` are padding: token 0 at position 0 with a KV length of 1, i
 to the padding slot 0 (never handed out), its one key read through row 0 of ``req_to_token``.
 
 Batches it does not take run eagerly: extends, batches with LoRA adapters, batches larger than
-the largest size (``--cuda-graph-max-bs``). ``--disable-cuda-graph`` turns it off.
+the largest size (``--cuda-graph-max-bs``). ``--disable-cuda-graph`` turns it off. A verify of
+speculative decoding has graphs of its own (``runtime/verify_graph.py``), captured the same way
+(:func:`capture_cuda_graph`); :class:`EagerGraph` stands in for a graph where there is no CUDA
+(the runners' CPU tests), computing its forward again at each replay.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -23,7 +27,8 @@ from radixserve.models.forward_batch import ForwardBatch, ForwardMode
 
 
 class GraphModel(Protocol):
-    def __call__(self, batch: ForwardBatch, backend: GraphBackend) -> torch.Tensor: ...
+    # backend: the attention backend whose wrappers the graphs' plans fill
+    def __call__(self, batch: ForwardBatch, backend: Any) -> torch.Tensor: ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
@@ -32,6 +37,55 @@ class GraphBackend(Protocol):
     def init_cuda_graphs(self, batch_sizes: list[int], max_context_len: int) -> None: ...
 
     def init_graph_metadata(self, batch: ForwardBatch) -> None: ...
+
+
+class Graph(Protocol):
+    def replay(self) -> None: ...
+
+    def pool(self) -> Any: ...  # torch's graph pool handle, for the next capture to share
+
+
+# forward (its output lands in the same tensor at every replay), pool -> (graph, that output)
+Capture = Callable[[Callable[[], torch.Tensor], Any], tuple[Graph, torch.Tensor]]
+
+
+def capture_cuda_graph(
+    forward: Callable[[], torch.Tensor], pool: Any
+) -> tuple[Graph, torch.Tensor]:
+    """``forward`` captured in a CUDA graph (in ``pool``), after two warm-up runs off the
+    capturing stream: lazy initialisation (cuBLAS handles and workspaces, FlashInfer's first
+    launch) must not land inside the graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            forward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        output = forward()
+    return graph, output
+
+
+class EagerGraph:
+    """A graph's stand-in with no CUDA: each replay runs ``forward`` again into the output
+    tensor the capture returned, reading the inputs' fixed tensors as a replay does."""
+
+    def __init__(self, forward: Callable[[], torch.Tensor]) -> None:
+        self._forward = forward
+        self.output = forward()
+
+    def replay(self) -> None:
+        self.output.copy_(self._forward())
+
+    def pool(self) -> None:
+        return None
+
+
+def capture_eagerly(forward: Callable[[], torch.Tensor], pool: Any) -> tuple[Graph, torch.Tensor]:
+    """:data:`Capture` by :class:`EagerGraph`."""
+    graph = EagerGraph(forward)
+    return graph, graph.output
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
@@ -51,9 +105,11 @@ class CudaGraphRunner:
         max_bs: int,
         max_context_len: int,
         device: torch.device,
+        capture: Capture = capture_cuda_graph,
     ) -> None:
         self.model = model
         self.backend = backend
+        self._capture_graph = capture
         self.sizes = capture_batch_sizes(max_bs)
         n = self.sizes[-1]
 
@@ -63,7 +119,7 @@ class CudaGraphRunner:
         # the graphs' inputs: every replay copies its batch into the first rows
         self.input_ids, self.positions, self.out_cache_loc = zeros(), zeros(), zeros()
         self.req_pool_indices, self.seq_lens, self.ones = zeros(), zeros() + 1, zeros() + 1
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, Graph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # [size, vocab] logits in the model dtype
         backend.init_cuda_graphs(self.sizes, max_context_len)
         with torch.inference_mode():
@@ -114,18 +170,7 @@ class CudaGraphRunner:
     def _capture(self, bs: int, pool: Any) -> None:  # torch's graph pool handle
         batch = self._batch(bs, [1] * bs)
         self.backend.init_graph_metadata(batch)
-        # warm-up off the capturing stream: lazy initialisation (cuBLAS handles and workspaces,
-        # FlashInfer's first launch) must not land inside the graph
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._forward(batch)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            self.outputs[bs] = self._forward(batch)
-        self.graphs[bs] = graph
+        self.graphs[bs], self.outputs[bs] = self._capture_graph(lambda: self._forward(batch), pool)
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         return self.model.compute_logits(self.model(batch, self.backend))

@@ -30,6 +30,7 @@ from radixserve.models.parallel import SINGLE, TPGroup
 from radixserve.runtime.cuda_graph import CudaGraphRunner
 from radixserve.runtime.tp_batch import BatchSender
 from radixserve.runtime.tp_ranks import TensorParallelRanks
+from radixserve.runtime.verify_graph import VERIFY_GRAPH_MAX_BS, VerifyGraphRunner
 from radixserve.transfer import to_device
 
 PROMPT_LOGPROB_CHUNK = 256  # rows per lm_head call for prompt logprobs (~150 MB of fp32 logits)
@@ -104,6 +105,7 @@ class ModelRunner:
             decode_tensor_cores=config.execution.flashinfer_decode_tensor_cores,
         )
         self.graphs = self._cuda_graphs(config)
+        self.verify_graphs = self._verify_graphs(config)
         self._sender: BatchSender | None = None
         if tp_ranks is not None:
             tp_ranks.wait_loaded()
@@ -123,6 +125,25 @@ class ModelRunner:
         )
         return CudaGraphRunner(
             self.model, self.attn_backend, max_bs, self.max_context_len, self.device
+        )
+
+    def _verify_graphs(self, config: EngineConfig) -> VerifyGraphRunner | None:
+        """Verify graphs where asked for, with speculative decoding and decode graphs."""
+        spec = config.speculative
+        if not config.execution.cuda_graph_verify or spec.speculative_algorithm is None:
+            return None
+        if self.graphs is None or not isinstance(self.attn_backend, FlashInferBackend):
+            return None
+        max_bs = min(self.graphs.sizes[-1], VERIFY_GRAPH_MAX_BS)
+        if spec.speculative_ngram_max_batch_size is not None:  # no drafts above it
+            max_bs = min(max_bs, spec.speculative_ngram_max_batch_size)
+        return VerifyGraphRunner(
+            self.model,
+            self.attn_backend,
+            max_bs,
+            spec.speculative_num_draft_tokens,
+            self.max_context_len,
+            self.device,
         )
 
     def check_alive(self) -> None:
@@ -159,6 +180,8 @@ class ModelRunner:
             self._sender.send(batch)
         if self.graphs is not None and self.graphs.can_run(batch):
             return LogitsOutput(self.graphs.replay(batch))
+        if self.verify_graphs is not None and self.verify_graphs.can_run(batch):
+            return LogitsOutput(self.verify_graphs.replay(batch))
         self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch, self.attn_backend)  # [num_tokens, hidden]
         if batch.is_decode or batch.is_verify:  # a verify scores every token it computed

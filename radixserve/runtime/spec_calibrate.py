@@ -13,7 +13,9 @@ sizes stop growing once one step takes longer than :data:`STEP_BUDGET_S` (the ta
 along their last segment past that: a step that long is compute already, linear in its
 tokens). Three more pairs give what attention costs over a context: a decode of one request
 over a long context against a short one, a verify of one token likewise (a request's context,
-read once), and a verify of several tokens (the extra per drafted token).
+read once), and a verify of several tokens (the extra per drafted token). With verify graphs
+(``--cuda-graph-verify``), a verify of each graph's size in requests, one token each: what a
+verify of that many requests costs whatever it drafts.
 """
 
 from __future__ import annotations
@@ -118,6 +120,24 @@ class _Scratch:
 
         return step
 
+    def verify_rows(self, bs: int) -> Callable[[], object]:
+        """A verify of ``bs`` requests of one token each: a verify graph of their size costs
+        that whatever they draft (each drafted row's distribution after it is left out)."""
+        page = self.kv.page_size
+        starts = [i * page for i in range(bs)]
+        batch = ForwardBatch.verify(
+            [0] * bs, self.rows[:bs], [0] * bs, [1] * bs, self.slots[starts], self.device
+        )
+        info = self._greedy(bs)
+
+        def step() -> object:
+            for row, start in zip(self.rows, starts, strict=False):
+                self.kv.req_to_token_pool.write(row, 0, self.slots[start : start + 1])
+            logits = self.runner.forward(batch).next_token_logits
+            return self.sampler.probs(logits, info).argmax(dim=-1)
+
+        return step
+
     def time(self, step: Callable[[], object]) -> float:
         self._sync()
         start = time.perf_counter()
@@ -142,6 +162,10 @@ def _measure(scratch: _Scratch, max_bs: int, max_tokens: int, long_ctx: int) -> 
     steps["decode long", 1] = scratch.decode(1, long_ctx)
     steps["verify long", 1] = scratch.verify(1, long_ctx - short)
     steps["verify long", short] = scratch.verify(short, long_ctx - short)
+    graphs = scratch.runner.verify_graphs
+    for n in graphs.sizes if graphs is not None else []:
+        if n <= len(scratch.rows):
+            steps["graph", n] = scratch.verify_rows(n)
     best = dict.fromkeys(steps, float("inf"))
     for _ in range(REPEATS):  # rounds over every step: a busy moment slows one round, not a size
         for key, step in steps.items():
@@ -154,7 +178,8 @@ def _measure(scratch: _Scratch, max_bs: int, max_tokens: int, long_ctx: int) -> 
     verify_ctx = max((best["verify long", 1] - best["verify", 1]) / prefix, 0.0)
     per_token = (best["verify long", short] - best["verify", short]) / prefix
     draft_ctx = max((per_token - verify_ctx) / max(short - 1, 1), 0.0)
-    costs = StepCosts(*decode, *verify, decode_ctx, verify_ctx, draft_ctx)
+    graph = _table(best, "graph") if any(k == "graph" for k, _ in best) else ((), ())
+    costs = StepCosts(*decode, *verify, decode_ctx, verify_ctx, draft_ctx, *graph)
     logger.info(
         "speculative decoding's cost model: decode %s ms at batch %s; verify %s ms at %s tokens",
         _ms(decode[1]),

@@ -13,7 +13,8 @@ interpolated, past the last one extended along its last segment.
 :meth:`StepCosts.plan` takes draft tokens in order of their expected gain (a request's
 ``j``-th draft is accepted with probability about ``rate ** j``) per the time each adds, and
 keeps the number of them with the most tokens per second, if that beats the plain decode's;
-otherwise none. So at
+otherwise none. A verify replayed from a CUDA graph costs its graph's time whatever it drafts
+(``graph_sizes``): there a draft adds only what its attention reads of the context. So at
 batch 1, where a step is mostly streaming the weights once, drafts pay from a modest
 acceptance; at a large batch, where a step is compute already, only nearly certain ones do,
 or none; and a request with a long context, whose every drafted token reads all of it, drafts
@@ -91,10 +92,17 @@ class StepCosts:
     decode_context_s: float = 0.0
     verify_context_s: float = 0.0
     draft_context_s: float = 0.0
+    # verifies replayed from CUDA graphs (runtime/verify_graph.py): seconds of one by its
+    # graph's size in requests, whatever it drafts (a graph computes its padding too); a batch
+    # of up to the last size takes the smallest size that holds it. Empty: no graphs
+    graph_sizes: tuple[int, ...] = ()
+    graph_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         _check_table("decode", self.decode_sizes, self.decode_s)
         _check_table("verify", self.verify_sizes, self.verify_s)
+        if self.graph_sizes or self.graph_s:
+            _check_table("graph", self.graph_sizes, self.graph_s)
         if min(self.decode_context_s, self.verify_context_s, self.draft_context_s) < 0:
             raise ValueError("context costs must be >= 0")
 
@@ -118,6 +126,20 @@ class StepCosts:
         table = _interp(self.verify_sizes, self.verify_s, tokens)
         return table + self.verify_context_s * context + self.draft_context_s * drafted_context
 
+    def verify_step(self, bs: int, drafted: int, context: int, drafted_context: int = 0) -> float:
+        """Seconds of a verify of ``bs`` requests and ``drafted`` drafts: a graph's where one
+        holds ``bs`` requests, else :meth:`verify` of ``bs + drafted`` tokens; plus the
+        context terms either way."""
+        graph = self._graph(bs)
+        if not graph:
+            return self.verify(bs + drafted, context, drafted_context)
+        return graph + self.verify_context_s * context + self.draft_context_s * drafted_context
+
+    def _graph(self, bs: int) -> float:
+        """Seconds of a verify graph holding ``bs`` requests; 0.0 where none does."""
+        i = bisect.bisect_left(self.graph_sizes, bs)
+        return self.graph_s[i] if i < len(self.graph_sizes) else 0.0
+
     def plan(self, gains: Sequence[Sequence[float]], contexts: Sequence[int]) -> list[int]:
         """Per request, how many of its draft tokens to verify, given each one's expected
         gain (non-increasing along a request's draft: a token counts only with those before
@@ -126,10 +148,12 @@ class StepCosts:
         bs = len(gains)
         if bs == 0:
             return []
-        # a token's marginal time: the table's slope (about the same for every request) plus
-        # the context its attention reads; tokens go in order of gain per marginal time (a
-        # request's later tokens after its earlier ones: their gains are no larger)
-        slope = (self.verify(2 * bs + 1, 0) - self.verify(bs, 0)) / (bs + 1)
+        # a token's marginal time: the table's slope (about the same for every request; none
+        # in a graph, which computes its padding anyway) plus the context its attention reads;
+        # tokens go in order of gain per marginal time (a request's later tokens after its
+        # earlier ones: their gains are no larger)
+        graph = self._graph(bs)
+        slope = 0.0 if graph else (self.verify(2 * bs + 1, 0) - self.verify(bs, 0)) / (bs + 1)
         ctx = np.asarray(contexts, dtype=np.int64)
         cost = np.maximum(slope + self.draft_context_s * ctx, 1e-12)
         lens = np.fromiter((len(row) for row in gains), dtype=np.int64, count=bs)
@@ -143,7 +167,10 @@ class StepCosts:
         taken = req[order]
         context = int(ctx.sum())
         drafted_context = np.cumsum(ctx[taken])
-        table = _interp_many(self.verify_sizes, self.verify_s, bs + np.arange(1, total + 1))
+        if graph:
+            table = np.full(total, graph)
+        else:
+            table = _interp_many(self.verify_sizes, self.verify_s, bs + np.arange(1, total + 1))
         verify = table + self.verify_context_s * context + self.draft_context_s * drafted_context
         rates = (bs + np.cumsum(g[order])) / verify
         best = int(rates.argmax())

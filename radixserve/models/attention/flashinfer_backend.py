@@ -98,7 +98,9 @@ class FlashInferBackend:
     they split, their paged prefill wrapper covers the cached prefix only). With
     :meth:`init_cuda_graphs`, also one decode wrapper per window and captured batch size,
     planned by :meth:`init_graph_metadata` before each replay (with ``fast_graph_plan``, after
-    the first, through FlashInfer's ``fast_decode_plan``). ``decode_tensor_cores``: see
+    the first, through FlashInfer's ``fast_decode_plan``); with :meth:`init_verify_graphs`,
+    one paged prefill wrapper per window and verify graph size, planned by
+    :meth:`init_verify_graph_metadata`. ``decode_tensor_cores``: see
     :func:`decode_on_tensor_cores`.
     """
 
@@ -126,6 +128,7 @@ class FlashInferBackend:
         self.ragged_prefill = ragged_prefill  # checked by the property
         self._graph_decode: dict[int, dict[int | None, Any]] = {}  # batch size -> per window
         self._graph_buffers: GraphBuffers | None = None
+        self._graph_verify: dict[int, dict[int | None, Any]] = {}  # batch size -> per window
         self._graph_planned: set[int] = set()  # sizes planned in full once (at capture)
         # after that, a replay's plan writes the graph buffers itself and calls the fast plan
         self.fast_graph_plan = fast_graph_plan
@@ -153,6 +156,58 @@ class FlashInferBackend:
             bs: {w: self._factory.graph_decode(buffers, bs) for w in self._decode}
             for bs in batch_sizes
         }
+
+    def init_verify_graphs(
+        self, batch_sizes: list[int], max_tokens: int, max_context_len: int
+    ) -> None:
+        """Paged prefill wrappers for the verify graphs (``runtime/verify_graph.py``): per size
+        ``bs`` of ``batch_sizes`` and window, one over ``bs + 1`` requests (the last one holds
+        the padding tokens), of up to ``max_tokens`` query rows; their tables in one set of
+        :class:`GraphBuffers`."""
+        rows = max(batch_sizes) + 1
+        device = self.kv_cache.device
+        buffers = GraphBuffers.allocate(rows, max_context_len, device, extra_indices=max_tokens)
+        self._graph_verify = {
+            bs: {w: self._factory.graph_prefill(buffers, bs + 1) for w in self._prefill}
+            for bs in batch_sizes
+        }
+
+    def init_verify_graph_metadata(self, batch: ForwardBatch, num_real: int) -> None:
+        """Plan the verify graph wrappers for ``batch``, a verify graph's padded batch: its
+        first ``num_real`` requests are real, read through ``req_to_token``; the others are
+        padding whose keys are all the padding slot 0. One causal paged pass, as an eager
+        verify takes (a verify never splits: its new tokens are a few)."""
+        n = num_real
+        real = build_paged_kv_metadata(
+            self.req_to_token,
+            batch.req_pool_indices[:n],
+            batch.seq_lens[:n],
+            batch.seq_lens_list[:n],
+            batch.extend_seq_lens_list[:n],
+        )
+        pad = torch.zeros(
+            sum(batch.seq_lens_list[n:]), dtype=torch.int32, device=self.kv_cache.device
+        )
+        kv_indices = torch.cat([real.kv_indices.to(torch.int32), pad])
+        qo_indptr = np.zeros(batch.batch_size + 1, dtype=np.int32)
+        np.cumsum(batch.extend_seq_lens_list, out=qo_indptr[1:])
+        kv_indptr = np.zeros(batch.batch_size + 1, dtype=np.int32)
+        np.cumsum(batch.seq_lens_list, out=kv_indptr[1:])
+        last_page_len = torch.ones(batch.batch_size, dtype=torch.int32)
+        spec = self.spec
+        heads = (spec.num_heads, spec.num_kv_heads, spec.head_dim, 1)  # page size 1
+        wrappers = self._graph_verify[batch.batch_size - 1]
+        for w, wrapper in wrappers.items():
+            wrapper.plan(
+                torch.from_numpy(qo_indptr),
+                torch.from_numpy(kv_indptr),
+                kv_indices,
+                last_page_len,
+                *heads,
+                causal=True,
+                **self._common(w),
+            )
+        self._active, self._split = wrappers, False
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         if batch.is_decode:

@@ -2,8 +2,8 @@
 FlashInferBackend` uses them: :class:`FlashInferWrappers` (the real ones, sharing one workspace
 buffer; ``flashinfer`` is imported there, lazily), the :class:`WrapperFactory` protocol they and
 the torch reference wrappers (``paged_reference.py``) implement, which decode kernels run
-(:func:`decode_on_tensor_cores`) and the fixed buffers a CUDA graph's decode wrappers read
-(:class:`GraphBuffers`).
+(:func:`decode_on_tensor_cores`) and the fixed buffers the wrappers a CUDA graph captures read
+(:class:`GraphBuffers`: a decode's, and a verify's paged prefill).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ class WrapperFactory(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def graph_decode(self, buffers: GraphBuffers, bs: int) -> Any: ...
+
+    def graph_prefill(self, buffers: GraphBuffers, bs: int) -> Any: ...
 
     def fast_decode_plan(
         self, wrapper: Any, indptr: torch.Tensor, *args: Any, max_kv_len: int, **kwargs: Any
@@ -107,18 +109,38 @@ class FlashInferWrappers:
             paged_kv_last_page_len_buffer=buffers.kv_last_page_len[:bs],
         )
 
+    def graph_prefill(self, buffers: GraphBuffers, bs: int) -> Any:
+        """A paged prefill wrapper a CUDA graph of a verify over ``bs`` requests captures: its
+        query and page tables live in ``buffers``. In this mode FlashInfer's ``plan`` copies the
+        tables into them, and takes the same ``bs`` and at most its first plan's query rows."""
+        return self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace,
+            "NHD",
+            use_cuda_graph=True,
+            qo_indptr_buf=buffers.qo_indptr[: bs + 1],
+            paged_kv_indptr_buf=buffers.kv_indptr[: bs + 1],
+            paged_kv_indices_buf=buffers.kv_indices,
+            paged_kv_last_page_len_buf=buffers.kv_last_page_len[:bs],
+            backend="fa2",
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class GraphBuffers:
-    """The fixed device buffers the captured decode kernels read their page table from."""
+    """The fixed device buffers the captured kernels read their query and page tables from
+    (a decode's kernels read no query table)."""
 
     kv_indptr: torch.Tensor  # [max_bs + 1] int32
-    kv_indices: torch.Tensor  # [max_bs * max_context_len] int32: any batch's whole table
+    kv_indices: torch.Tensor  # [max_bs * max_context_len + extra] int32: any batch's table
     kv_last_page_len: torch.Tensor  # [max_bs] int32
+    qo_indptr: torch.Tensor  # [max_bs + 1] int32
 
     @classmethod
-    def allocate(cls, max_bs: int, max_context_len: int, device: torch.device) -> GraphBuffers:
+    def allocate(
+        cls, max_bs: int, max_context_len: int, device: torch.device, extra_indices: int = 0
+    ) -> GraphBuffers:
         def zeros(n: int) -> torch.Tensor:
             return torch.zeros(n, dtype=torch.int32, device=device)
 
-        return cls(zeros(max_bs + 1), zeros(max_bs * max_context_len), zeros(max_bs) + 1)
+        indices = zeros(max_bs * max_context_len + extra_indices)
+        return cls(zeros(max_bs + 1), indices, zeros(max_bs) + 1, zeros(max_bs + 1))

@@ -207,6 +207,54 @@ class ReferenceGraphDecodeWrapper(_PagedRun):
         )
 
 
+class ReferenceGraphPrefillWrapper(_PagedRun):
+    """FlashInfer's paged prefill wrapper in CUDA-graph mode: ``plan`` copies the query and
+    page tables into the fixed buffers the caller handed it, and ``run`` reads them there. Its
+    rules hold here too (``ValueError``): every plan has the batch size of the buffers, no more
+    query rows than the first plan had, and a page table that fits."""
+
+    def __init__(
+        self, qo: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor, last: torch.Tensor
+    ) -> None:
+        super().__init__()
+        self.buffers = (qo, indptr, indices, last)
+        self._max_rows: int | None = None
+
+    def plan(
+        self,
+        qo_indptr: torch.Tensor,
+        paged_kv_indptr: torch.Tensor,
+        paged_kv_indices: torch.Tensor,
+        paged_kv_last_page_len: torch.Tensor,
+        *heads: int,
+        causal: bool = False,
+        sm_scale: float | None = None,
+        window_left: int = -1,
+        **_: Any,
+    ) -> None:
+        qo_buf, indptr_buf, indices_buf, last_buf = self.buffers
+        rows = int(qo_indptr[-1])
+        if self._max_rows is None:
+            self._max_rows = rows
+        if len(qo_indptr) != len(qo_buf) or rows > self._max_rows:
+            raise ValueError("a graph's prefill plan: another batch size, or more query rows")
+        if len(paged_kv_indices) > len(indices_buf):
+            raise ValueError("the page table exceeds the graph's buffer")
+        qo_buf.copy_(qo_indptr)
+        indptr_buf.copy_(paged_kv_indptr)
+        last_buf.copy_(paged_kv_last_page_len)
+        indices_buf[: len(paged_kv_indices)].copy_(paged_kv_indices)
+        self._plan = dict(
+            qo_indptr=qo_buf,
+            kv_indptr=indptr_buf,
+            kv_indices=indices_buf,
+            kv_last_page_len=last_buf,
+            causal=causal,
+            sm_scale=sm_scale,
+            window_left=window_left,
+        )
+
+
 class ReferenceRaggedWrapper:
     """``plan(qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim, causal=...,
     sm_scale=..., window_left=...)`` then ``run(q, k, v, return_lse=...)``: request ``b``'s keys
@@ -252,6 +300,16 @@ class ReferenceWrappers:
         """A graph-mode decode wrapper over ``buffers`` (``GraphBuffers``) for ``bs`` rows."""
         return ReferenceGraphDecodeWrapper(
             buffers.kv_indptr[: bs + 1], buffers.kv_indices, buffers.kv_last_page_len[:bs]
+        )
+
+    def graph_prefill(self, buffers: Any, bs: int) -> ReferenceGraphPrefillWrapper:
+        """A graph-mode paged prefill wrapper over ``buffers`` (``GraphBuffers``), ``bs``
+        requests."""
+        return ReferenceGraphPrefillWrapper(
+            buffers.qo_indptr[: bs + 1],
+            buffers.kv_indptr[: bs + 1],
+            buffers.kv_indices,
+            buffers.kv_last_page_len[:bs],
         )
 
     def fast_decode_plan(
