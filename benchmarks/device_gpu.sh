@@ -40,6 +40,8 @@
 # spec: speculative decoding against plain decoding on the Qwen2.5-0.5B shape (benchmarks/
 #   spec_decode.py: the text forced by a logit bias), workloads a, c and d at batch 1, 8 and 32
 #   (spec.txt); with --device cpu the tiny model, batch 1. Not in `all`: name it.
+# specgraph: the same with the verifies replayed from CUDA graphs (--cuda-graph-verify;
+#   spec-graph.txt). Not in `all`.
 #
 # bench05, bench8b, multiturn: bench's three parts alone. LIMIT_<stage>=SECONDS caps a stage.
 #
@@ -212,17 +214,24 @@ stage_multiturn() {
     --out "$OUT/bench" --name multiturn
 }
 
-stage_spec() {
+# $1: the output's name; then spec_decode.py's extra flags
+spec_run() {
+  local name=$1
+  shift
   if ((ON_GPU)); then
     $PY benchmarks/spec_decode.py --device "$DEVICE" --model-dir "$BENCH_DIR/qwen25_05b" \
-      --workloads a,c,d --batch-sizes 1,8,32 --max-new-tokens 96 | tee "$OUT/spec.txt"
+      --workloads a,c,d --batch-sizes 1,8,32 --max-new-tokens 96 "$@" | tee "$OUT/$name.txt"
     return "${PIPESTATUS[0]}"  # a stage runs in its own bash, without the caller's pipefail
   else
     $PY benchmarks/spec_decode.py --device "$DEVICE" --tiny --model-dir "$BENCH_DIR/spec-tiny" \
-      --workloads c,d --batch-sizes 1 --max-new-tokens 16 | tee "$OUT/spec.txt"
+      --workloads c,d --batch-sizes 1 --max-new-tokens 16 "$@" | tee "$OUT/$name.txt"
     return "${PIPESTATUS[0]}"
   fi
 }
+
+stage_spec() { spec_run spec; }
+
+stage_specgraph() { spec_run spec-graph --cuda-graph-verify; }
 
 stage_bench() {
   local status=0

@@ -117,6 +117,7 @@ def run(args: argparse.Namespace, spec: str | None, workload: str, bs: int) -> d
         disable_overlap_schedule=True,
         speculative_algorithm=spec,
         speculative_num_draft_tokens=args.num_draft_tokens,
+        cuda_graph_verify=args.cuda_graph_verify,
     )
     with Engine(str(args.model_dir), **config) as engine:
         prompt, answer = texts(engine.tokenizer, workload, args.max_new_tokens)
@@ -170,6 +171,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "real checkpoint's shape with its real tokenizer (qwen3-1.7b, llama3.2-1b, ...)",
     )
     parser.add_argument("--tiny", action="store_true", help="a tiny model (a smoke run)")
+    parser.add_argument(
+        "--cuda-graph-verify",
+        action="store_true",
+        help="CUDA: verifies replayed from CUDA graphs (the server's --cuda-graph-verify)",
+    )
 
 
 def command(args: argparse.Namespace) -> str:
@@ -212,6 +218,7 @@ def main() -> None:
         "device": args.device,
         "max_new_tokens": args.max_new_tokens,
         "num_draft_tokens": args.num_draft_tokens,
+        "cuda_graph_verify": args.cuda_graph_verify,
         "rows": [],
     }
     print("tokens/s at greedy decoding, the text forced by a logit bias (see the module doc)")

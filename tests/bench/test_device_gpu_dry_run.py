@@ -55,6 +55,19 @@ def test_the_script_runs_its_stages_in_order(tmp_path: Path) -> None:
     assert all(r["max_logit_diff"] < 0.5 for r in rows)
 
 
+@pytest.mark.bench
+@pytest.mark.timeout(180)
+def test_the_spec_stages_write_their_rows(tmp_path: Path) -> None:
+    """Speculative decoding's two stages: verifies eager, and replayed from CUDA graphs
+    (``--cuda-graph-verify``: on the CPU there are none, so the same path runs)."""
+    out = dry_run(tmp_path, "spec", "specgraph")
+    log = (out / "run.log").read_text()
+    assert "spec: exit 0" in log and "specgraph: exit 0" in log
+    for name in ("spec.txt", "spec-graph.txt"):
+        rows = [line.split() for line in (out / name).read_text().splitlines()]
+        assert [r[:2] for r in rows if r and r[0] in "cd"] == [["c", "1"], ["d", "1"]], rows
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_dry_run_writes_every_file(tmp_path: Path) -> None:
