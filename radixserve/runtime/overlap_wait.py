@@ -17,7 +17,9 @@ def must_wait(
 ) -> bool:
     """Whether to process ``in_flight`` before planning the next batch:
 
-    - its tokens decide the next step's input: a grammar's next mask, the next drafts (``spec``);
+    - its tokens decide the next step's input: a grammar's next mask, the next drafts (``spec``:
+      where the next step could draft, ``SpecDecoder.may_draft``; a step that cannot is a plain
+      decode, and the scheduler proposes no drafts while a step is in flight);
     - a prefill in flight caches its prompts when processed: requests ``waiting`` can then
       match them (overlap resumes with the next decode);
     - a mixed prefill (``mixed_chunk``) needs the running requests' last tokens on the host;

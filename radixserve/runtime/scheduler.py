@@ -140,6 +140,7 @@ class Scheduler:
         last, self.in_flight = self.in_flight, None
         if batch is not None:
             self.in_flight = (batch, self.worker.submit(batch))
+            self.stats.num_overlapped_batches += last is not None
         if last is not None:
             self.process_result(last[0], last[1].result())
         return self._take_outputs()
@@ -158,7 +159,7 @@ class Scheduler:
             self.in_flight[0],
             waiting=bool(self.waiting),
             chunked=self.chunked_req is not None,
-            spec=self.spec.enabled,
+            spec=self.spec.may_draft(self.running.reqs),
             mixed_chunk=self.admission.enable_mixed_chunk,
             write_through=self.config.kv_tier.kv_tier_write_policy == "write_through",
         ):
@@ -241,7 +242,8 @@ class Scheduler:
             self.sync()  # jumped forward: every token must be known for the running extend
             self.running.drop_done(self.max_context_len)
             lens = self.running.new_token_lens()
-        drafts = None if lens else self.spec.propose(self.running.reqs, self.kv.available_size())
+        fresh = lens is None and self.in_flight is None  # drafts follow every token so far
+        drafts = self.spec.propose(self.running.reqs, self.kv.available_size()) if fresh else None
         slots = self.kv.alloc_decode(self.running.reqs, lens or verify_lens(drafts))
         if slots is None:  # out of memory even after evicting the tree
             self.sync()

@@ -29,6 +29,7 @@ class SchedulerStats:
     num_preemptions: int = 0
     num_jump_batches: int = 0  # extend steps of tokens a grammar forced (jump-forward)
     num_mixed_batches: int = 0  # prefill steps that carried the running requests' next tokens
+    num_overlapped_batches: int = 0  # launched while the batch before was still in flight
     num_jumped_tokens: int = 0
     # speculative decoding (vLLM's counters): verify steps, requests' drafts verified, their
     # tokens, those accepted, and accepted by draft position
@@ -113,6 +114,7 @@ class SchedulerStats:
             "num_decode_batches": self.num_decode_batches,
             "num_jump_batches": self.num_jump_batches,
             "num_mixed_batches": self.num_mixed_batches,
+            "num_overlapped_batches": self.num_overlapped_batches,
             "num_jumped_tokens": self.num_jumped_tokens,
             "num_spec_verify_batches": self.num_spec_verify_batches,
             "num_spec_drafts": self.num_spec_drafts,

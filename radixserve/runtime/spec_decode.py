@@ -49,6 +49,9 @@ class NoSpec:
 
     enabled = False
 
+    def may_draft(self, reqs: list[Req]) -> bool:
+        return False
+
     def propose(self, reqs: list[Req], available: int) -> list[np.ndarray] | None:
         return None
 
@@ -106,6 +109,18 @@ class SpecDecoder:
         if config.speculative.speculative_algorithm is None:
             return NoSpec()
         return cls(config, kv, max_context_len, stats, runner)
+
+    def may_draft(self, reqs: list[Req]) -> bool:
+        """Whether a step of ``reqs`` could draft at all: no more of them than
+        ``--speculative-ngram-max-batch-size``, and by the cost model a verify of every one's
+        longest draft, each token certain to be accepted, beats the plain decode. Where not,
+        the step is a plain decode whatever the texts, and the overlap loop need not wait for
+        the step in flight (``runtime/overlap_wait.py``)."""
+        bs = len(reqs)
+        if not bs or (self.max_batch_size is not None and bs > self.max_batch_size):
+            return False
+        certain = [[1.0] * self.params.max_draft] * bs
+        return any(self.cost.plan(certain, [r.seq_len for r in reqs]))
 
     def propose(self, reqs: list[Req], available: int) -> list[np.ndarray] | None:
         """Each request's drafts for the next step (empty where none pays), or ``None`` for a

@@ -12,6 +12,7 @@ import pytest
 from fake_worker import fake_scheduler, next_token
 from test_kv_manager import PAGE_SIZES, assert_pool_back_to_full, drive, request
 
+from radixserve.spec import StepCosts
 from radixserve.types import FinishKind
 
 pytestmark = pytest.mark.timeout(120)
@@ -104,3 +105,38 @@ def test_priority_preemption_and_the_tier_with_drafts(page_size: int, mode: str)
     if mode == "swap":
         assert sched.get_stats()["num_swapped_out_tokens"] > 0
     assert_pool_back_to_full(sched)
+
+
+def test_the_overlap_loop_waits_only_where_a_step_could_draft() -> None:
+    """With speculation on, a step waits for the one in flight only where it could draft (its
+    drafts follow every token so far): above ``--speculative-ngram-max-batch-size``, or where
+    the cost model finds no draft worth a verify, the steps overlap as without speculation,
+    propose nothing, and outputs are the model's own."""
+    sched, _ = fake_scheduler(
+        overlap=True, model=looping, speculative_algorithm="NGRAM", speculative_ngram_max_batch_size=2
+    )  # fmt: skip
+    # the 8 requests end one after another: the last two run on alone, and draft
+    reqs = [request(p, max_new=30 + 12 * i) for i, p in enumerate(prompts(8, 20, 5))]
+    for r in reqs:
+        sched.add_request(r)
+    check(sched, reqs, drive(sched))
+    assert sched.stats.num_overlapped_batches > 40  # the steps of more than two requests
+    assert_pool_back_to_full(sched)
+
+    def overlapped(**spec: object) -> int:
+        sched, _ = fake_scheduler(overlap=True, model=looping, **spec)  # type: ignore[arg-type]
+        if spec:  # a verified token costs twice a decoded one: not even certain drafts pay
+            sizes = (1, 1024)
+            decode, verify = (tuple(1.0 + k * n for n in sizes) for k in (1, 2))
+            sched.spec.cost = StepCosts(sizes, decode, sizes, verify)  # type: ignore[attr-defined]
+        again = [request(p, max_new=40) for p in prompts(4, 20, 6)]
+        for r in again:
+            sched.add_request(r)
+        done = drive(sched)
+        for r in again:
+            assert done[r.rid][0] == reference(r.input_ids, 40)
+        stats = sched.get_stats()
+        assert stats["num_spec_drafts"] == 0, stats
+        return int(stats["num_overlapped_batches"])
+
+    assert overlapped(speculative_algorithm="NGRAM") == overlapped() > 30
