@@ -31,7 +31,7 @@ import torch
 from radixserve.config import OVERLAP_LAUNCHES
 from radixserve.runtime.model_runner import ModelRunner
 from radixserve.runtime.sampler import Sampler, SamplerOutput
-from radixserve.runtime.sampling_batch_info import SamplingBatchInfo
+from radixserve.runtime.sampling_batch_info import DecodeInfoCache, SamplingBatchInfo
 from radixserve.runtime.schedule_batch import ScheduleBatch
 from radixserve.runtime.spec_verify import VerifyResult, accept_drafts, verify_sampling_info
 from radixserve.transfer import to_device
@@ -115,6 +115,7 @@ class ModelWorker:
         self.sampler = Sampler(seed=runner.config.random_seed, device=runner.device)
         self.overlap = overlap
         self.last_token = torch.zeros(max_rows, dtype=torch.int64, device=runner.device)
+        self._decode_infos = DecodeInfoCache()  # built on the scheduler's thread alone
         assert launch in OVERLAP_LAUNCHES, launch
         threaded = overlap and launch == "thread"
         self._executor = (
@@ -169,7 +170,11 @@ class ModelWorker:
         if batch.is_verify:
             return verify_sampling_info(batch, self.runner.vocab_size, self.runner.device)
         reqs = [batch.reqs[i] for i in rows]
-        info = SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size, self.runner.device)
+
+        def build() -> SamplingBatchInfo:
+            return SamplingBatchInfo.from_reqs(reqs, self.runner.vocab_size, self.runner.device)
+
+        info = self._decode_infos.get(reqs, build) if batch.is_decode else build()
         # the draw index of a seeded stream: output tokens before this one (in flight included)
         info.steps = [r.kv_len - r.prompt_len if batch.is_decode else r.output_len for r in reqs]
         return info

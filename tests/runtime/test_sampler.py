@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from radixserve.runtime.sampler import TOP_P_WIDTH, Sampler, apply_penalties
-from radixserve.runtime.sampling_batch_info import SamplingBatchInfo
+from radixserve.runtime.sampling_batch_info import DecodeInfoCache, SamplingBatchInfo
 from radixserve.types import Req, SamplingParams
 
 VOCAB = 50
@@ -242,6 +242,30 @@ def test_from_reqs_uses_prompt_output_and_logprob_wishes() -> None:
         0
     ].nonzero().flatten().tolist() == [4, 5, 6]
     assert info.return_logprob and info.top_logprobs_nums == [3] and info.steps == [1]
+
+
+def test_a_decode_batchs_info_is_built_again_only_when_it_changes() -> None:
+    """DecodeInfoCache: the same requests in the same order get a copy of the info built for
+    them (its tensors shared, its ``steps`` its own); another set or order, or rows whose
+    sampling follows their output (a penalty), get a new build, equal to a fresh one."""
+    a, b = (Req(r, [4, 5], SamplingParams(temperature=0.7, top_k=3, seed=9)) for r in "ab")
+    cache, builds = DecodeInfoCache(), []
+
+    def build(reqs: list[Req]) -> SamplingBatchInfo:
+        builds.append(reqs)
+        return SamplingBatchInfo.from_reqs(reqs, 10)
+
+    first = cache.get([a, b], lambda: build([a, b]))
+    again = cache.get([a, b], lambda: build([a, b]))
+    assert len(builds) == 1 and again is not first and again.top_ks is first.top_ks
+    again.steps = [7, 8]
+    assert first.steps == [0, 0]
+    swapped = cache.get([b, a], lambda: build([b, a]))
+    assert len(builds) == 2 and swapped.seeds == SamplingBatchInfo.from_reqs([b, a], 10).seeds
+    c = Req("c", [4, 5], SamplingParams(frequency_penalty=1.0))
+    for _ in range(2):
+        cache.get([a, c], lambda: build([a, c]))
+    assert len(builds) == 4  # its output counts change every step
 
 
 @pytest.mark.parametrize(
