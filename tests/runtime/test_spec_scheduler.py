@@ -128,7 +128,7 @@ def test_the_overlap_loop_waits_only_where_a_step_could_draft() -> None:
         if spec:  # a verified token costs twice a decoded one: not even certain drafts pay
             sizes = (1, 1024)
             decode, verify = (tuple(1.0 + k * n for n in sizes) for k in (1, 2))
-            sched.spec.cost = StepCosts(sizes, decode, sizes, verify)  # type: ignore[attr-defined]
+            sched.spec.cost = StepCosts(sizes, decode, sizes, verify)  # type: ignore[union-attr]
         again = [request(p, max_new=40) for p in prompts(4, 20, 6)]
         for r in again:
             sched.add_request(r)
