@@ -137,7 +137,7 @@ class SpecDecoder:
             if req.spec_verify_ct is None:
                 req.spec_verify_ct = 0
                 req.spec_state = DraftLength(self.params.max_draft)
-        if self.max_batch_size is not None and len(reqs) > self.max_batch_size:
+        if not self.may_draft(reqs):  # no draft could pay: none is looked for
             return None
         drafted = [self._draft(r) for r in reqs]
         drafts = [d for d, _ in drafted]

@@ -111,7 +111,7 @@ def test_the_overlap_loop_waits_only_where_a_step_could_draft() -> None:
     """With speculation on, a step waits for the one in flight only where it could draft (its
     drafts follow every token so far): above ``--speculative-ngram-max-batch-size``, or where
     the cost model finds no draft worth a verify, the steps overlap as without speculation,
-    propose nothing, and outputs are the model's own."""
+    look for no drafts, and outputs are the model's own."""
     sched, _ = fake_scheduler(
         overlap=True, model=looping, speculative_algorithm="NGRAM", speculative_ngram_max_batch_size=2
     )  # fmt: skip
@@ -123,12 +123,13 @@ def test_the_overlap_loop_waits_only_where_a_step_could_draft() -> None:
     assert sched.stats.num_overlapped_batches > 40  # the steps of more than two requests
     assert_pool_back_to_full(sched)
 
-    def overlapped(**spec: object) -> int:
-        sched, _ = fake_scheduler(overlap=True, model=looping, **spec)  # type: ignore[arg-type]
+    def overlapped(overlap: bool = True, **spec: object) -> int:
+        sched, _ = fake_scheduler(overlap=overlap, model=looping, **spec)  # type: ignore[arg-type]
         if spec:  # a verified token costs twice a decoded one: not even certain drafts pay
             sizes = (1, 1024)
             decode, verify = (tuple(1.0 + k * n for n in sizes) for k in (1, 2))
             sched.spec.cost = StepCosts(sizes, decode, sizes, verify)  # type: ignore[union-attr]
+            sched.spec.drafter = None  # type: ignore[union-attr]  # no draft is even looked for
         again = [request(p, max_new=40) for p in prompts(4, 20, 6)]
         for r in again:
             sched.add_request(r)
@@ -140,3 +141,4 @@ def test_the_overlap_loop_waits_only_where_a_step_could_draft() -> None:
         return int(stats["num_overlapped_batches"])
 
     assert overlapped(speculative_algorithm="NGRAM") == overlapped() > 30
+    assert overlapped(False, speculative_algorithm="NGRAM") == 0  # no overlap, and no drafting
