@@ -121,9 +121,11 @@ class SpecDecoder:
         if not bs or (self.max_batch_size is not None and bs > self.max_batch_size):
             return False
         contexts = [r.seq_len for r in reqs]
-        # the answer kept while the batch size and the contexts' magnitude hold (a plan over
-        # 256 requests takes about 0.2 ms): wrong either way, it costs a wait or one step's drafts
-        key = (bs, sum(contexts).bit_length(), self.cost)
+        # the answer kept while the batch size and the contexts' total to within about 1/16
+        # hold (a plan over 256 requests takes about 0.2 ms)
+        total = sum(contexts)
+        shift = max(total.bit_length() - 5, 0)
+        key = (bs, shift, total >> shift, self.cost)
         if key != self._may_draft[0]:
             certain = [[1.0] * self.params.max_draft] * bs
             self._may_draft = (key, any(self.cost.plan(certain, contexts)))

@@ -226,6 +226,39 @@ def test_verify_graphs_plan_near_the_best_choice() -> None:
     assert graphs.plan(gains * 2, [100] * 32) == eager.plan(gains * 2, [100] * 32)  # no graph
 
 
+def test_where_certain_drafts_do_not_pay_no_drafts_do() -> None:
+    """``SpecDecoder.may_draft`` skips drafting where the plan for every request's longest
+    draft, each token certain, is empty: then the plan for any gains (at most 1) is empty too,
+    eager or with graphs."""
+    rng = np.random.default_rng(2)
+    sizes = (1, 2, 4, 8, 16, 32, 64)
+    refused = 0
+    for _ in range(300):
+        decode = tuple(1.0 + float(rng.uniform(0.01, 0.5)) * n for n in sizes)
+        verify = tuple(1.0 + float(rng.uniform(0.01, 0.5)) * n for n in sizes)
+        decode_ctx, verify_ctx, draft_ctx = (float(x) for x in rng.uniform(0, 1e-3, 3))
+        with_graphs = rng.random() < 0.5
+        cost = StepCosts(
+            sizes,
+            decode,
+            sizes,
+            verify,
+            decode_ctx,
+            verify_ctx,
+            draft_ctx,
+            (8, 16) if with_graphs else (),
+            (float(rng.uniform(2, 12)), float(rng.uniform(4, 24))) if with_graphs else (),
+        )
+        bs = int(rng.integers(1, 17))
+        contexts = rng.integers(1, 4000, bs).tolist()
+        if any(cost.plan([[1.0] * 7] * bs, contexts)):
+            continue
+        refused += 1
+        gains = [sorted(rng.uniform(0, 1, 7).tolist(), reverse=True) for _ in range(bs)]
+        assert not any(cost.plan(gains, contexts))
+    assert refused > 30
+
+
 def test_a_long_context_drafts_less() -> None:
     sizes = (1, 8, 64)
     cost = StepCosts(sizes, (1.0, 1.05, 1.6), sizes, (1.0, 1.05, 1.6), 1e-5, 1e-5, 2e-6)
