@@ -88,6 +88,21 @@ def capture_eagerly(forward: Callable[[], torch.Tensor], pool: Any) -> tuple[Gra
     return graph, graph.output
 
 
+def capture_sizes(
+    sizes: list[int], forward_for: Callable[[int], Callable[[], torch.Tensor]], capture: Capture
+) -> tuple[dict[int, Graph], dict[int, torch.Tensor]]:
+    """A graph per size of ``forward_for(size)`` (which plans the size's attention first and
+    returns its forward), the largest first: the smaller reuse its memory pool."""
+    graphs: dict[int, Graph] = {}
+    outputs: dict[int, torch.Tensor] = {}
+    with torch.inference_mode():
+        pool = None
+        for size in reversed(sizes):
+            graphs[size], outputs[size] = capture(forward_for(size), pool)
+            pool = graphs[size].pool()
+    return graphs, outputs
+
+
 def capture_batch_sizes(max_bs: int) -> list[int]:
     """1, 2, 4, 8, then every 16 up to ``max_bs`` (and ``max_bs`` itself): at most 15 rows of
     padding past 8, about 20 graphs for 256."""
@@ -109,7 +124,6 @@ class CudaGraphRunner:
     ) -> None:
         self.model = model
         self.backend = backend
-        self._capture_graph = capture
         self.sizes = capture_batch_sizes(max_bs)
         n = self.sizes[-1]
 
@@ -119,14 +133,9 @@ class CudaGraphRunner:
         # the graphs' inputs: every replay copies its batch into the first rows
         self.input_ids, self.positions, self.out_cache_loc = zeros(), zeros(), zeros()
         self.req_pool_indices, self.seq_lens, self.ones = zeros(), zeros() + 1, zeros() + 1
-        self.graphs: dict[int, Graph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}  # [size, vocab] logits in the model dtype
         backend.init_cuda_graphs(self.sizes, max_context_len)
-        with torch.inference_mode():
-            pool = None
-            for bs in reversed(self.sizes):  # the largest first: the smaller reuse its memory
-                self._capture(bs, pool)
-                pool = self.graphs[bs].pool()
+        # outputs: [size, vocab] logits in the model dtype
+        self.graphs, self.outputs = capture_sizes(self.sizes, self._forward_for, capture)
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return batch.is_decode and batch.lora is None and batch.batch_size <= self.sizes[-1]
@@ -167,10 +176,8 @@ class CudaGraphRunner:
             extend_seq_lens_list=[1] * size,
         )
 
-    def _capture(self, bs: int, pool: Any) -> None:  # torch's graph pool handle
+    def _forward_for(self, bs: int) -> Callable[[], torch.Tensor]:
+        """The forward a graph of ``bs`` rows captures, its attention planned."""
         batch = self._batch(bs, [1] * bs)
         self.backend.init_graph_metadata(batch)
-        self.graphs[bs], self.outputs[bs] = self._capture_graph(lambda: self._forward(batch), pool)
-
-    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
-        return self.model.compute_logits(self.model(batch, self.backend))
+        return lambda: self.model.compute_logits(self.model(batch, self.backend))

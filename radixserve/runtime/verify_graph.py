@@ -25,17 +25,18 @@ GPU run has measured it).
 from __future__ import annotations
 
 import bisect
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
 from radixserve.models.forward_batch import ForwardBatch, ForwardMode
 from radixserve.runtime.cuda_graph import (
     Capture,
-    Graph,
     GraphModel,
     capture_batch_sizes,
     capture_cuda_graph,
+    capture_sizes,
 )
 
 VERIFY_GRAPH_MAX_BS = 64  # the default largest size: above it the cost model rarely drafts
@@ -76,7 +77,6 @@ class VerifyGraphRunner:
         self.model = model
         self.backend = backend
         self.tokens_per_request = tokens_per_request
-        self._capture_graph = capture
         self.sizes = capture_batch_sizes(max_bs)
         tokens, rows = self.num_tokens(self.sizes[-1]), self.sizes[-1] + 1
 
@@ -90,14 +90,9 @@ class VerifyGraphRunner:
             zeros(tokens),
         )
         self.req_pool_indices, self.seq_lens, self.unread = zeros(rows), zeros(rows), zeros(rows)
-        self.graphs: dict[int, Graph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}  # [tokens, vocab] logits in the model dtype
         backend.init_verify_graphs(self.sizes, tokens, max_context_len)
-        with torch.inference_mode():
-            pool = None
-            for size in reversed(self.sizes):  # the largest first: the smaller reuse its memory
-                self._capture(size, pool)
-                pool = self.graphs[size].pool()
+        # outputs: [tokens, vocab] logits in the model dtype
+        self.graphs, self.outputs = capture_sizes(self.sizes, self._forward_for, capture)
 
     def num_tokens(self, size: int) -> int:
         """The tokens a graph of ``size`` requests computes."""
@@ -149,10 +144,9 @@ class VerifyGraphRunner:
             extend_seq_lens_list=qo,
         )
 
-    def _capture(self, size: int, pool: Any) -> None:  # torch's graph pool handle
+    def _forward_for(self, size: int) -> Callable[[], torch.Tensor]:
+        """The forward a graph of ``size`` captures (padding alone), its attention planned."""
         qo, kv = padded_layout([], [], size, self.num_tokens(size))
         batch = self._batch(size, qo, kv)
         self.backend.init_verify_graph_metadata(batch, 0)
-        self.graphs[size], self.outputs[size] = self._capture_graph(
-            lambda: self.model.compute_logits(self.model(batch, self.backend)), pool
-        )
+        return lambda: self.model.compute_logits(self.model(batch, self.backend))
