@@ -25,6 +25,7 @@ on CPU against the same contract.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,13 @@ class PagedKVMetadata:
     kv_last_page_len: torch.Tensor  # [bs], host: all ones
 
 
+def host_indptr(lens: Sequence[int]) -> torch.Tensor:
+    """``[len(lens) + 1]`` int32 on the host: 0, then the running sum of ``lens``."""
+    out = np.zeros(len(lens) + 1, dtype=np.int32)
+    np.cumsum(lens, out=out[1:])
+    return torch.from_numpy(out)
+
+
 def build_paged_kv_metadata(
     req_to_token: torch.Tensor,  # [rows, max_context_len] int32
     req_pool_indices: torch.Tensor,  # [bs] int64, on req_to_token's device
@@ -68,8 +76,7 @@ def build_paged_kv_metadata(
     """A pure function of its inputs; vectorised (no loop over requests), no device sync."""
     device = req_to_token.device
     bs = len(seq_lens_list)
-    kv_indptr = np.zeros(bs + 1, dtype=np.int64)
-    np.cumsum(seq_lens_list, out=kv_indptr[1:])
+    kv_indptr = host_indptr(seq_lens_list)
     total_kv = int(kv_indptr[-1])
     starts = torch.cumsum(seq_lens, 0) - seq_lens  # [bs] on the device: each request's offset
     rows = torch.repeat_interleave(req_pool_indices, seq_lens, output_size=total_kv)
@@ -77,13 +84,12 @@ def build_paged_kv_metadata(
         starts, seq_lens, output_size=total_kv
     )
     if extend_seq_lens_list is None:
-        qo_indptr = np.arange(bs + 1)
+        qo_indptr = torch.arange(bs + 1, dtype=torch.int32)
     else:
-        qo_indptr = np.zeros(bs + 1, dtype=np.int64)
-        np.cumsum(extend_seq_lens_list, out=qo_indptr[1:])
+        qo_indptr = host_indptr(extend_seq_lens_list)
     return PagedKVMetadata(
-        qo_indptr=torch.from_numpy(qo_indptr.astype(np.int32)),
-        kv_indptr=torch.from_numpy(kv_indptr.astype(np.int32)),
+        qo_indptr=qo_indptr,
+        kv_indptr=kv_indptr,
         kv_indices=req_to_token[rows, cols],
         kv_last_page_len=torch.ones(bs, dtype=torch.int32),
     )
@@ -189,18 +195,16 @@ class FlashInferBackend:
             sum(batch.seq_lens_list[n:]), dtype=torch.int32, device=self.kv_cache.device
         )
         kv_indices = torch.cat([real.kv_indices.to(torch.int32), pad])
-        qo_indptr = np.zeros(batch.batch_size + 1, dtype=np.int32)
-        np.cumsum(batch.extend_seq_lens_list, out=qo_indptr[1:])
-        kv_indptr = np.zeros(batch.batch_size + 1, dtype=np.int32)
-        np.cumsum(batch.seq_lens_list, out=kv_indptr[1:])
+        qo_indptr = host_indptr(batch.extend_seq_lens_list)
+        kv_indptr = host_indptr(batch.seq_lens_list)
         last_page_len = torch.ones(batch.batch_size, dtype=torch.int32)
         spec = self.spec
         heads = (spec.num_heads, spec.num_kv_heads, spec.head_dim, 1)  # page size 1
         wrappers = self._graph_verify[batch.batch_size - 1]
         for w, wrapper in wrappers.items():
             wrapper.plan(
-                torch.from_numpy(qo_indptr),
-                torch.from_numpy(kv_indptr),
+                qo_indptr,
+                kv_indptr,
                 kv_indices,
                 last_page_len,
                 *heads,
@@ -311,9 +315,7 @@ class FlashInferBackend:
         if windowed:
             self._plan(batch, windowed)
         spec = self.spec
-        qo_indptr = np.zeros(batch.batch_size + 1, dtype=np.int32)
-        np.cumsum(batch.extend_seq_lens_list, out=qo_indptr[1:])
-        qo = torch.from_numpy(qo_indptr)  # the new tokens are both the queries and the keys
+        qo = host_indptr(batch.extend_seq_lens_list)  # the new tokens: queries and keys alike
         heads = (spec.num_heads, spec.num_kv_heads, spec.head_dim)
         assert self._ragged is not None
         self._ragged.plan(qo, qo, *heads, causal=True, **self._common(None))
