@@ -66,6 +66,22 @@ def host_indptr(lens: Sequence[int]) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
+def gather_kv_indices(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    total_kv: int,
+) -> torch.Tensor:
+    """``req_to_token[row_i, :seq_len_i]`` request after request, on the device (``total_kv``:
+    the lengths' sum, from the host, so nothing waits for the device)."""
+    starts = torch.cumsum(seq_lens, 0) - seq_lens  # [bs] on the device: each request's offset
+    rows = torch.repeat_interleave(req_pool_indices, seq_lens, output_size=total_kv)
+    cols = torch.arange(total_kv, device=req_to_token.device) - torch.repeat_interleave(
+        starts, seq_lens, output_size=total_kv
+    )
+    return req_to_token[rows, cols]
+
+
 def build_paged_kv_metadata(
     req_to_token: torch.Tensor,  # [rows, max_context_len] int32
     req_pool_indices: torch.Tensor,  # [bs] int64, on req_to_token's device
@@ -74,15 +90,9 @@ def build_paged_kv_metadata(
     extend_seq_lens_list: list[int] | None,  # None: decode, one query per request
 ) -> PagedKVMetadata:
     """A pure function of its inputs; vectorised (no loop over requests), no device sync."""
-    device = req_to_token.device
     bs = len(seq_lens_list)
     kv_indptr = host_indptr(seq_lens_list)
-    total_kv = int(kv_indptr[-1])
-    starts = torch.cumsum(seq_lens, 0) - seq_lens  # [bs] on the device: each request's offset
-    rows = torch.repeat_interleave(req_pool_indices, seq_lens, output_size=total_kv)
-    cols = torch.arange(total_kv, device=device) - torch.repeat_interleave(
-        starts, seq_lens, output_size=total_kv
-    )
+    kv_indices = gather_kv_indices(req_to_token, req_pool_indices, seq_lens, int(kv_indptr[-1]))
     if extend_seq_lens_list is None:
         qo_indptr = torch.arange(bs + 1, dtype=torch.int32)
     else:
@@ -90,7 +100,7 @@ def build_paged_kv_metadata(
     return PagedKVMetadata(
         qo_indptr=qo_indptr,
         kv_indptr=kv_indptr,
-        kv_indices=req_to_token[rows, cols],
+        kv_indices=kv_indices,
         kv_last_page_len=torch.ones(bs, dtype=torch.int32),
     )
 
@@ -183,18 +193,12 @@ class FlashInferBackend:
         first ``num_real`` requests are real, read through ``req_to_token``; the others are
         padding whose keys are all the padding slot 0. One causal paged pass, as an eager
         verify takes (a verify never splits: its new tokens are a few)."""
-        n = num_real
-        real = build_paged_kv_metadata(
-            self.req_to_token,
-            batch.req_pool_indices[:n],
-            batch.seq_lens[:n],
-            batch.seq_lens_list[:n],
-            batch.extend_seq_lens_list[:n],
+        n, lens = num_real, batch.seq_lens_list
+        real = gather_kv_indices(
+            self.req_to_token, batch.req_pool_indices[:n], batch.seq_lens[:n], sum(lens[:n])
         )
-        pad = torch.zeros(
-            sum(batch.seq_lens_list[n:]), dtype=torch.int32, device=self.kv_cache.device
-        )
-        kv_indices = torch.cat([real.kv_indices.to(torch.int32), pad])
+        pad = torch.zeros(sum(lens[n:]), dtype=torch.int32, device=self.kv_cache.device)
+        kv_indices = torch.cat([real, pad])
         qo_indptr = host_indptr(batch.extend_seq_lens_list)
         kv_indptr = host_indptr(batch.seq_lens_list)
         last_page_len = torch.ones(batch.batch_size, dtype=torch.int32)
