@@ -117,10 +117,13 @@ class SpecDecoder:
         longest draft, each token certain to be accepted, beats the plain decode. Where not,
         the step is a plain decode whatever the texts, and the overlap loop need not wait for
         the step in flight (``runtime/overlap_wait.py``)."""
-        bs = len(reqs)
+        return self._may_draft_over([r.seq_len for r in reqs])
+
+    def _may_draft_over(self, contexts: list[int]) -> bool:
+        """:meth:`may_draft` for requests of these contexts (their tokens so far)."""
+        bs = len(contexts)
         if not bs or (self.max_batch_size is not None and bs > self.max_batch_size):
             return False
-        contexts = [r.seq_len for r in reqs]
         # the answer kept while the batch size and the contexts' total to within about 1/16
         # hold (a plan over 256 requests takes about 0.2 ms)
         total = sum(contexts)
@@ -139,12 +142,13 @@ class SpecDecoder:
             if req.spec_verify_ct is None:
                 req.spec_verify_ct = 0
                 req.spec_state = DraftLength(self.params.max_draft)
-        if not self.may_draft(reqs):  # no draft could pay: none is looked for
+        contexts = [r.seq_len for r in reqs]
+        if not self._may_draft_over(contexts):  # no draft could pay: none is looked for
             return None
         drafted = [self._draft(r) for r in reqs]
         drafts = [d for d, _ in drafted]
         gains = [r.spec_state.gains(d.shape[0], m) for r, (d, m) in zip(reqs, drafted, strict=True)]
-        counts = self.cost.plan(gains, [r.seq_len for r in reqs])
+        counts = self.cost.plan(gains, contexts)
         page = self.kv.page_size
         if sum(counts) == 0 or sum(counts) + len(reqs) * (1 + page) > available:
             return None
