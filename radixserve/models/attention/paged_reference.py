@@ -207,7 +207,7 @@ class ReferenceGraphDecodeWrapper(_PagedRun):
         )
 
 
-class ReferenceGraphPrefillWrapper(_PagedRun):
+class ReferenceGraphPrefillWrapper(ReferencePrefillWrapper):
     """FlashInfer's paged prefill wrapper in CUDA-graph mode: ``plan`` copies the query and
     page tables into the fixed buffers the caller handed it, and ``run`` reads them there. Its
     rules hold here too (``ValueError``): every plan has the batch size of the buffers, no more
@@ -226,11 +226,8 @@ class ReferenceGraphPrefillWrapper(_PagedRun):
         paged_kv_indptr: torch.Tensor,
         paged_kv_indices: torch.Tensor,
         paged_kv_last_page_len: torch.Tensor,
-        *heads: int,
-        causal: bool = False,
-        sm_scale: float | None = None,
-        window_left: int = -1,
-        **_: Any,
+        *args: Any,
+        **kwargs: Any,
     ) -> None:
         qo_buf, indptr_buf, indices_buf, last_buf = self.buffers
         rows = int(qo_indptr[-1])
@@ -244,15 +241,7 @@ class ReferenceGraphPrefillWrapper(_PagedRun):
         indptr_buf.copy_(paged_kv_indptr)
         last_buf.copy_(paged_kv_last_page_len)
         indices_buf[: len(paged_kv_indices)].copy_(paged_kv_indices)
-        self._plan = dict(
-            qo_indptr=qo_buf,
-            kv_indptr=indptr_buf,
-            kv_indices=indices_buf,
-            kv_last_page_len=last_buf,
-            causal=causal,
-            sm_scale=sm_scale,
-            window_left=window_left,
-        )
+        super().plan(qo_buf, indptr_buf, indices_buf, last_buf, *args, **kwargs)
 
 
 class ReferenceRaggedWrapper:
