@@ -1,7 +1,9 @@
 """Launching the server: the scheduler and detokenizer processes, then uvicorn here.
 
 ``launch_server`` spawns both children (``multiprocessing``'s spawn context: a fresh
-interpreter each, no forked torch or zmq state) with IPC sockets in a private temp dir, waits
+interpreter each, no forked torch or zmq state) with IPC sockets in a private temp dir: the
+scheduler first, then, once this process has loaded the tokenizer, the detokenizer with the
+tokenizer's decoder (it then imports neither transformers nor torch), waits
 for their ready handshakes (the scheduler's carries the model's limits), then serves HTTP in
 this process until SIGINT/SIGTERM. However it ends, the children are stopped and the temp dir
 removed; a child whose parent is killed outright notices and exits by itself.
@@ -37,7 +39,7 @@ from radixserve.server.io_struct import SchedulerInfo
 from radixserve.server.ipc import IpcEndpoints
 from radixserve.server.scheduler_process import run_scheduler_process
 from radixserve.server.tokenizer_manager import TokenizerManager
-from radixserve.tokenizer_loader import load_tokenizer
+from radixserve.tokenizer_loader import decoder_json, load_tokenizer
 
 logger = logging.getLogger("radixserve.server")
 
@@ -66,8 +68,7 @@ def launch_server(config: ServerConfig) -> int:
     old_term = signal.signal(signal.SIGTERM, _raise_terminated)
     code = 0
     try:
-        pipes = _start_children(config, endpoints, children)
-        tokenizer = _early_tokenizer(config)  # while the children load
+        pipes, tokenizer = _start_children(config, endpoints, children)
         info = _wait_children(config, children, pipes)
         metrics = MetricsByTenant(config.model_name, speculating(config))
         tm = TokenizerManager(
@@ -113,41 +114,69 @@ def _raise_terminated(signum: int, frame: FrameType | None) -> None:
 
 def _start_children(
     config: ServerConfig, endpoints: IpcEndpoints, children: dict[str, BaseProcess]
-) -> dict[str, Connection]:
-    """Start the detokenizer and the scheduler (into ``children``); their ready pipes."""
-    ctx = multiprocessing.get_context("spawn")
+) -> tuple[dict[str, Connection], Any]:
+    """Start the scheduler, load the tokenizer here while it starts, then the detokenizer with
+    the tokenizer's decoder (so that it needs no transformers of its own); their ready pipes
+    and the tokenizer (``None`` if it failed to load here)."""
     model_path = config.engine.model_path
     assert model_path is not None
     pipes: dict[str, Connection] = {}
-    targets: dict[str, tuple[Any, tuple[Any, ...]]] = {
-        "detokenizer": (run_detokenizer_process, (model_path, endpoints)),
-        "scheduler": (run_scheduler_process, (config.engine, endpoints)),
-    }
-    for name, (target, args) in targets.items():
-        reader, writer = ctx.Pipe(duplex=False)
-        proc = ctx.Process(
-            target=target,
-            args=(*args, writer, os.getpid(), config.log_level),
-            name=f"radixserve-{name}",
-            # a daemonic process may not start children: the tensor-parallel ranks are the
-            # scheduler's (it stops them; _stop_children stops it however this process ends)
-            daemon=not (name == "scheduler" and config.engine.parallel.tp_size > 1),
-        )
-        proc.start()
-        writer.close()
-        children[name], pipes[name] = proc, reader
+    _start_child(
+        "scheduler", run_scheduler_process, (config.engine, endpoints), config, children, pipes
+    )
     logger.info("loading %s in the scheduler process", model_path)
-    return pipes
+    tokenizer = _early_tokenizer(config)
+    decoder = _decoder(tokenizer)
+    args = (model_path, decoder, endpoints)
+    _start_child("detokenizer", run_detokenizer_process, args, config, children, pipes)
+    return pipes, tokenizer
+
+
+def _start_child(
+    name: str,
+    target: Any,
+    args: tuple[Any, ...],
+    config: ServerConfig,
+    children: dict[str, BaseProcess],
+    pipes: dict[str, Connection],
+) -> None:
+    """Start child ``name`` (``multiprocessing``'s spawn context) into ``children``, its ready
+    pipe into ``pipes``."""
+    ctx = multiprocessing.get_context("spawn")
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(
+        target=target,
+        args=(*args, writer, os.getpid(), config.log_level),
+        name=f"radixserve-{name}",
+        # a daemonic process may not start children: the tensor-parallel ranks are the
+        # scheduler's (it stops them; _stop_children stops it however this process ends)
+        daemon=not (name == "scheduler" and config.engine.parallel.tp_size > 1),
+    )
+    proc.start()
+    writer.close()
+    children[name], pipes[name] = proc, reader
 
 
 def _early_tokenizer(config: ServerConfig) -> Any:
-    """The tokenizer, loaded here while the children start (a second of CPU off the
-    start-up's critical path); ``None`` if it fails, so that the children's own report of
-    the failure is what the user reads."""
+    """The tokenizer, loaded here while the scheduler starts (off the start-up's critical
+    path); ``None`` if it fails, so that the children's own report of the failure is what the
+    user reads."""
     assert config.engine.model_path is not None
     try:
         return load_tokenizer(config.engine.model_path)
     except Exception:
+        return None
+
+
+def _decoder(tokenizer: Any) -> str | None:
+    """What the detokenizer decodes with (:func:`decoder_json`); ``None``: it loads the
+    tokenizer itself (no tokenizer here, or one only transformers decodes)."""
+    if tokenizer is None:
+        return None
+    try:
+        return decoder_json(tokenizer)
+    except Exception:
+        logger.debug("the detokenizer loads its own tokenizer", exc_info=True)
         return None
 
 

@@ -17,7 +17,7 @@ from radixserve.server.ipc import (
     recv_all,
     setup_child_process,
 )
-from radixserve.tokenizer_loader import load_tokenizer
+from radixserve.tokenizer_loader import JsonDecoder, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -26,16 +26,21 @@ IDLE_POLL_MS = 1000
 
 def run_detokenizer_process(
     tokenizer_path: str,
+    decoder: str | None,
     endpoints: IpcEndpoints,
     ready: Connection,
     parent_pid: int,
     log_level: str = "info",
 ) -> None:
     """Process entry point. Sends ``"ready"`` (or an error string) through ``ready`` once the
-    tokenizer is loaded, then runs until the parent goes away or SIGTERM."""
+    tokenizer is loaded, then runs until the parent goes away or SIGTERM. ``decoder``: the
+    server's tokenizer as :func:`~radixserve.tokenizer_loader.decoder_json` gives it, decoded
+    without transformers; ``None``: the tokenizer at ``tokenizer_path``, loaded here."""
     setup_child_process(log_level)
     try:
-        detokenizer = Detokenizer(load_tokenizer(tokenizer_path))
+        detokenizer = Detokenizer(
+            JsonDecoder(decoder) if decoder is not None else load_tokenizer(tokenizer_path)
+        )
     except Exception:
         ready.send(f"the detokenizer could not load the tokenizer:\n{traceback.format_exc()}")
         raise
