@@ -8,7 +8,6 @@ import argparse
 from radixserve.config import KV_TIER_WRITE_POLICIES, KVTierConfig
 from radixserve.kv_events_config import KVEventsConfig
 from radixserve.launch.cli_parts import part_from_args
-from radixserve.memory_pool.tier_dir import TierUnavailable, check_tier_dir
 from radixserve.units import parse_size
 
 _DEFAULTS = KVTierConfig()
@@ -65,6 +64,10 @@ def kv_events_config(args: argparse.Namespace) -> KVEventsConfig | None:
 
 def _usable_tier_path(path: str | None) -> str | None:
     if path is not None:
+        # here, not at the top: the memory pool's package imports torch, which serve's process
+        # needs only once its scheduler has started (radixserve/cli.py)
+        from radixserve.memory_pool.tier_dir import TierUnavailable, check_tier_dir
+
         try:
             check_tier_dir(path)
         except TierUnavailable as exc:

@@ -6,7 +6,6 @@ import argparse
 
 from radixserve.config import EngineConfig, LoRAConfig
 from radixserve.launch.cli_parts import part_from_args
-from radixserve.runtime.lora_manager import check_adapter
 
 _DEFAULTS = LoRAConfig()
 
@@ -55,6 +54,10 @@ def lora_part(args: argparse.Namespace) -> LoRAConfig:
 def check_lora_paths(config: EngineConfig) -> None:
     """Read every ``--lora-paths`` adapter before a process starts: ``ValueError`` naming the
     first that cannot be served (``serve`` prints it as one line and exits 2)."""
+    if not config.lora.lora_paths:
+        return
+    from radixserve.runtime.lora_manager import check_adapter  # torch: only to read adapters
+
     for name, path in config.lora.lora_paths:
         try:
             check_adapter(path, config)

@@ -24,22 +24,19 @@ import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import uvicorn
-
-from radixserve.api.app import create_app
-from radixserve.api.operator.server_info import speculating
-from radixserve.api.operator.tenant_metrics import MetricsByTenant
 from radixserve.config import ServerConfig
-from radixserve.launch.connections import ConnectionLimits, guarded_protocol, throttle_accept_errors
 from radixserve.runtime.default_model import DESCRIPTION as DEFAULT_MODEL_DESCRIPTION
 from radixserve.server.detokenizer_process import run_detokenizer_process
 from radixserve.server.io_struct import SchedulerInfo
 from radixserve.server.ipc import IpcEndpoints
-from radixserve.server.scheduler_process import run_scheduler_process
-from radixserve.server.tokenizer_manager import TokenizerManager
 from radixserve.tokenizer_loader import decoder_json, load_tokenizer
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from radixserve.server.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger("radixserve.server")
 
@@ -69,6 +66,15 @@ def launch_server(config: ServerConfig) -> int:
     code = 0
     try:
         pipes, tokenizer = _start_children(config, endpoints, children)
+        # the HTTP side imports torch: here, once the scheduler has started (radixserve/cli.py)
+        import uvicorn
+
+        from radixserve.api.app import create_app
+        from radixserve.api.operator.server_info import speculating
+        from radixserve.api.operator.tenant_metrics import MetricsByTenant
+        from radixserve.launch.connections import ConnectionLimits, guarded_protocol
+        from radixserve.server.tokenizer_manager import TokenizerManager
+
         info = _wait_children(config, children, pipes)
         metrics = MetricsByTenant(config.model_name, speculating(config))
         tm = TokenizerManager(
@@ -121,15 +127,20 @@ def _start_children(
     model_path = config.engine.model_path
     assert model_path is not None
     pipes: dict[str, Connection] = {}
-    _start_child(
-        "scheduler", run_scheduler_process, (config.engine, endpoints), config, children, pipes
-    )
+    _start_child("scheduler", _run_scheduler, (config.engine, endpoints), config, children, pipes)
     logger.info("loading %s in the scheduler process", model_path)
     tokenizer = _early_tokenizer(config)
     decoder = _decoder(tokenizer)
     args = (model_path, decoder, endpoints)
     _start_child("detokenizer", run_detokenizer_process, args, config, children, pipes)
     return pipes, tokenizer
+
+
+def _run_scheduler(*args: Any) -> None:
+    """The scheduler child's entry: its module (and torch) imported there, not here."""
+    from radixserve.server.scheduler_process import run_scheduler_process
+
+    run_scheduler_process(*args)
 
 
 def _start_child(
@@ -224,6 +235,8 @@ def _stop_children(children: dict[str, BaseProcess]) -> None:
 async def _serve(
     server: uvicorn.Server, config: ServerConfig, info: SchedulerInfo, tm: TokenizerManager
 ) -> int:
+    from radixserve.launch.connections import throttle_accept_errors
+
     throttle_accept_errors(asyncio.get_running_loop())
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():

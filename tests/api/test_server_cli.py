@@ -168,3 +168,29 @@ def test_default_model_is_created_once(
     assert default_model.ensure_default_model(target) == target
     assert len(calls) == 1 and is_default_model_dir(target)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".m.tmp")]
+
+
+def test_serve_starts_its_scheduler_before_it_imports_torch(api_model_dir: Path) -> None:
+    """``radixserve serve`` spawns the scheduler (which imports torch and loads the model) before
+    this process imports torch or transformers, so that the two load side by side; the
+    detokenizer is spawned with a decoder that needs neither."""
+    code = f"""
+import sys
+import radixserve.launch.server as server
+
+def spawned(name, target, args, *rest):
+    print(name, sorted({{"torch", "transformers"}} & set(sys.modules)), type(args[1]).__name__)
+    if name == "detokenizer":
+        raise SystemExit(0)
+
+server._start_child = spawned
+from radixserve.cli import main
+main(["serve", "--model", {str(api_model_dir)!r}])
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.splitlines() == [
+        "scheduler [] IpcEndpoints",
+        "detokenizer ['torch', 'transformers'] str",
+    ], out.stdout + out.stderr
