@@ -14,7 +14,9 @@ reordering error; a wrong element is off by O(|ref|)).
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -386,3 +388,21 @@ def test_stale_torch_lock_is_removed(tmp_path) -> None:
     (tmp_path / "lock").write_text("")  # left by a builder that was killed
     with _ext._build_lock(str(tmp_path)):
         assert not (tmp_path / "lock").exists()
+
+
+def test_the_unity_build_includes_every_source_once_and_keeps_its_files(tmp_path) -> None:
+    """Each source in exactly one unit; a second build over the same directory rewrites no
+    unit (ninja would rebuild a unit whose file is newer than its object)."""
+    paths = [Path(p) for p in _ext._unit_files(str(tmp_path))]
+    included = [
+        Path(line.split('"')[1])
+        for p in paths
+        for line in p.read_text().splitlines()
+        if line.startswith("#include")
+    ]
+    assert sorted(included) == sorted(s.resolve() for s in _ext.SOURCES)
+    assert len(set(included)) == len(included) and len(paths) == len(_ext.UNITS) == 2
+    stamps = [p.stat().st_mtime_ns for p in paths]
+    time.sleep(0.01)
+    assert _ext._unit_files(str(tmp_path)) == [str(p) for p in paths]
+    assert [p.stat().st_mtime_ns for p in paths] == stamps
