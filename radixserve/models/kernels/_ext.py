@@ -19,7 +19,7 @@ capability dispatch):
 :func:`best_variant` picks the highest one the CPU's flags allow (at most a requested one, so an
 AVX-512 machine can run the AVX2 path too). Each build is JIT-compiled with
 ``torch.utils.cpp_extension.load`` (ninja + the system C++ compiler, two units of a unity build:
-about 20-25 s on 2 vCPUs) into
+about 27 s a variant on 2 vCPUs) into
 torch's extensions cache (``TORCH_EXTENSIONS_DIR`` as torch itself reads it); later processes
 only re-check it with ninja (~0.2 s). The module name carries the variant and a hash of the
 sources, flags, torch version and source directory, so checkouts, variants and torch builds
