@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -123,8 +124,9 @@ class StepCosts:
         """Seconds of a verify computing ``tokens`` tokens of requests whose contexts hold
         ``context`` tokens in all; ``drafted_context``: the sum over the drafted tokens of
         their request's context."""
-        table = _interp(self.verify_sizes, self.verify_s, tokens)
-        return table + self.verify_context_s * context + self.draft_context_s * drafted_context
+        return _interp(self.verify_sizes, self.verify_s, tokens) + self._context_s(
+            context, drafted_context
+        )
 
     def verify_step(self, bs: int, drafted: int, context: int, drafted_context: int = 0) -> float:
         """Seconds of a verify of ``bs`` requests and ``drafted`` drafts: a graph's where one
@@ -133,7 +135,12 @@ class StepCosts:
         graph = self._graph(bs)
         if not graph:
             return self.verify(bs + drafted, context, drafted_context)
-        return graph + self.verify_context_s * context + self.draft_context_s * drafted_context
+        return graph + self._context_s(context, drafted_context)
+
+    def _context_s(self, context: Any, drafted_context: Any) -> Any:
+        """A verify's seconds of attention over the contexts: ``context`` tokens in all, and
+        ``drafted_context`` summed over its drafted tokens (numbers, or arrays of them)."""
+        return self.verify_context_s * context + self.draft_context_s * drafted_context
 
     def _graph(self, bs: int) -> float:
         """Seconds of a verify graph holding ``bs`` requests; 0.0 where none does."""
@@ -171,7 +178,7 @@ class StepCosts:
             table = np.full(total, graph)
         else:
             table = _interp_many(self.verify_sizes, self.verify_s, bs + np.arange(1, total + 1))
-        verify = table + self.verify_context_s * context + self.draft_context_s * drafted_context
+        verify = table + self._context_s(context, drafted_context)
         rates = (bs + np.cumsum(g[order])) / verify
         best = int(rates.argmax())
         plan = [0] * bs
