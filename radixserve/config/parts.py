@@ -157,7 +157,8 @@ class SpeculativeConfig:
     ``speculative_algorithm`` "NGRAM" or None (off); ``speculative_num_draft_tokens`` counts the
     tokens a request computes in one verify (its last one and up to num_draft_tokens - 1
     drafts); match windows in tokens; capacity: tokens of the tree's cached sequences indexed;
-    max_batch_size: no drafts above."""
+    max_batch_size: no drafts above; cost_model: "measured" (timed at start) or "prior" (a
+    fixed ratio: what is drafted depends on the texts alone)."""
 
     speculative_algorithm: str | None = None
     speculative_num_draft_tokens: int = 8
@@ -165,11 +166,17 @@ class SpeculativeConfig:
     speculative_ngram_max_match_window_size: int = 12
     speculative_ngram_capacity: int = 1 << 18
     speculative_ngram_max_batch_size: int | None = None
+    speculative_cost_model: str = "measured"
 
     def __post_init__(self) -> None:
         if self.speculative_algorithm not in (None, "NGRAM"):
             raise ValueError(
                 f"speculative_algorithm must be NGRAM or None, got {self.speculative_algorithm!r}"
+            )
+        if self.speculative_cost_model not in ("measured", "prior"):
+            raise ValueError(
+                "speculative_cost_model must be measured or prior, "
+                f"got {self.speculative_cost_model!r}"
             )
         lo, hi = (
             self.speculative_ngram_min_match_window_size,

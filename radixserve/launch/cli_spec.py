@@ -50,6 +50,14 @@ def add_spec_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="no drafts when more requests than this decode together (default: the cost model)",
     )
+    add(
+        "--speculative-cost-model",
+        choices=["measured", "prior"],
+        default=_DEFAULTS.speculative_cost_model,
+        help="what decides which drafts to verify: step times measured at start (the default), "
+        "or a fixed prior (a token costs 0.14 of a step), so that what is drafted depends on "
+        "the texts alone, not on how busy the machine was at start",
+    )
 
 
 def speculative_part(args: argparse.Namespace) -> SpeculativeConfig:

@@ -70,7 +70,8 @@ class SpecDecoder:
         stats: SchedulerStats,
         runner: ModelRunner | None = None,
     ) -> None:
-        """``runner``: the model whose steps the cost model measures now (``None``: a prior)."""
+        """``runner``: the model whose steps the cost model measures now (``None``, or
+        ``--speculative-cost-model prior``: the prior)."""
         self.params = NgramParams(
             min_n=config.speculative.speculative_ngram_min_match_window_size,
             max_n=config.speculative.speculative_ngram_max_match_window_size,
@@ -84,7 +85,7 @@ class SpecDecoder:
             kv.tree.add_observer(index)
         self.drafter = NgramDrafter(p, index)
         self.cost = StepCosts.prior()
-        if runner is not None:
+        if runner is not None and config.speculative.speculative_cost_model == "measured":
             max_bs = (
                 config.speculative.speculative_ngram_max_batch_size
                 or config.admission.max_running_requests

@@ -257,7 +257,8 @@ def test_lora_requests_draft_under_their_adapter(tmp_path: Path, tiny_llama_dir:
 
 def test_the_cost_model_is_measured_at_start_on_scratch_space(tiny_llama_dir: Path) -> None:
     """The steps are timed on this machine at start (not the prior), every table grows with
-    its size, and the scratch rows and slots are back in the pools before the first request."""
+    its size, and the scratch rows and slots are back in the pools before the first request;
+    ``speculative_cost_model="prior"`` keeps the prior."""
     from radixserve.spec import StepCosts
 
     config = dict(dtype="float32", max_total_tokens=2048, max_running_requests=8)
@@ -271,6 +272,10 @@ def test_the_cost_model_is_measured_at_start_on_scratch_space(tiny_llama_dir: Pa
         assert kv.allocator.available_size() == kv.capacity
         assert kv.req_to_token_pool.available_size() == kv.req_to_token_pool.size
         engine.check_integrity()
+    with Engine(
+        str(tiny_llama_dir), speculative_algorithm="NGRAM", speculative_cost_model="prior", **config
+    ) as engine:
+        assert engine.scheduler.spec.cost == StepCosts.prior()  # type: ignore[attr-defined]
 
 
 def test_grammars_and_penalties_draft_and_equal_decoding_without_drafts(

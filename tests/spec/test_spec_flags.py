@@ -19,12 +19,14 @@ def test_flags_reach_the_engine_config(tmp_path: Path, monkeypatch: pytest.Monke
     assert off.speculative.speculative_algorithm is None  # off by default
     argv = ["serve", "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5"]
     argv += ["--speculative-ngram-min-match-window-size", "3"]
-    argv += ["--speculative-ngram-max-batch-size", "4"]
+    argv += ["--speculative-ngram-max-batch-size", "4", "--speculative-cost-model", "prior"]
     engine = make_server_config(build_parser().parse_args(argv)).engine
     assert engine.speculative.speculative_algorithm == "NGRAM"
     assert engine.speculative.speculative_num_draft_tokens == 5
     assert engine.speculative.speculative_ngram_min_match_window_size == 3
     assert engine.speculative.speculative_ngram_max_batch_size == 4
+    assert engine.speculative.speculative_cost_model == "prior"
+    assert off.speculative.speculative_cost_model == "measured"
     with pytest.raises(SystemExit):  # argparse's choices
         build_parser().parse_args(["serve", "--speculative-algorithm", "EAGLE"])
 
@@ -37,6 +39,7 @@ def test_flags_reach_the_engine_config(tmp_path: Path, monkeypatch: pytest.Monke
         dict(speculative_ngram_min_match_window_size=5, speculative_ngram_max_match_window_size=2),
         dict(speculative_ngram_capacity=0),
         dict(speculative_ngram_max_batch_size=0),
+        dict(speculative_cost_model="fast"),
     ],
 )
 def test_bad_values_are_value_errors(fields: dict[str, object]) -> None:
