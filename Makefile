@@ -46,9 +46,12 @@ cross-tools:
 		echo "cross-tools: install $(CROSS_TOOLS) to run the NEON kernel tests (they skip)"; \
 	fi
 
-# pytest exits 5 when it collects no test: that is a failure here, never a pass.
+# pytest exits 5 when it collects no test: that is a failure here, never a pass. Two workers
+# (pytest-xdist), each a test file at a time (a file's servers start once): most tests wait on
+# servers and subprocesses, so one process alone leaves a core idle.
+TEST_WORKERS ?= 2
 test: lint cross-tools
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-slow: $(STAMP) cross-tools
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
