@@ -7,12 +7,13 @@ own answer length (extra tokens are dropped, or masked out when the KV is carrie
 
 - ``recompute``: each turn re-prefills the whole history, left padded (what a server without a
   prefix cache does).
-- ``carry_kv``: the batch's ``past_key_values`` carry over to the next turn, which appends the
+- ``carry_kv``: the batch's KV cache carries over to the next turn, which appends the
   new user messages (left padded, masked) after the last answers: only new tokens are computed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 from typing import Any
@@ -44,6 +45,15 @@ def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
     return ids, mask
 
 
+def _cache_field() -> str:
+    """What ``generate`` calls the cache it continues and returns: ``cache`` where transformers
+    has renamed ``past_key_values`` (5.x, which warns of the old name and drops it in 6)."""
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    fields = {f.name for f in dataclasses.fields(GenerateDecoderOnlyOutput)}
+    return "cache" if "cache" in fields else "past_key_values"
+
+
 class HFRunner:
     def __init__(
         self, model_path: str, dtype: str, num_threads: int | None = None, device: str = "cpu"
@@ -55,13 +65,14 @@ class HFRunner:
         self.model = load_hf_model(model_path, dtype).to(self.device)
         pad = self.model.config.pad_token_id
         self.pad_id = int(pad) if pad is not None else 0
+        self.cache_field = _cache_field()
 
     def _generate(self, ids: torch.Tensor, mask: torch.Tensor, new: int, cache: Any) -> Any:
         """``generate`` on the model's device; the returned ``sequences`` are on the CPU."""
         result = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
-            past_key_values=cache,
+            **{self.cache_field: cache},
             max_new_tokens=new,
             min_new_tokens=new,
             do_sample=False,
@@ -122,7 +133,7 @@ class HFRunner:
             done = time.perf_counter()
             gen = result.sequences[:, ids.shape[1] :]  # [batch, new]
             if carry_kv:
-                cache = result.past_key_values
+                cache = getattr(result, self.cache_field)
                 gen_mask = (torch.arange(new)[None, :] < torch.tensor(lens)[:, None]).long()
                 seq, mask = result.sequences, torch.cat([in_mask, gen_mask], 1)
             for i, session in enumerate(batch):
