@@ -150,8 +150,10 @@ def test_sigterm_under_load_drains(rel_model_dir: Path, tmp_path: Path) -> None:
         assert not isinstance(item, Exception), f"a stream was cut: {item!r}"
         status, lines = item
         assert status == 200 and lines[-1] == "data: [DONE]", lines[-3:]
-        if len(lines) >= 2 and '"error"' in lines[-2]:
-            assert json.loads(lines[-2][len("data: ") :])["error"]["code"] == 503
+        # a stream the drain cut ends in an error event (a token's text may be "error" too)
+        last = json.loads(lines[-2][len("data: ") :]) if len(lines) >= 2 else {}
+        if "error" in last:
+            assert last["error"]["code"] == 503
     log = srv.log()
     assert "Traceback" not in log and "ZMQError" not in log, log[-6000:]
     for pid in pids.values():
