@@ -71,7 +71,8 @@ def test_a_tenants_abort_reaches_its_own_requests_only(keyed_server: KeyedServer
             assert mine.result().json()["meta_info"]["finish_reason"]["type"] == "length"
         assert everyone.status_code == 403  # abort_all is the admin's
         if theirs_finish == "length":  # b's request ended before the abort could reach it
-            assert aborted.json() == {"aborted": []}
+            # (or as it arrived: the route names a rid still open here, whose end was on its way)
+            assert aborted.json()["aborted"] in ([], [rid])
             continue
         assert again.status_code == 400 and "already running" in again.text
         assert aborted.json() == {"aborted": [rid]} and theirs_finish == "abort"
@@ -92,10 +93,11 @@ def test_the_admins_abort_all_reaches_every_tenant(keyed_server: KeyedServer) ->
                 f"{url}/abort_request", json={"abort_all": True}, headers=bearer("admin")
             )
             finish = mine.result().json()["meta_info"]["finish_reason"]["type"]
-        if admin.json()["aborted"]:
-            assert admin.json() == {"aborted": [f"long-{attempt}"]} and finish == "abort"
+        if finish == "abort":
+            assert admin.json() == {"aborted": [f"long-{attempt}"]}
             return
-        assert finish == "length"  # it ended before the abort arrived
+        # it ended before the abort arrived (or as it did: the rid was still open here)
+        assert finish == "length" and admin.json()["aborted"] in ([], [f"long-{attempt}"])
     pytest.fail("every request finished before the admin's abort reached it")
 
 
