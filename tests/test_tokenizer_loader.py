@@ -54,7 +54,7 @@ def test_a_checkpoint_without_a_named_class_goes_through_auto_tokenizer(
 
 def test_loading_imports_no_model_config_class(tiny_llama_dir: Path) -> None:
     code = (
-        "import sys; from radixserve.tokenizer_loader import JsonDecoder, decoder_json, load_tokenizer; "
+        "import sys; from radixserve.tokenizer_loader import load_tokenizer; "
         f"load_tokenizer({str(tiny_llama_dir)!r}); "
         "print(any(m.endswith('configuration_llama') for m in sys.modules))"
     )
