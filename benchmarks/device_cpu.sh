@@ -48,7 +48,7 @@ EOF
 
 stage_ab() {
   timeout ${AB_TIMEOUT:-150} taskset -c 0,1 $PY benchmarks/gemv_bench.py --rounds 5 \
-    --ms ${AB_MS:-1,8,32,64,128} --no-compile --no-fp32 --no-decode --int8 --variants ${AB_VARIANTS:-avx2 avx512 avx512_bf16}
+    --ms ${AB_MS:-1,8,32,64,128} --no-compile --no-fp32 --no-decode --int8 --variants ${AB_VARIANTS:-avx2 avx512 avx512_vnni avx512_bf16}
 }
 
 stage_bench() {

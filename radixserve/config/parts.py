@@ -9,7 +9,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-CPU_ISAS = ("avx2", "avx512", "avx512_bf16", "neon")  # the kernel variants (x86 lowest first)
+# the kernel variants (x86 lowest first)
+CPU_ISAS = ("avx2", "avx512", "avx512_vnni", "avx512_bf16", "neon")
 KV_TIER_WRITE_POLICIES = ("write_back", "write_through")  # SGLang's --hicache-write-policy
 # where the overlap loop launches a batch: the worker thread, or the scheduler thread on the
 # device's stream (asynchronous on CUDA only; runtime/model_worker.py)

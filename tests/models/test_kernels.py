@@ -326,10 +326,13 @@ def test_variant_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"}
     monkeypatch.setattr(_ext, "_flags_cache", [frozenset(avx512)])
     assert _ext.best_variant() == "avx512"
+    monkeypatch.setattr(_ext, "_flags_cache", [frozenset(avx512 | {"avx512_vnni"})])
+    assert _ext.best_variant() == "avx512_vnni"  # Cascade Lake, Ice Lake
     monkeypatch.setattr(_ext, "_flags_cache", [frozenset(avx512 | {"avx512_bf16"})])
     assert _ext.best_variant() == "avx512"  # its build also uses VNNI
     monkeypatch.setattr(_ext, "_flags_cache", [frozenset(avx512 | {"avx512_bf16", "avx512_vnni"})])
     assert _ext.best_variant() == "avx512_bf16"
+    assert _ext.best_variant("avx512_vnni") == "avx512_vnni"
     assert _ext.best_variant("avx2") == "avx2"  # RADIXSERVE_CPU_ISA=avx2 forces the lower one
     amx = avx512 | {"avx512_bf16", "avx512_vnni", "amx_tile", "amx_int8", "amx_bf16"}
     monkeypatch.setattr(_ext, "_flags_cache", [frozenset(amx)])
@@ -355,11 +358,11 @@ def test_routing_follows_the_variant_not_the_cpu() -> None:
         k = CpuKernels.routing(name)
         assert not k.gemm and not k.int8_rows and k.gemm_in_fp32
         assert (k.bf16_max_m, k.int8_max_m) == (MAX_M, MAX_M)
-    # AVX-512 with VNNI (every avx512_bf16 CPU; avx512 where the CPU has it): int8 past
-    # VNNI_INT8_MAX_M rows on the VNNI GEMM, x quantized per row
-    for k in (CpuKernels.routing("avx512_bf16"), CpuKernels.routing("avx512", "vnni")):
+    # AVX-512 with VNNI (avx512_vnni, avx512_bf16): int8 past VNNI_INT8_MAX_M rows on the VNNI
+    # GEMM, x quantized per row
+    for k in (CpuKernels.routing("avx512_bf16"), CpuKernels.routing("avx512_vnni")):
         assert k.int8_rows and not k.gemm
-        assert k.gemm_in_fp32 == (k.variant == "avx512")
+        assert k.gemm_in_fp32 == (k.variant == "avx512_vnni")
         bf16_max_m = MAX_M if k.gemm_in_fp32 else AVX512_BF16_MAX_M  # native: torch's bf16 GEMM
         assert (k.bf16_max_m, k.int8_max_m) == (bf16_max_m, VNNI_INT8_MAX_M)
     amx = CpuKernels.routing("amx")

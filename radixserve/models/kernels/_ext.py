@@ -9,9 +9,11 @@ once per variant with that variant's ``-m`` flags (like llama.cpp's CPU variants
 capability dispatch):
 
 - ``avx2``: AVX2 + FMA + F16C (Haswell, Zen 1-3): 8 fp32 lanes;
-- ``avx512``: AVX-512 F/BW/VL/DQ (Skylake-X, Ice Lake, Zen 4): 16 lanes;
-- ``avx512_bf16``: the same plus ``-mavx512bf16 -mavx512vnni`` (Cooper Lake, Sapphire Rapids,
-  Zen 4: each of them has both; VNNI runs the int8 dot products);
+- ``avx512``: AVX-512 F/BW/VL/DQ (Skylake-X): 16 lanes;
+- ``avx512_vnni``: the same plus ``-mavx512vnni`` (Cascade Lake, Ice Lake: AVX-512 VNNI without
+  bf16): VPDPBUSD runs the int8 dot products, of the skinny GEMM and of the int8 GEMM;
+- ``avx512_bf16``: the same plus ``-mavx512bf16`` (Cooper Lake, Sapphire Rapids, Zen 4: each of
+  them has VNNI too);
 - ``amx``: the same plus ``-mamx-tile -mamx-int8 -mamx-bf16`` (Sapphire Rapids and later): int8
   products taller than the skinny GEMM's rows run on AMX tiles (``amx_gemm.cpp``);
 - ``neon``: aarch64 Advanced SIMD (every 64-bit Arm CPU: Graviton, Ampere, Apple): 4 lanes.
@@ -100,6 +102,7 @@ class Variant:
 VARIANTS = (  # lowest first
     Variant("avx2", ("-mavx2", "-mfma", "-mf16c"), frozenset({"avx2", "fma", "f16c"})),
     Variant("avx512", _AVX512, _AVX512_FLAGS),
+    Variant("avx512_vnni", (*_AVX512, "-mavx512vnni"), _AVX512_FLAGS | {"avx512_vnni"}),
     Variant(
         "avx512_bf16",
         (*_AVX512, "-mavx512bf16", "-mavx512vnni"),

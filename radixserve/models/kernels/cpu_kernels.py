@@ -18,12 +18,12 @@ FMAs; int8 weights times ``x`` quantized per row, both as int16 pairs multiplied
 fp32 weights to torch's GEMM beyond ``MAX_M``; elsewhere torch's GEMM takes them all. With the
 ``amx`` variant (CPUs with AMX), bf16 weights go to torch's GEMM (oneDNN, on the AMX tiles) from
 ``AMX_BF16_MAX_M`` rows on, and int8 weights to ``amx_gemm.cpp`` from ``AMX_INT8_MAX_M``: int8
-tiles (TDPBSSD) times ``x`` quantized per row, the weights read in place. On AVX-512 CPUs with
-VNNI but no AMX, int8 weights go to ``gemm_q8.h`` from ``VNNI_INT8_MAX_M`` rows on: VPDPBUSD
+tiles (TDPBSSD) times ``x`` quantized per row, the weights read in place. With AVX-512 VNNI but
+no AMX (``avx512_vnni``, ``avx512_bf16``), int8 weights go to ``gemm_q8.h`` from
+``VNNI_INT8_MAX_M`` rows on: VPDPBUSD
 times ``x`` quantized per row, the weights read in place too. The routing follows the variant,
 not the CPU: a lower variant forced (``RADIXSERVE_CPU_ISA``) routes as a CPU of that variant
-would (torch's own GEMMs still use what the CPU has; the ``avx512`` variant asks the CPU for
-VNNI).
+would (torch's own GEMMs still use what the CPU has).
 """
 
 from __future__ import annotations
@@ -109,6 +109,9 @@ the name the extension's ``int8_gemm()`` gives, with the most rows the skinny GE
 them. The packed one serves only variants whose packed GEMM is measured
 (``PACKED_GEMM_VARIANTS``)."""
 
+INT8_GEMM_OF_VARIANT = {"amx": "amx", "avx512_bf16": "vnni", "avx512_vnni": "vnni"}
+"""The int8 GEMM each variant's build has (the extension's ``int8_gemm()``); the rest: packed."""
+
 MIN_TASK_BYTES = 64 * 1024
 """Weight bytes per thread task; a smaller product runs on one thread."""
 
@@ -118,7 +121,7 @@ class CpuKernels:
     """Which CPU kernels a model uses. Immutable; see the module docstring."""
 
     module: ModuleType | None = None  # the extension of `variant`; None: torch paths only
-    variant: str | None = None  # "avx2", "avx512", "avx512_bf16", "amx" or "neon"
+    variant: str | None = None  # "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx", "neon"
     dense: bool = False  # linear layers, RMSNorm, SiLU-and-mul and RoPE through the kernels
     attention: bool = False  # the cpu_kernel attention backend may run
     gemm_in_fp32: bool = False  # large bf16 products run torch's GEMM in float32
@@ -146,15 +149,14 @@ class CpuKernels:
     def routing(cls, variant: str, int8_gemm: str | None = None) -> CpuKernels:
         """How ``variant``'s kernels route products (no module: the decision alone). A function
         of the variant, never of this CPU's other flags: a forced lower variant routes as a CPU
-        of that variant would. The one exception is ``int8_gemm``, the extension's own word for
-        its taller int8 products (``"amx"``, ``"vnni"`` or ``"packed"``): the ``avx512``
-        variant's CPUs may or may not have VNNI (Skylake-X has not; Cascade Lake, Ice Lake and
-        Zen 4 have), so its build asks the CPU. By default, what the variant's CPUs have."""
+        of that variant would. ``int8_gemm`` is the extension's own word for its taller int8
+        products (``"amx"``, ``"vnni"`` or ``"packed"``); by default, what the variant's build
+        has."""
         amx = variant == "amx"
         native_bf16 = variant in NATIVE_BF16_VARIANTS
         gemm = not native_bf16 and variant in PACKED_GEMM_VARIANTS
         if int8_gemm is None:
-            int8_gemm = {"amx": "amx", "avx512_bf16": "vnni"}.get(variant, "packed")
+            int8_gemm = INT8_GEMM_OF_VARIANT.get(variant, "packed")
         rows = int8_gemm in INT8_ROW_GEMMS and (int8_gemm != "packed" or gemm)
         bf16_max_m = MAX_M  # beyond: the packed GEMM, or torch's (native bf16, or fp32)
         if native_bf16:

@@ -1,5 +1,6 @@
 // vnni_int8_gemm: the AVX-512 VNNI int8 GEMM (gemm_q8.h) on the tensors try_linear (gemv.cpp)
-// checked; vnni_available() says whether this build and CPU run it.
+// checked; vnni_available() says whether this build has it (the variants built with AVX-512
+// VNNI: their CPUs all run it).
 #include <ATen/core/Tensor.h>
 
 #include <optional>
@@ -9,7 +10,7 @@
 
 #if defined(RS_HAS_Q8_GEMM)
 
-bool vnni_available() { return rs::gemm_q8::available(); }
+bool vnni_available() { return true; }
 
 at::Tensor vnni_int8_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
                           const at::Tensor& scale, const std::optional<at::Tensor>& bias,
@@ -24,13 +25,13 @@ at::Tensor vnni_int8_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
   return y;
 }
 
-#else  // not AVX-512
+#else  // no AVX-512 VNNI in this build
 
 bool vnni_available() { return false; }
 
 at::Tensor vnni_int8_gemm(const at::Tensor&, int64_t, const at::Tensor&, const at::Tensor&,
                           const std::optional<at::Tensor>&, int64_t) {
-  TORCH_CHECK(false, "vnni_int8_gemm: this build has no AVX-512");
+  TORCH_CHECK(false, "vnni_int8_gemm: this build has no AVX-512 VNNI");
 }
 
 #endif

@@ -16,9 +16,8 @@
 // x's rows go in chunks of about 1 MB packed (kept in L2); per chunk, the intra-op threads take
 // blocks of NW weight rows from a shared counter (weights of a block stay in L1/L2 while they
 // meet every row of the chunk), and a thread's first tile of a block prefetches into L2 the
-// block it will likely take next (the threads take turns). The avx512 variant, built without
-// VNNI, carries VPDPBUSD as inline asm and runs it only where available() says the CPU has it.
-// gemm_q8.cpp is its torch entry.
+// block it will likely take next (the threads take turns). Built by the variants with VNNI
+// (avx512_vnni, avx512_bf16; amx has its own int8 GEMM); gemm_q8.cpp is its torch entry.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -34,41 +33,23 @@
 #include "q8_rows.h"
 #include "simd.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #define RS_HAS_Q8_GEMM 1
 
 namespace rs::gemm_q8 {
 
 constexpr int64_t kChunkBytes = 1 << 20;  // packed x per chunk of rows
 
-// Whether this CPU runs VPDPBUSD on 512-bit vectors.
-inline bool available() {
-#if defined(__AVX512VNNI__)
-  return true;
-#else
-  static const bool has = __builtin_cpu_supports("avx512vnni");
-  return has;
-#endif
-}
-
 // acc + the dot products of u8's unsigned bytes with s8's signed bytes, 4 per 32-bit lane
-// (VPDPBUSD), on 16 lanes (__m512i) or 8 (__m256i, AVX512-VL). Built without VNNI (the avx512
-// variant), it is the instruction in inline asm, run only where available(): a function target
-// instead made GCC confine the sums to the 16 registers VEX can name, copying them in and out
-// around every instruction (half the speed).
+// (VPDPBUSD), on 16 lanes (__m512i) or 8 (__m256i, AVX512-VL).
 template <class V>
 inline V dpbusd(V acc, V u8, V s8) {
   static_assert(std::is_same_v<V, __m512i> || std::is_same_v<V, __m256i>);
-#if defined(__AVX512VNNI__)
   if constexpr (std::is_same_v<V, __m512i>) {
     return _mm512_dpbusd_epi32(acc, u8, s8);
   } else {
     return _mm256_dpbusd_epi32(acc, u8, s8);
   }
-#else
-  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
-  return acc;
-#endif
 }
 
 // Bytes [4g, 4g + 4) of a weight row as one int32 word; past K (the last, partial group) zero.

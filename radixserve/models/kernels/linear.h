@@ -62,7 +62,7 @@ at::Tensor amx_int8_gemm(const at::Tensor& x, int64_t ldx, const at::Tensor& w,
                          const at::Tensor& scale, const std::optional<at::Tensor>& bias,
                          int64_t M);
 // The int8 GEMM with AVX-512 VNNI (gemm_q8.cpp), the same product and quantization of x as
-// amx_int8_gemm. Only where vnni_available(): an AVX-512 variant on a CPU with AVX-512 VNNI.
+// amx_int8_gemm. Only where vnni_available(): a variant built with AVX-512 VNNI.
 bool vnni_available();
 // Which of them takes this build's int8 products taller than the skinny GEMM's rows (gemv.cpp,
 // the one place that decides; Python asks through the binding int8_gemm): the AMX GEMM, the

@@ -57,6 +57,8 @@ inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 #define RS_HAS_AMX 1
 #elif defined(__AVX512BF16__)
 #define RS_ISA_NAME "avx512_bf16"
+#elif defined(__AVX512VNNI__)
+#define RS_ISA_NAME "avx512_vnni"
 #else
 #define RS_ISA_NAME "avx512"
 #endif
