@@ -56,7 +56,7 @@ from llama_side import (
     ratio_header,
 )
 
-from radixserve.config import EngineConfig
+from radixserve.config import CPU_ISAS, EngineConfig
 from radixserve.models.attention.flashinfer_backend import FlashInferBackend
 from radixserve.models.decoder import DecoderForCausalLM
 from radixserve.models.forward_batch import ForwardBatch
@@ -140,10 +140,12 @@ class OurSide:
         # +int8: weight-only int8; +eager: no CUDA graphs; on FlashInfer, the baselines of the
         # fast graph plan and the ragged prefill: +fullplan (a graph replay's full plan), +paged
         # (one paged pass, never the ragged kernel), +tc (decode on tensor cores, whatever the
-        # GQA group), +fused (FlashInfer's fused add+RMSNorm and SiLU-and-mul)
+        # GQA group), +fused (FlashInfer's fused add+RMSNorm and SiLU-and-mul); a CPU kernel
+        # variant's name (+avx512_vnni): that variant at most, so variants run side by side
         dtype, *options = config.split("+")
-        if not set(options) <= set(OPTIONS):
+        if not set(options) <= {*OPTIONS, *CPU_ISAS}:
             raise ValueError(f"unknown options in {config!r}: {', '.join(OPTIONS)} exist")
+        isas = [o for o in options if o in CPU_ISAS]
         quantization = "int8" if "int8" in options else None
         cfg = EngineConfig.from_flat(
             model_path=str(model_dir),
@@ -157,6 +159,7 @@ class OurSide:
             max_running_requests=max_bs,
             max_context_len=ctx,
             disable_cpu_linear_kernel=torch_linear,
+            **({"cpu_isa": isas[0]} if isas else {}),
         )
         self.name = f"rs {config}"
         kv = KVManager.build(cfg)  # the pools are the KVManager's; the runner is handed them
@@ -338,7 +341,7 @@ def measure(
     for ls in llama:
         print(f"{ls.name}: {' '.join(ls.server.cmd)}")
     columns = ratio_columns(args.configs, len(hf), [s.outtype for s in llama])
-    names = "".join(f"{s.name:>{CELL}s}" for s in sides)
+    names = "".join(f" {s.name:>{CELL - 1}s}" for s in sides)  # a space apart, however long
     print(f"{'tokens/s: median (min-max)':28s}{names}{ratio_header(columns)}")
 
     rows: list[dict[str, object]] = []  # what --json writes
@@ -434,7 +437,7 @@ def main() -> None:
         nargs="+",
         default=["bfloat16", "bfloat16+int8", "float32"],
         help="radixserve sides: a dtype, optionally +int8 (weight-only int8) and, on CUDA, +eager "
-        "(no CUDA graphs), +fullplan (FlashInfer's full plan at each graph replay), +paged (never "
+        "(no CUDA graphs), +<a CPU kernel variant> (at most that one), +fullplan (FlashInfer's full plan at each graph replay), +paged (never "
         "the ragged prefill kernel), +tc (FlashInfer's decode on tensor cores), +fused (its fused "
         "add+RMSNorm and SiLU-and-mul)",
     )
