@@ -337,6 +337,7 @@ def h200_spec() -> str:
 
 
 ZEN4 = "benchmarks/results/zen4-2026-11-28"
+ZEN4_NOW = "benchmarks/results/zen4-2026-11-29"
 
 
 def zen4_step() -> str:
@@ -357,9 +358,40 @@ def zen4_step() -> str:
     return table(header, rows, [path])
 
 
-def zen4_forced_avx512() -> str:
-    """Zen 4 forced to the avx512 variant (standing in for an AVX-512 CPU without BF16)."""
-    return int8_against_bf16(f"{ZEN4}/step-forced-avx512-int8-rows.json")
+def zen4_forced_avx512_vnni() -> str:
+    """Zen 4 forced to the avx512_vnni variant (standing in for an AVX-512 Xeon with VNNI but no
+    BF16): bf16 and int8, and the int8 of the avx512 variant beside it (VPMADDUBSW + VPMADDWD in
+    the skinny GEMM; its taller products on torch's path, as on a CPU without VNNI)."""
+    path = f"{ZEN4_NOW}/step-qwen25-0.5b-forced-avx512-vnni.json"
+    header = ["row", "rs bf16", "rs int8", "int8 / bf16", "rs int8, avx512", "avx512_vnni / avx512"]
+    rows = []
+    for row in load(path)["rows"]:
+        t = row["tokens_per_s"]
+        bf, i8 = t["rs bfloat16+avx512_vnni"], t["rs bfloat16+int8+avx512_vnni"]
+        before = t["rs bfloat16+int8+avx512"]
+        rows.append([row["row"], num(bf), num(i8), times(i8 / bf), num(before), times(i8 / before)])
+    return table(header, rows, [path])
+
+
+def zen4_skinny_vnni() -> str:
+    """The skinny GEMM's int8 rows with VPDPBUSD (avx512_vnni) against VPMADDUBSW + VPMADDWD
+    (avx512) on the Qwen3-1.7B shape, each variant forced, interleaved in one run."""
+    path = f"{ZEN4_NOW}/step-qwen3-1.7b-skinny-vnni.json"
+    rows = []
+    for row in load(path)["rows"]:
+        if not row["row"].startswith("decode"):
+            continue  # its prefill row is the VNNI GEMM against torch's path: the table above
+        t = row["tokens_per_s"]
+        before, after = t["rs bfloat16+int8+avx512"], t["rs bfloat16+int8+avx512_vnni"]
+        bound = row["bound_fraction"]
+        rows.append(
+            [row["row"], num(before), num(after), times(after / before)]
+            + [
+                f"{bound['rs bfloat16+int8+avx512']:.0%} / {bound['rs bfloat16+int8+avx512_vnni']:.0%}"
+            ]
+        )
+    header = ["row", "int8, avx512", "int8, avx512_vnni", "avx512_vnni / avx512", "of the bound"]
+    return table(header, rows, [path])
 
 
 def zen4_forced_avx2() -> str:
@@ -525,7 +557,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "h200-spec": h200_spec,
     "zen4-step": zen4_step,
     "zen4-multiturn": zen4_multiturn,
-    "zen4-forced-avx512": zen4_forced_avx512,
+    "zen4-forced-avx512-vnni": zen4_forced_avx512_vnni,
+    "zen4-skinny-vnni": zen4_skinny_vnni,
     "zen4-forced-avx2": zen4_forced_avx2,
     "h200-multiturn": h200_multiturn,
     "spec-decode": spec_decode,
