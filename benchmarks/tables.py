@@ -124,6 +124,18 @@ LLAMA_RUNS = [  # (what is compared, shape, machine, JSON): the latest run of ea
         ZEN4,
         "docs/bench-llama-cpp-a-qwen3-1.7b-int8-zen4.json",
     ),
+    (
+        "Llama-3.2-3B, bf16 vs BF16 GGUF",
+        "(a)",
+        ZEN4,
+        "docs/bench-llama-cpp-a-llama3.2-3b-bf16-zen4.json",
+    ),
+    (
+        "Llama-3.2-3B, int8 vs Q8_0 GGUF",
+        "(a)",
+        ZEN4,
+        "docs/bench-llama-cpp-a-llama3.2-3b-int8-zen4.json",
+    ),
 ]
 
 
