@@ -144,7 +144,8 @@ class OurSide:
         # variant's name (+avx512_vnni): that variant at most, so variants run side by side
         dtype, *options = config.split("+")
         if not set(options) <= {*OPTIONS, *CPU_ISAS}:
-            raise ValueError(f"unknown options in {config!r}: {', '.join(OPTIONS)} exist")
+            known = ", ".join((*OPTIONS, *CPU_ISAS))
+            raise ValueError(f"unknown options in {config!r}: {known} exist")
         isas = [o for o in options if o in CPU_ISAS]
         quantization = "int8" if "int8" in options else None
         cfg = EngineConfig.from_flat(
@@ -436,9 +437,10 @@ def main() -> None:
         "--configs",
         nargs="+",
         default=["bfloat16", "bfloat16+int8", "float32"],
-        help="radixserve sides: a dtype, optionally +int8 (weight-only int8) and, on CUDA, +eager "
-        "(no CUDA graphs), +<a CPU kernel variant> (at most that one), +fullplan (FlashInfer's full plan at each graph replay), +paged (never "
-        "the ragged prefill kernel), +tc (FlashInfer's decode on tensor cores), +fused (its fused "
+        help="radixserve sides: a dtype, optionally +int8 (weight-only int8), on the CPU a kernel "
+        "variant (+avx512_vnni: that one at most) and, on CUDA, +eager (no CUDA graphs), "
+        "+fullplan (FlashInfer's full plan at each graph replay), +paged (never the ragged "
+        "prefill kernel), +tc (FlashInfer's decode on tensor cores), +fused (its fused "
         "add+RMSNorm and SiLU-and-mul)",
     )
     parser.add_argument(

@@ -20,10 +20,10 @@ fp32 weights to torch's GEMM beyond ``MAX_M``; elsewhere torch's GEMM takes them
 ``AMX_BF16_MAX_M`` rows on, and int8 weights to ``amx_gemm.cpp`` from ``AMX_INT8_MAX_M``: int8
 tiles (TDPBSSD) times ``x`` quantized per row, the weights read in place. With AVX-512 VNNI but
 no AMX (``avx512_vnni``, ``avx512_bf16``), int8 weights go to ``gemm_q8.h`` from
-``VNNI_INT8_MAX_M`` rows on: VPDPBUSD
-times ``x`` quantized per row, the weights read in place too. The routing follows the variant,
-not the CPU: a lower variant forced (``RADIXSERVE_CPU_ISA``) routes as a CPU of that variant
-would (torch's own GEMMs still use what the CPU has).
+``VNNI_INT8_MAX_M`` rows on: VPDPBUSD times ``x`` quantized per row, the weights read in place
+too. The routing follows the variant, not the CPU: a lower variant forced
+(``RADIXSERVE_CPU_ISA``) routes as a CPU of that variant would (torch's own GEMMs still use
+what the CPU has).
 """
 
 from __future__ import annotations
