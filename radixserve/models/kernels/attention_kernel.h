@@ -12,10 +12,12 @@
 // blocks that cross the diagonal or the window) and O += P V in fp32. Storage may be bf16
 // (widened in registers, so CPUs without bf16 arithmetic run it at fp32 speed); the math is
 // fp32 throughout and the output is rounded once. Where the build has VDPBF16PS (avx512_bf16,
-// and amx below its tiles' threshold), bf16 K stays in pairs ([d / 2][64] 32-bit words, a
-// transpose of words instead of a widening one) and Q K^T runs on them: the same exact products
-// summed in fp32, half the instructions (Zen 4, 2 threads, Qwen3-1.7B's heads, 8 requests
-// extending by 64 tokens: 1.15x after 1,024 cached tokens, 1.36x after 4,096). In the amx variant, bf16 batches whose
+// and amx below its tiles' threshold), bf16 blocks stay in pairs instead: K as [d / 2][64]
+// 32-bit words (a transpose of words), V as [32][d] words of two keys' values, and both
+// products run on VDPBF16PS, Q K^T on the exact products summed in fp32, P V with P rounded
+// to bf16 first as the AMX path does (each p within 2^-9 of itself): half the instructions.
+// Zen 4, 2 threads, Qwen3-1.7B's heads, 8 requests extending by 64 tokens, one layer: 46.6 ->
+// 27.4 ms after 1,024 cached tokens, 192 -> 113 ms after 4,096. In the amx variant, bf16 batches whose
 // requests extend by at least 16 query rows (prefill, not decode) run attention_amx.cpp instead:
 // Q K^T and P V on bf16 tiles with fp32 sums, P rounded to bf16 (2.2-2.6x faster on a 512-token
 // prefill and a 128-token extend of a 512-token prefix, 0.5B shape, 2 threads).
@@ -54,6 +56,8 @@ struct Scratch {
   // instructions of fp32 FMAs on the same exact products
   std::vector<uint32_t> qp;  // [rows][d / 2]: each query's (2c, 2c + 1) pairs
   std::vector<uint32_t> kp;  // [d / 2][kBk]: the K block's pairs, transposed
+  std::vector<uint32_t> vp;  // [kBk / 2][d]: the V block's pairs of keys (2j, 2j + 1)
+  std::vector<uint32_t> pp;  // [kTile][kBk / 2]: a tile's probabilities, rounded to bf16 pairs
 };
 
 // Whether Q K^T of T storage runs on bf16 pairs (VDPBF16PS) in this build.
@@ -71,21 +75,48 @@ template <class T>
 void widen_block(const Problem<T>& p, const int32_t* slots, int64_t h, int64_t j0, int64_t nk,
                  Scratch& s) {
   const int64_t d = p.d;
+#if defined(RS_HAS_DPBF16)
   if constexpr (pairs<T>()) {
     std::fill(s.kp.begin(), s.kp.end(), 0u);
-  } else {
-    std::fill(s.kt.begin(), s.kt.end(), 0.0f);
+    for (int64_t j = 0; j < nk; ++j) {
+      const T* kr = p.k + static_cast<int64_t>(slots[j0 + j]) * p.kv_stride + h * d;
+      for (int64_t c2 = 0; c2 < d / 2; ++c2) std::memcpy(&s.kp[c2 * kBk + j], kr + 2 * c2, 4);
+    }
+    // V's rows 2j and 2j + 1 interleaved, 32 columns at a time: word c of pair j is
+    // (V[2j][c], V[2j + 1][c]); past nk, zero
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                        40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                        32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int64_t j2 = 0; j2 < kBk / 2; ++j2) {
+      uint32_t* out = &s.vp[j2 * d];
+      const int64_t j = 2 * j2;
+      if (j >= nk) {
+        std::fill(out, out + d, 0u);
+        continue;
+      }
+      const T* v0 = p.v + static_cast<int64_t>(slots[j0 + j]) * p.kv_stride + h * d;
+      const T* v1 = j + 1 < nk ? p.v + static_cast<int64_t>(slots[j0 + j + 1]) * p.kv_stride + h * d
+                               : nullptr;
+      for (int64_t c = 0; c < d; c += 2 * W) {  // d is a multiple of W: a tail of W columns
+        const bool whole = c + 2 * W <= d;
+        const __mmask32 m = whole ? ~__mmask32{0} : __mmask32{0xFFFF};
+        const __m512i a = _mm512_maskz_loadu_epi16(m, v0 + c);
+        const __m512i b = v1 ? _mm512_maskz_loadu_epi16(m, v1 + c) : _mm512_setzero_si512();
+        _mm512_storeu_si512(out + c, _mm512_permutex2var_epi16(a, lo, b));
+        if (whole) _mm512_storeu_si512(out + c + W, _mm512_permutex2var_epi16(a, hi, b));
+      }
+    }
+    return;
   }
+#endif
+  std::fill(s.kt.begin(), s.kt.end(), 0.0f);
   std::fill(s.vb.begin() + nk * d, s.vb.end(), 0.0f);
   for (int64_t j = 0; j < nk; ++j) {
     const int64_t base = static_cast<int64_t>(slots[j0 + j]) * p.kv_stride + h * d;
     const T* kr = p.k + base;
     const T* vr = p.v + base;
-    if constexpr (pairs<T>()) {
-      for (int64_t c2 = 0; c2 < d / 2; ++c2) std::memcpy(&s.kp[c2 * kBk + j], kr + 2 * c2, 4);
-    } else {
-      for (int64_t c = 0; c < d; ++c) s.kt[c * kBk + j] = to_float(kr[c]);
-    }
+    for (int64_t c = 0; c < d; ++c) s.kt[c * kBk + j] = to_float(kr[c]);
     for (int64_t c = 0; c < d; c += W) store(&s.vb[j * d + c], load(vr + c));
   }
 }
@@ -153,6 +184,35 @@ inline void scores_pairs(int64_t d, float scale, Scratch& s, int64_t r0) {
     }
   }
 }
+
+// O rows [r0, r0 + 4) += P V for dims [c0, c0 + NV * W) from the pairs: P rounded to bf16 (as
+// the AMX path does), one VDPBF16PS per two keys.
+template <int NV>
+inline void pv_pairs(int64_t d, int64_t nk, Scratch& s, int64_t r0, int64_t c0) {
+  VF acc[kTile][NV];
+  for (int r = 0; r < kTile; ++r)
+    for (int c = 0; c < NV; ++c) acc[r][c] = load(&s.o[(r0 + r) * d + c0 + W * c]);
+  for (int64_t j2 = 0; j2 < (nk + 1) / 2; ++j2) {
+    VB vv[NV];
+    for (int c = 0; c < NV; ++c) vv[c] = _mm512_loadu_si512(&s.vp[j2 * d + c0 + W * c]);
+    for (int r = 0; r < kTile; ++r) {
+      const VB pr = _mm512_set1_epi32(static_cast<int>(s.pp[r * (kBk / 2) + j2]));
+      for (int c = 0; c < NV; ++c) acc[r][c] = dot_pairs(pr, vv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < kTile; ++r)
+    for (int c = 0; c < NV; ++c) store(&s.o[(r0 + r) * d + c0 + W * c], acc[r][c]);
+}
+
+// The tile's probabilities (s.s) as bf16 pairs (s.pp).
+inline void round_probabilities(Scratch& s) {
+  for (int r = 0; r < kTile; ++r) {
+    for (int64_t j = 0; j < kBk; j += 2 * W) {
+      const __m512bh b = _mm512_cvtne2ps_pbh(load(&s.s[r * kBk + j + W]), load(&s.s[r * kBk + j]));
+      _mm512_storeu_si512(&s.pp[r * (kBk / 2) + j / 2], (__m512i)b);
+    }
+  }
+}
 #endif
 
 // One 4-row tile against one widened block at key j0: scores, online softmax, P V.
@@ -181,6 +241,14 @@ inline void tile_block(int64_t d, float scale, int64_t window, int64_t j0, int64
     }
   }
   int64_t c0 = 0;
+#if defined(RS_HAS_DPBF16)
+  if constexpr (pairs<T>()) {
+    round_probabilities(s);
+    for (; c0 + 2 * W <= d; c0 += 2 * W) pv_pairs<2>(d, nk, s, r0, c0);
+    if (c0 < d) pv_pairs<1>(d, nk, s, r0, c0);
+    return;
+  }
+#endif
   for (; c0 + 2 * W <= d; c0 += 2 * W) pv_chunk<2>(d, nk, s, r0, c0);
   if (c0 < d) pv_chunk<1>(d, nk, s, r0, c0);
 }
@@ -289,10 +357,12 @@ void run_tasks(const Problem<T>& p, const std::vector<Task>& tasks, int64_t max_
     if constexpr (pairs<T>()) {
       s.qp.resize(max_rows * d / 2);
       s.kp.resize(d / 2 * kBk);
+      s.vp.resize(kBk / 2 * d);
+      s.pp.resize(kTile * kBk / 2);
     } else {
       s.kt.resize(d * kBk);
+      s.vb.resize(kBk * d);
     }
-    s.vb.resize(kBk * d);
     s.s.resize(std::max<int64_t>(kTile, max_rows) * kBk);
     return s;
   };
