@@ -116,13 +116,13 @@ LLAMA_RUNS = [  # (what is compared, shape, machine, JSON): the latest run of ea
         "Qwen3-1.7B, bf16 vs BF16 GGUF",
         "(a)",
         ZEN4,
-        "docs/bench-llama-cpp-a-qwen3-1.7b-bf16-zen4.json",
+        "docs/bench-llama-cpp-a-qwen3-1.7b-bf16-zen4-1129.json",
     ),
     (
         "Qwen3-1.7B, int8 vs Q8_0 GGUF",
         "(a)",
         ZEN4,
-        "docs/bench-llama-cpp-a-qwen3-1.7b-int8-zen4.json",
+        "docs/bench-llama-cpp-a-qwen3-1.7b-int8-zen4-1129.json",
     ),
     (
         "Llama-3.2-3B, bf16 vs BF16 GGUF",
