@@ -17,8 +17,9 @@
 // products run on VDPBF16PS, Q K^T on the exact products summed in fp32, P V with P rounded
 // to bf16 first as the AMX path does (each p within 2^-9 of itself): half the instructions.
 // Zen 4, 2 threads, Qwen3-1.7B's heads, 8 requests extending by 64 tokens, one layer: 46.6 ->
-// 27.4 ms after 1,024 cached tokens, 192 -> 113 ms after 4,096. In the amx variant, bf16 batches whose
-// requests extend by at least 16 query rows (prefill, not decode) run attention_amx.cpp instead:
+// 27.4 ms after 1,024 cached tokens, 192 -> 113 ms after 4,096. In the amx variant, bf16
+// batches whose requests extend by at least 16 query rows (prefill, not decode) run
+// attention_amx.cpp instead:
 // Q K^T and P V on bf16 tiles with fp32 sums, P rounded to bf16 (2.2-2.6x faster on a 512-token
 // prefill and a 128-token extend of a 512-token prefix, 0.5B shape, 2 threads).
 //
@@ -52,15 +53,15 @@ struct Scratch {
   std::vector<float> kt;     // [d][kBk]: the K block, transposed
   std::vector<float> vb;     // [kBk][d]: the V block
   std::vector<float> s;      // [max(kTile, rows)][kBk]: scores, then probabilities
-  // bf16 storage with VDPBF16PS (pairs<T>): Q and K as bf16 pairs, so Q K^T takes half the
-  // instructions of fp32 FMAs on the same exact products
+  // bf16 storage with VDPBF16PS (pairs<T>): Q, K, V and P as bf16 pairs instead of q, kt, vb,
+  // so both products take half the instructions of fp32 FMAs
   std::vector<uint32_t> qp;  // [rows][d / 2]: each query's (2c, 2c + 1) pairs
   std::vector<uint32_t> kp;  // [d / 2][kBk]: the K block's pairs, transposed
   std::vector<uint32_t> vp;  // [kBk / 2][d]: the V block's pairs of keys (2j, 2j + 1)
   std::vector<uint32_t> pp;  // [kTile][kBk / 2]: a tile's probabilities, rounded to bf16 pairs
 };
 
-// Whether Q K^T of T storage runs on bf16 pairs (VDPBF16PS) in this build.
+// Whether an extend of T storage runs Q K^T and P V on bf16 pairs (VDPBF16PS) in this build.
 template <class T>
 constexpr bool pairs() {
 #if defined(RS_HAS_DPBF16)
@@ -70,16 +71,20 @@ constexpr bool pairs() {
 #endif
 }
 
-// Widen keys [j0, j0 + nk) of (b, h) into kt/vb; the rest of the block stays zero.
+// Widen keys [j0, j0 + nk) of (b, h) into kt/vb (with pairs<T>: into kp/vp as they are); the
+// rest of the block stays zero.
 template <class T>
 void widen_block(const Problem<T>& p, const int32_t* slots, int64_t h, int64_t j0, int64_t nk,
                  Scratch& s) {
   const int64_t d = p.d;
+  const auto row = [&](const T* buf, int64_t j) {  // key j0 + j's row of head h in buf
+    return buf + static_cast<int64_t>(slots[j0 + j]) * p.kv_stride + h * d;
+  };
 #if defined(RS_HAS_DPBF16)
   if constexpr (pairs<T>()) {
     std::fill(s.kp.begin(), s.kp.end(), 0u);
     for (int64_t j = 0; j < nk; ++j) {
-      const T* kr = p.k + static_cast<int64_t>(slots[j0 + j]) * p.kv_stride + h * d;
+      const T* kr = row(p.k, j);
       for (int64_t c2 = 0; c2 < d / 2; ++c2) std::memcpy(&s.kp[c2 * kBk + j], kr + 2 * c2, 4);
     }
     // V's rows 2j and 2j + 1 interleaved, 32 columns at a time: word c of pair j is
@@ -95,9 +100,8 @@ void widen_block(const Problem<T>& p, const int32_t* slots, int64_t h, int64_t j
         std::fill(out, out + d, 0u);
         continue;
       }
-      const T* v0 = p.v + static_cast<int64_t>(slots[j0 + j]) * p.kv_stride + h * d;
-      const T* v1 = j + 1 < nk ? p.v + static_cast<int64_t>(slots[j0 + j + 1]) * p.kv_stride + h * d
-                               : nullptr;
+      const T* v0 = row(p.v, j);
+      const T* v1 = j + 1 < nk ? row(p.v, j + 1) : nullptr;
       for (int64_t c = 0; c < d; c += 2 * W) {  // d is a multiple of W: a tail of W columns
         const bool whole = c + 2 * W <= d;
         const __mmask32 m = whole ? ~__mmask32{0} : __mmask32{0xFFFF};
@@ -113,9 +117,8 @@ void widen_block(const Problem<T>& p, const int32_t* slots, int64_t h, int64_t j
   std::fill(s.kt.begin(), s.kt.end(), 0.0f);
   std::fill(s.vb.begin() + nk * d, s.vb.end(), 0.0f);
   for (int64_t j = 0; j < nk; ++j) {
-    const int64_t base = static_cast<int64_t>(slots[j0 + j]) * p.kv_stride + h * d;
-    const T* kr = p.k + base;
-    const T* vr = p.v + base;
+    const T* kr = row(p.k, j);
+    const T* vr = row(p.v, j);
     for (int64_t c = 0; c < d; ++c) s.kt[c * kBk + j] = to_float(kr[c]);
     for (int64_t c = 0; c < d; c += W) store(&s.vb[j * d + c], load(vr + c));
   }
