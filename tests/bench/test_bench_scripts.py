@@ -41,6 +41,11 @@ SCRIPT_ARGS: dict[str, list[str]] = {
         *("--rounds", "1", "--ms", "1", "--no-compile", "--no-fp32", "--no-decode"),
         *("--int8", "--variants", "avx2"),
     ],
+    # the tiny model's layer shapes, one copy, one round; every tile, and each again with x in L1
+    "gemv_tiles.py": [
+        *("--model-dir", "{model}", "--ms", "2", "--layers", "1", "--rounds", "1"),
+        *("--shared-x", "--json", "{out}/tiles.json"),
+    ],
     "int8_accuracy.py": [
         "--model-dir",
         "{model}",
@@ -188,6 +193,11 @@ EXPECTED: dict[str, list[str]] = {
         r"^96 x 4864x896 int8: GB/s",
         r"^M=1\s+\d",
     ],
+    "gemv_tiles.py": [
+        r"^kernel variant \w+",
+        r"^\s+2\s+\S+/x-in-L1(\s+\d+\.\d){5}$",
+        r"^M=2: best ",
+    ],
     "int8_accuracy.py": [
         r"bfloat16\+int8 \(batch 2\) vs bf16 over 2 steps: .* greedy token agrees at"
     ],
@@ -237,6 +247,7 @@ EXPECTED: dict[str, list[str]] = {
 
 # Files (under the test's tmp_path) the script must leave, non-empty; JSON must parse.
 OUTPUT_FILES: dict[str, list[str]] = {
+    "gemv_tiles.py": ["tiles.json"],
     "agent_trace.py": ["agent.json"],
     "load.py": ["load.json"],
     "model_throughput.py": ["throughput.json"],
