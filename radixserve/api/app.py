@@ -5,7 +5,8 @@ The routers: SGLang's native ``/generate`` and ``/abort_request`` (``api/native`
 ``/v1/messages`` (``api/anthropic``) and the Responses API (``api/responses``), both onto the
 chat pipeline, the server's
 own routes (``api/operator``: ``/health``, ``/health_generate``, model and server info,
-``/get_load``, ``/metrics``, ``/flush_cache``, the cache page, the LoRA routes), and the docs
+``/get_load``, ``/metrics``, ``/flush_cache``, ``/pause_generation`` and ``/continue_generation``,
+the cache page, the LoRA routes), and the docs
 (``/docs``, ``/redoc``, ``/openapi.json``) unless ``disable_docs``. Each route declares who may
 call it (``api/access/routes.py``); the :class:`RequestGuard` enforces that before it reads a
 body. The gRPC service (``api/grpc``) starts with the app when ``--grpc-port`` is given.
@@ -35,7 +36,12 @@ from radixserve.api.openai.tokenize import tokenize_router
 from radixserve.api.openapi import install_openapi
 from radixserve.api.operator.dashboard import dashboard_router
 from radixserve.api.operator.lora import lora_router
-from radixserve.api.operator.routes import flush_router, health_router, info_router
+from radixserve.api.operator.routes import (
+    flush_router,
+    generation_router,
+    health_router,
+    info_router,
+)
 from radixserve.api.operator.server_info import speculating
 from radixserve.api.operator.tenant_metrics import MetricsByTenant
 from radixserve.api.request_builder import RequestBuilder
@@ -80,6 +86,7 @@ def create_app(
         responses_router(chat, tenants, ResponseStore(config.max_stored_responses)),
         info_router(tm, config, tenants, metrics),
         flush_router(tm),
+        generation_router(tm),
         dashboard_router(tm, tenants, speculating(config)),
         lora_router(tm),
     ):

@@ -133,7 +133,7 @@ class Scheduler:
         batch = self.get_next_batch()
         if batch is not None:
             self.process_result(batch, self.worker.run(batch))
-        return self._take_outputs()
+        return self.take_outputs()
 
     def overlap_step(self) -> list[ReqOutput]:
         batch = self.get_next_batch()
@@ -143,7 +143,7 @@ class Scheduler:
             self.stats.num_overlapped_batches += last is not None
         if last is not None:
             self.process_result(last[0], last[1].result())
-        return self._take_outputs()
+        return self.take_outputs()
 
     def sync(self) -> None:
         """Wait for the batch in flight and process it (before freeing KV of running requests)."""
@@ -340,20 +340,20 @@ class Scheduler:
         self.sync()
         for req in victims:
             if not req.is_finished and req in self.running.reqs:
-                self._send_back(req, retracted=False)
+                self.send_back(req, retracted=False)
 
     def _retract_for_decode(self) -> None:
         """Evict first (done by the failed allocation); then retract (``runtime/retraction.py``),
         the chunked request too if still short; then reset ``new_token_ratio``."""
         steps = self.constants.retract_decode_steps
-        retract(self.running.reqs, self.kv.available_size, self._send_back, steps)
+        retract(self.running.reqs, self.kv.available_size, self.send_back, steps)
         chunked = self.chunked_req
         if chunked is not None and self.kv.available_size() < need(self.running.reqs, steps):
             self.chunked_req = None
-            self._send_back(chunked)
+            self.send_back(chunked)
         self.new_token_ratio.after_retraction(self.running.reqs)
 
-    def _send_back(self, req: Req, retracted: bool = True) -> None:
+    def send_back(self, req: Req, retracted: bool = True) -> None:
         """Release the request's KV (caching what it computed, or swapping it to the tier) and
         queue it again, output kept; counted as a retraction or a preemption."""
         self.running.filter(drop={req})
@@ -369,7 +369,7 @@ class Scheduler:
             self.stats.num_preemptions += 1
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _take_outputs(self) -> list[ReqOutput]:
+    def take_outputs(self) -> list[ReqOutput]:
         outputs, self.pending_outputs = self.pending_outputs, []
         return outputs
 

@@ -18,6 +18,7 @@ from typing import Any
 from radixserve.config import EngineConfig
 from radixserve.hub import resolve_model
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
+from radixserve.runtime.pause import Pause
 from radixserve.runtime.scheduler import Scheduler
 from radixserve.runtime.stop_strings import decode
 from radixserve.server.detokenizer import Detokenizer
@@ -57,6 +58,7 @@ class Engine:
         self._outputs: dict[str, queue.Queue[ReqOutput | BaseException]] = {}
         self._lock = threading.Lock()
         self._error: BaseException | None = None
+        self._pause = Pause()  # touched by the loop thread only, as the scheduler is
         self._thread = threading.Thread(target=self._loop, name="radixserve-engine", daemon=True)
         self._thread.start()
 
@@ -148,6 +150,16 @@ class Engine:
 
     def flush_cache(self) -> bool:
         return bool(self._call(self.scheduler.flush_cache))
+
+    def pause_generation(self, mode: str = "abort") -> None:
+        """SGLang's ``pause_generation``: no step runs until :meth:`continue_generation`;
+        ``mode`` ``abort`` (every request ends, aborted), ``in_place`` (they wait, KV kept) or
+        ``retract`` (back to the queue, their KV cached): ``runtime/pause.py``. ``ValueError``
+        for another mode."""
+        self._call(lambda: self._deliver(self._pause.pause(self.scheduler, mode)))
+
+    def continue_generation(self) -> None:
+        self._call(self._pause.resume)
 
     def get_stats(self) -> dict[str, Any]:
         return dict(self._call(self.scheduler.get_stats))
@@ -272,10 +284,17 @@ class Engine:
         return future.result()
 
     # ---- loop thread ------------------------------------------------------------------------
+    def _deliver(self, outputs: list[ReqOutput]) -> None:
+        for out in outputs:
+            with self._lock:
+                q = self._outputs.get(out.rid)
+            if q is not None:
+                q.put(out)
+
     def _loop(self) -> None:
         try:
             while True:
-                block = not self.scheduler.has_work
+                block = not self._pause.may_step(self.scheduler)
                 while True:
                     try:
                         item = self._inbox.get(block=block)
@@ -289,11 +308,8 @@ class Engine:
                     except BaseException as exc:  # delivered to the caller
                         future.set_exception(exc)
                     block = False
-                for out in self.scheduler.step():
-                    with self._lock:
-                        q = self._outputs.get(out.rid)
-                    if q is not None:
-                        q.put(out)
+                if self._pause.may_step(self.scheduler):
+                    self._deliver(self.scheduler.step())
         except BaseException as exc:
             self._error = exc
             with self._lock:

@@ -100,6 +100,14 @@ class GetCacheTreeReq:
 
 
 @dataclass(slots=True)
+class PauseReq:
+    """Pause the scheduler's steps (``mode``: ``runtime/pause.py``), or with ``mode`` None go on."""
+
+    call_id: int
+    mode: str | None
+
+
+@dataclass(slots=True)
 class RpcReply:
     call_id: int
     value: object = None

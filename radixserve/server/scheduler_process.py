@@ -23,6 +23,7 @@ from radixserve.config import EngineConfig
 from radixserve.memory_pool.tier_dir import TierUnavailable
 from radixserve.radix.tree_summary import HEAD_TOKENS, summarize_tree
 from radixserve.runtime.io_struct import GenerateRequest, QueueFull
+from radixserve.runtime.pause import Pause
 from radixserve.runtime.scheduler import Scheduler
 from radixserve.server.io_struct import (
     AbortRequest,
@@ -30,6 +31,7 @@ from radixserve.server.io_struct import (
     FlushCacheReq,
     GetCacheTreeReq,
     GetServerInfoReq,
+    PauseReq,
     ReqError,
     RpcReply,
     SchedulerFatal,
@@ -72,6 +74,7 @@ class SchedulerLoop:
         self.send = send
         self.watch = watch
         self.outbox: list[object] = []
+        self.pause = Pause()  # /pause_generation: no step until /continue_generation
         self.pending_info: list[tuple[GetServerInfoReq, float]] = []
         self._last_log = time.monotonic()
         self._last_generated = 0
@@ -85,14 +88,14 @@ class SchedulerLoop:
         logger.warning("the server process is gone; the scheduler exits")
 
     def run_once(self, idle_timeout_ms: int) -> None:
-        timeout = 0 if self.scheduler.has_work else idle_timeout_ms
+        timeout = 0 if self.pause.may_step(self.scheduler) else idle_timeout_ms
         msgs = recv_all(self.recv, timeout)
         if not msgs and not self.scheduler.has_work:
             self.scheduler.check_alive()  # idle: a dead tensor-parallel rank still ends us now
             self._maybe_save_tier()
         for msg in msgs:
             self.handle(msg)
-        if self.scheduler.has_work:
+        if self.pause.may_step(self.scheduler):
             self.outbox.extend(self.scheduler.step())
             self._stepped_since_save = True
         if self.pending_info:
@@ -125,6 +128,8 @@ class SchedulerLoop:
             # the integrity check runs between requests: wait (a little) for the scheduler to idle
             wait = INTEGRITY_WAIT_S if msg.check_integrity else 0.0
             self.pending_info.append((msg, time.monotonic() + wait))
+        elif isinstance(msg, PauseReq):
+            self.outbox.append(self._pause(msg))
         elif isinstance(msg, GetCacheTreeReq):
             self.outbox.append(self._cache_tree(msg))
         elif isinstance(msg, UpdateLoraReq):
@@ -170,6 +175,18 @@ class SchedulerLoop:
                 logger.error("KV integrity check failed: %s", exc)
                 info["integrity_ok"], info["integrity_error"] = False, str(exc) or repr(exc)
         return RpcReply(msg.call_id, info)
+
+    def _pause(self, msg: PauseReq) -> RpcReply:
+        if msg.mode is None:
+            self.pause.resume()
+            logger.info("generation continues")
+            return RpcReply(msg.call_id, True)
+        try:
+            self.outbox.extend(self.pause.pause(self.scheduler, msg.mode))
+        except ValueError as exc:
+            return RpcReply(msg.call_id, False, error=str(exc))
+        logger.info("generation paused (%s)", msg.mode)
+        return RpcReply(msg.call_id, True)
 
     def _update_lora(self, msg: UpdateLoraReq) -> RpcReply:
         loras = self.scheduler.loras

@@ -33,6 +33,7 @@ from radixserve.server.io_struct import (
     FlushCacheReq,
     GetCacheTreeReq,
     GetServerInfoReq,
+    PauseReq,
     ReqError,
     RpcReply,
     SchedulerFatal,
@@ -283,6 +284,11 @@ class TokenizerManager:
         self.lora_adapters = dict(adapters)
         return self.lora_adapters
 
+    async def pause_generation(self, mode: str | None) -> None:
+        """Stop the scheduler's steps in ``mode`` (one of ``runtime/pause.py``'s, checked by the
+        caller), or with None let them go on."""
+        await self._rpc(PauseReq(next(self._call_ids), mode))
+
     async def get_server_info(self, check_integrity: bool = True) -> dict[str, Any]:
         reply = await self._rpc(GetServerInfoReq(next(self._call_ids), check_integrity))
         return dict(reply)
@@ -293,7 +299,7 @@ class TokenizerManager:
         return dict(await self._rpc(msg))
 
     async def _rpc(
-        self, msg: FlushCacheReq | GetServerInfoReq | GetCacheTreeReq | UpdateLoraReq
+        self, msg: FlushCacheReq | GetServerInfoReq | GetCacheTreeReq | UpdateLoraReq | PauseReq
     ) -> Any:
         self._check_alive()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()

@@ -62,6 +62,9 @@ ROUTES: dict[tuple[str, str], tuple[str, Any]] = {
     ("GET", "/dashboard/static/{name}"): (OPERATOR, None),
     ("GET", "/flush_cache"): (OPERATOR, None),
     ("POST", "/flush_cache"): (OPERATOR, None),
+    # in place, and at once continued: the server serves on for the routes after these
+    ("POST", "/pause_generation"): (OPERATOR, {"mode": "in_place"}),
+    ("POST", "/continue_generation"): (OPERATOR, None),
     ("POST", "/load_lora_adapter"): (OPERATOR, {"lora_name": "x", "lora_path": "/nonexistent"}),
     ("POST", "/unload_lora_adapter"): (OPERATOR, {"lora_name": "x"}),
     ("POST", "/v1/load_lora_adapter"): (OPERATOR, {"lora_name": "x", "lora_path": "/nonexist"}),

@@ -5,7 +5,9 @@ request may carry, on every door."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -22,7 +24,7 @@ from radixserve.server.request_validation import (
 )
 
 pytestmark = pytest.mark.timeout(240)
-LONG = {"max_new_tokens": 1000, "temperature": 0, "ignore_eos": True}
+SHORT = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 
 def generate(url: str, who: str, **body: Any) -> httpx.Response:
@@ -37,68 +39,61 @@ def pending(url: str, who: str) -> int:
     return int(info["scheduler"]["num_pending_reqs"])
 
 
-def seen_running(url: str, who: str, request: concurrent.futures.Future[Any]) -> bool:
-    """Whether ``who``'s one request was seen pending before ``request`` (its answer) came."""
+def wait_pending(url: str, who: str) -> None:
+    """Until ``who``'s one request is pending (held: the scheduler is paused)."""
     deadline = time.monotonic() + 60
-    while not request.done():
-        if pending(url, who) == 1:
-            return True
+    while pending(url, who) != 1:
         assert time.monotonic() < deadline, f"{who} never had its request pending"
         time.sleep(0.05)
-    return False
+
+
+@contextlib.contextmanager
+def paused(url: str) -> Iterator[None]:
+    """The scheduler paused in place (the admin's ``/pause_generation``): requests sent meanwhile
+    wait, so each is still pending when the abort comes, on a machine however busy."""
+    resp = httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}, headers=bearer("admin"))
+    assert resp.status_code == 200, resp.text
+    try:
+        yield
+    finally:
+        resp = httpx.post(f"{url}/continue_generation", headers=bearer("admin"), timeout=30)
+        assert resp.status_code == 200, resp.text
 
 
 def test_a_tenants_abort_reaches_its_own_requests_only(keyed_server: KeyedServer) -> None:
-    """b's abort reaches b's request of a rid a runs too, not a's (on a busy machine either may
-    finish before it is seen running or before the abort reaches it: then again, with a new
-    rid)."""
-    url = keyed_server.url
-    for attempt in range(10):
-        rid = f"job-{attempt}"
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    """b's abort reaches b's request of a rid a runs too, not a's."""
+    url, rid = keyed_server.url, "job-shared-rid"
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        with paused(url):
             # two tenants may run a request of the same rid at once
-            mine = pool.submit(generate, url, "a", rid=rid, sampling_params=LONG)
-            theirs = pool.submit(generate, url, "b", rid=rid, sampling_params=LONG)
-            if not (seen_running(url, "a", mine) and seen_running(url, "b", theirs)):
-                continue  # one ended before it was seen running
+            mine = pool.submit(generate, url, "a", rid=rid, sampling_params=SHORT)
+            theirs = pool.submit(generate, url, "b", rid=rid, sampling_params=SHORT)
+            wait_pending(url, "a")
+            wait_pending(url, "b")
             again = generate(url, "b", rid=rid)  # b's own rid, running: refused, to b alone
             aborted = httpx.post(f"{url}/abort_request", json={"rid": rid}, headers=bearer("b"))
             everyone = httpx.post(
                 f"{url}/abort_request", json={"abort_all": True}, headers=bearer("b"), timeout=30
             )
-            theirs_finish = theirs.result().json()["meta_info"]["finish_reason"]["type"]
-            # a's request of the same rid runs to its end, untouched by b's abort
-            assert mine.result().json()["meta_info"]["finish_reason"]["type"] == "length"
-        assert everyone.status_code == 403  # abort_all is the admin's
-        if theirs_finish == "length":  # b's request ended before the abort could reach it
-            # (or as it arrived: the route names a rid still open here, whose end was on its way)
-            assert aborted.json()["aborted"] in ([], [rid])
-            continue
-        assert again.status_code == 400 and "already running" in again.text
-        assert aborted.json() == {"aborted": [rid]} and theirs_finish == "abort"
-        return
-    pytest.fail("a request of a or b ended before b's abort reached it in every attempt")
+        assert theirs.result().json()["meta_info"]["finish_reason"]["type"] == "abort"
+        # a's request of the same rid runs to its end, untouched by b's abort
+        assert mine.result().json()["meta_info"]["finish_reason"]["type"] == "length"
+    assert again.status_code == 400 and "already running" in again.text
+    assert aborted.json() == {"aborted": [rid]}
+    assert everyone.status_code == 403  # abort_all is the admin's
 
 
 def test_the_admins_abort_all_reaches_every_tenant(keyed_server: KeyedServer) -> None:
-    """Aborted while running (a request may finish before it is seen running or before the
-    abort reaches it: then again)."""
-    url = keyed_server.url
-    for attempt in range(10):
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            mine = pool.submit(generate, url, "a", rid=f"long-{attempt}", sampling_params=LONG)
-            if not seen_running(url, "a", mine):
-                continue  # it ended before it was seen running
+    url, rid = keyed_server.url, "job-of-a"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with paused(url):
+            mine = pool.submit(generate, url, "a", rid=rid, sampling_params=SHORT)
+            wait_pending(url, "a")
             admin = httpx.post(
                 f"{url}/abort_request", json={"abort_all": True}, headers=bearer("admin")
             )
-            finish = mine.result().json()["meta_info"]["finish_reason"]["type"]
-        if finish == "abort":
-            assert admin.json() == {"aborted": [f"long-{attempt}"]}
-            return
-        # it ended before the abort arrived (or as it did: the rid was still open here)
-        assert finish == "length" and admin.json()["aborted"] in ([], [f"long-{attempt}"])
-    pytest.fail("every request finished before the admin's abort reached it")
+        assert mine.result().json()["meta_info"]["finish_reason"]["type"] == "abort"
+    assert admin.json() == {"aborted": [rid]}
 
 
 def test_each_tenant_sees_its_own_counters(keyed_server: KeyedServer) -> None:

@@ -1,5 +1,6 @@
 """The server's own routes: health (open), what the server is and how loaded (a tenant's, each
-seeing its own figures), and the cache flush (an operator's)."""
+seeing its own figures), the cache flush and SGLang's pause and continue of generation (an
+operator's)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict
 
 from radixserve.api.access.routes import Access, declare
 from radixserve.api.access.tenants import Tenants
@@ -19,6 +21,7 @@ from radixserve.api.operator.tenant_metrics import MetricsByTenant
 from radixserve.api.streaming import collect_all, open_requests
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.runtime.pause import PAUSE_MODES
 from radixserve.server.tokenizer_manager import TokenizerManager
 from radixserve.types import SamplingParams
 
@@ -51,6 +54,34 @@ def flush_router(tm: TokenizerManager) -> APIRouter:
     router.add_api_route(
         "/flush_cache", flush, methods=["GET"], responses=TEXT, name="flush_cache_get"
     )
+
+    return declare(router, Access.OPERATOR, gateway=True)
+
+
+class PauseBody(BaseModel):
+    """SGLang's ``PauseGenerationReqInput``: what becomes of the requests in flight."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: str = "abort"  # abort | retract | in_place (runtime/pause.py)
+
+
+def generation_router(tm: TokenizerManager) -> APIRouter:
+    """``/pause_generation`` and ``/continue_generation``, as SGLang's (an RL trainer's, around
+    a weight update): while paused no step runs and new requests wait."""
+    router = APIRouter()
+
+    @router.post("/pause_generation")
+    async def pause_generation(body: PauseBody | None = None) -> dict[str, str]:
+        mode = (body or PauseBody()).mode
+        if mode not in PAUSE_MODES:
+            raise APIError(f"mode must be one of {', '.join(PAUSE_MODES)}; got {mode!r}", 400)
+        await tm.pause_generation(mode)
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    @router.post("/continue_generation")
+    async def continue_generation() -> dict[str, str]:
+        await tm.pause_generation(None)
+        return {"message": "Generation continued successfully.", "status": "ok"}
 
     return declare(router, Access.OPERATOR, gateway=True)
 

@@ -1,0 +1,65 @@
+"""SGLang's ``/pause_generation`` and ``/continue_generation``: a scheduler loop that stops
+stepping until told to go on (what RL trainers call between rollouts to update weights).
+
+The modes are SGLang's (``PauseGenerationReqInput``):
+
+- ``abort`` (the default): every request ends, aborted, and its client hears so at once;
+- ``in_place``: the requests stay where they are, their KV kept, and go on after continue;
+- ``retract``: the running requests (and a prefill in chunks) go back to the queue, what they
+  computed cached in the tree as a retraction leaves it; after continue they are admitted again.
+
+While paused no step runs: requests that arrive are queued and wait, aborts of queued requests
+take effect at continue, and control calls (stats, cache flush, adapters) are answered. The
+loops that drive a :class:`Scheduler` (``server/scheduler_process.py``, ``server/engine.py``)
+each hold one :class:`Pause` and step only while :meth:`Pause.may_step`.
+"""
+
+from __future__ import annotations
+
+from radixserve.runtime.io_struct import ReqOutput
+from radixserve.runtime.scheduler import Scheduler
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+_DRAIN_STEPS = 64  # aborted requests leave in a step or two (one more for a batch in flight)
+
+
+class Pause:
+    def __init__(self) -> None:
+        self.paused = False
+        self.mode: str | None = None
+
+    def may_step(self, scheduler: Scheduler) -> bool:
+        return scheduler.has_work and not self.paused
+
+    def pause(self, scheduler: Scheduler, mode: str = "abort") -> list[ReqOutput]:
+        """Pause ``scheduler`` in ``mode`` (``ValueError`` for another); the outputs this
+        produced (the aborted requests' last, results of a batch that was in flight), for the
+        caller to send on as a step's."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"mode must be one of {', '.join(PAUSE_MODES)}; got {mode!r}")
+        outputs: list[ReqOutput] = []
+        if mode == "abort":
+            for rid in list(scheduler.reqs):
+                scheduler.abort_request(rid)
+            for _ in range(_DRAIN_STEPS):
+                if not scheduler.has_work:
+                    break
+                outputs += scheduler.step()
+        elif mode == "retract":
+            retract_all(scheduler)
+            outputs += scheduler.take_outputs()
+        self.paused, self.mode = True, mode
+        return outputs
+
+    def resume(self) -> None:
+        self.paused, self.mode = False, None
+
+
+def retract_all(scheduler: Scheduler) -> None:
+    """Send every running request, and a prefill in chunks, back to the queue (the batch in
+    flight processed first); each counts as a retraction."""
+    scheduler.sync()
+    scheduler.running.drop_done(scheduler.max_context_len)
+    chunked, scheduler.chunked_req = scheduler.chunked_req, None
+    for req in [*scheduler.running.reqs, *filter(None, [chunked])]:
+        scheduler.send_back(req)
