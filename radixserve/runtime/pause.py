@@ -23,10 +23,16 @@ PAUSE_MODES = ("abort", "retract", "in_place")
 _DRAIN_STEPS = 64  # aborted requests leave in a step or two (one more for a batch in flight)
 
 
+def check_mode(mode: str) -> str:
+    """``mode`` if it is one of :data:`PAUSE_MODES`, else ``ValueError`` naming them."""
+    if mode not in PAUSE_MODES:
+        raise ValueError(f"mode must be one of {', '.join(PAUSE_MODES)}; got {mode!r}")
+    return mode
+
+
 class Pause:
     def __init__(self) -> None:
         self.paused = False
-        self.mode: str | None = None
 
     def may_step(self, scheduler: Scheduler) -> bool:
         return scheduler.has_work and not self.paused
@@ -35,8 +41,7 @@ class Pause:
         """Pause ``scheduler`` in ``mode`` (``ValueError`` for another); the outputs this
         produced (the aborted requests' last, results of a batch that was in flight), for the
         caller to send on as a step's."""
-        if mode not in PAUSE_MODES:
-            raise ValueError(f"mode must be one of {', '.join(PAUSE_MODES)}; got {mode!r}")
+        check_mode(mode)
         outputs: list[ReqOutput] = []
         if mode == "abort":
             for rid in list(scheduler.reqs):
@@ -48,11 +53,11 @@ class Pause:
         elif mode == "retract":
             retract_all(scheduler)
             outputs += scheduler.take_outputs()
-        self.paused, self.mode = True, mode
+        self.paused = True
         return outputs
 
     def resume(self) -> None:
-        self.paused, self.mode = False, None
+        self.paused = False
 
 
 def retract_all(scheduler: Scheduler) -> None:

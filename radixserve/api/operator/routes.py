@@ -21,7 +21,7 @@ from radixserve.api.operator.tenant_metrics import MetricsByTenant
 from radixserve.api.streaming import collect_all, open_requests
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
-from radixserve.runtime.pause import PAUSE_MODES
+from radixserve.runtime.pause import check_mode
 from radixserve.server.tokenizer_manager import TokenizerManager
 from radixserve.types import SamplingParams
 
@@ -72,10 +72,7 @@ def generation_router(tm: TokenizerManager) -> APIRouter:
 
     @router.post("/pause_generation")
     async def pause_generation(body: PauseBody | None = None) -> dict[str, str]:
-        mode = (body or PauseBody()).mode
-        if mode not in PAUSE_MODES:
-            raise APIError(f"mode must be one of {', '.join(PAUSE_MODES)}; got {mode!r}", 400)
-        await tm.pause_generation(mode)
+        await tm.pause_generation(check_mode((body or PauseBody()).mode))  # ValueError: a 400
         return {"message": "Generation paused successfully.", "status": "ok"}
 
     @router.post("/continue_generation")
