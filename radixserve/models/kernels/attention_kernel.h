@@ -124,35 +124,63 @@ void widen_block(const Problem<T>& p, const int32_t* slots, int64_t h, int64_t j
   }
 }
 
-// O rows [r0, r0 + 4) += P (4 x nk) V, for dims [c0, c0 + NV * W).
-template <int NV>
-inline void pv_chunk(int64_t d, int64_t nk, Scratch& s, int64_t r0, int64_t c0) {
+// How the two products read their operands: fp32 values (the widened block), or bf16 pairs
+// held as 32-bit words (VDPBF16PS); each the broadcast operand times a loaded vector, added.
+struct FloatOps {
+  using E = float;
+  using V = VF;
+  static V load_v(const float* p) { return load(p); }
+  static V bcast(float x) { return set1(x); }
+  static VF madd(V a, V b, VF acc) { return fma(a, b, acc); }
+};
+
+#if defined(RS_HAS_DPBF16)
+// Pairs: one VDPBF16PS per two dimensions (Q K^T: exact products summed in fp32, only the
+// order of the adds differs from FloatOps) or two keys (P V: P rounded to bf16 first, as the
+// AMX path does).
+struct PairOps {
+  using E = uint32_t;
+  using V = VB;
+  static V load_v(const uint32_t* p) { return _mm512_loadu_si512(p); }
+  static V bcast(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
+  static VF madd(V a, V b, VF acc) { return dot_pairs(a, b, acc); }
+};
+#endif
+
+// O rows [r0, r0 + 4) += P V for dims [c0, c0 + NV * W): v as [n][d] (n keys, or pairs of
+// keys), p the tile's rows with stride ps.
+template <class O, int NV>
+inline void pv_chunk(int64_t d, int64_t n, const typename O::E* v, const typename O::E* p,
+                     int64_t ps, Scratch& s, int64_t r0, int64_t c0) {
   VF acc[kTile][NV];
   for (int r = 0; r < kTile; ++r)
     for (int c = 0; c < NV; ++c) acc[r][c] = load(&s.o[(r0 + r) * d + c0 + W * c]);
-  for (int64_t j = 0; j < nk; ++j) {
-    VF vv[NV];
-    for (int c = 0; c < NV; ++c) vv[c] = load(&s.vb[j * d + c0 + W * c]);
+  for (int64_t j = 0; j < n; ++j) {
+    typename O::V vv[NV];
+    for (int c = 0; c < NV; ++c) vv[c] = O::load_v(&v[j * d + c0 + W * c]);
     for (int r = 0; r < kTile; ++r) {
-      const VF pr = set1(s.s[r * kBk + j]);
-      for (int c = 0; c < NV; ++c) acc[r][c] = fma(pr, vv[c], acc[r][c]);
+      const auto pr = O::bcast(p[r * ps + j]);
+      for (int c = 0; c < NV; ++c) acc[r][c] = O::madd(pr, vv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < kTile; ++r)
     for (int c = 0; c < NV; ++c) store(&s.o[(r0 + r) * d + c0 + W * c], acc[r][c]);
 }
 
-// The scores of rows [r0, r0 + 4) against the widened block, scaled, into s.s.
-inline void scores(int64_t d, float scale, Scratch& s, int64_t r0) {
+// The scores of rows [r0, r0 + 4) against the block, scaled, into s.s: k as [n][kBk] (the
+// block transposed: n dimensions, or pairs of them), q as [rows][n].
+template <class O>
+inline void scores(int64_t n, float scale, const typename O::E* k, const typename O::E* q,
+                   Scratch& s, int64_t r0) {
   for (int64_t kc = 0; kc < kBk; kc += 2 * W) {
     VF acc[kTile][2];
     for (int r = 0; r < kTile; ++r) acc[r][0] = acc[r][1] = zero();
-    for (int64_t c = 0; c < d; ++c) {
-      const VF k0 = load(&s.kt[c * kBk + kc]), k1 = load(&s.kt[c * kBk + kc + W]);
+    for (int64_t c = 0; c < n; ++c) {
+      const auto k0 = O::load_v(&k[c * kBk + kc]), k1 = O::load_v(&k[c * kBk + kc + W]);
       for (int r = 0; r < kTile; ++r) {
-        const VF qr = set1(s.q[(r0 + r) * d + c]);
-        acc[r][0] = fma(qr, k0, acc[r][0]);
-        acc[r][1] = fma(qr, k1, acc[r][1]);
+        const auto qr = O::bcast(q[(r0 + r) * n + c]);
+        acc[r][0] = O::madd(qr, k0, acc[r][0]);
+        acc[r][1] = O::madd(qr, k1, acc[r][1]);
       }
     }
     const VF sc = set1(scale);
@@ -164,49 +192,6 @@ inline void scores(int64_t d, float scale, Scratch& s, int64_t r0) {
 }
 
 #if defined(RS_HAS_DPBF16)
-// The same from the bf16 pairs: one VDPBF16PS per pair of dimensions, exact products summed in
-// fp32 (only the order of the adds differs from scores()).
-inline void scores_pairs(int64_t d, float scale, Scratch& s, int64_t r0) {
-  const int64_t d2 = d / 2;
-  for (int64_t kc = 0; kc < kBk; kc += 2 * W) {
-    VF acc[kTile][2];
-    for (int r = 0; r < kTile; ++r) acc[r][0] = acc[r][1] = zero();
-    for (int64_t c2 = 0; c2 < d2; ++c2) {
-      const VB k0 = _mm512_loadu_si512(&s.kp[c2 * kBk + kc]);
-      const VB k1 = _mm512_loadu_si512(&s.kp[c2 * kBk + kc + W]);
-      for (int r = 0; r < kTile; ++r) {
-        const VB qr = _mm512_set1_epi32(static_cast<int>(s.qp[(r0 + r) * d2 + c2]));
-        acc[r][0] = dot_pairs(qr, k0, acc[r][0]);
-        acc[r][1] = dot_pairs(qr, k1, acc[r][1]);
-      }
-    }
-    const VF sc = set1(scale);
-    for (int r = 0; r < kTile; ++r) {
-      store(&s.s[r * kBk + kc], mul(acc[r][0], sc));
-      store(&s.s[r * kBk + kc + W], mul(acc[r][1], sc));
-    }
-  }
-}
-
-// O rows [r0, r0 + 4) += P V for dims [c0, c0 + NV * W) from the pairs: P rounded to bf16 (as
-// the AMX path does), one VDPBF16PS per two keys.
-template <int NV>
-inline void pv_pairs(int64_t d, int64_t nk, Scratch& s, int64_t r0, int64_t c0) {
-  VF acc[kTile][NV];
-  for (int r = 0; r < kTile; ++r)
-    for (int c = 0; c < NV; ++c) acc[r][c] = load(&s.o[(r0 + r) * d + c0 + W * c]);
-  for (int64_t j2 = 0; j2 < (nk + 1) / 2; ++j2) {
-    VB vv[NV];
-    for (int c = 0; c < NV; ++c) vv[c] = _mm512_loadu_si512(&s.vp[j2 * d + c0 + W * c]);
-    for (int r = 0; r < kTile; ++r) {
-      const VB pr = _mm512_set1_epi32(static_cast<int>(s.pp[r * (kBk / 2) + j2]));
-      for (int c = 0; c < NV; ++c) acc[r][c] = dot_pairs(pr, vv[c], acc[r][c]);
-    }
-  }
-  for (int r = 0; r < kTile; ++r)
-    for (int c = 0; c < NV; ++c) store(&s.o[(r0 + r) * d + c0 + W * c], acc[r][c]);
-}
-
 // The tile's probabilities (s.s) as bf16 pairs (s.pp).
 inline void round_probabilities(Scratch& s) {
   for (int r = 0; r < kTile; ++r) {
@@ -224,12 +209,12 @@ inline void tile_block(int64_t d, float scale, int64_t window, int64_t j0, int64
                        Scratch& s, int64_t r0) {
 #if defined(RS_HAS_DPBF16)
   if constexpr (pairs<T>()) {
-    scores_pairs(d, scale, s, r0);
+    scores<PairOps>(d / 2, scale, s.kp.data(), s.qp.data(), s, r0);
   } else {
-    scores(d, scale, s, r0);
+    scores<FloatOps>(d, scale, s.kt.data(), s.q.data(), s, r0);
   }
 #else
-  scores(d, scale, s, r0);
+  scores<FloatOps>(d, scale, s.kt.data(), s.q.data(), s, r0);
 #endif
   for (int r = 0; r < kTile; ++r) {
     const int64_t row = r0 + r, pos = s.pos[row];
@@ -243,17 +228,20 @@ inline void tile_block(int64_t d, float scale, int64_t window, int64_t j0, int64
       std::fill(sr, sr + kBk, 0.0f);
     }
   }
-  int64_t c0 = 0;
+  // P V over all d dimensions, 2W at a time (a tail of W)
+  const auto pv = [&](auto ops, int64_t n, const auto* v, const auto* p, int64_t ps) {
+    using O = decltype(ops);
+    int64_t c0 = 0;
+    for (; c0 + 2 * W <= d; c0 += 2 * W) pv_chunk<O, 2>(d, n, v, p, ps, s, r0, c0);
+    if (c0 < d) pv_chunk<O, 1>(d, n, v, p, ps, s, r0, c0);
+  };
 #if defined(RS_HAS_DPBF16)
   if constexpr (pairs<T>()) {
     round_probabilities(s);
-    for (; c0 + 2 * W <= d; c0 += 2 * W) pv_pairs<2>(d, nk, s, r0, c0);
-    if (c0 < d) pv_pairs<1>(d, nk, s, r0, c0);
-    return;
+    return pv(PairOps{}, (nk + 1) / 2, s.vp.data(), s.pp.data(), kBk / 2);
   }
 #endif
-  for (; c0 + 2 * W <= d; c0 += 2 * W) pv_chunk<2>(d, nk, s, r0, c0);
-  if (c0 < d) pv_chunk<1>(d, nk, s, r0, c0);
+  pv(FloatOps{}, nk, s.vb.data(), s.s.data(), kBk);
 }
 
 template <class T>
