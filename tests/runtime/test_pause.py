@@ -26,14 +26,10 @@ def engine(engine_model_dir):
         yield eng
 
 
-def _stats(engine: Engine) -> dict[str, Any]:
-    return engine.get_stats()
-
-
 def _assert_nothing_runs(engine: Engine) -> None:
-    before = _stats(engine)
+    before = engine.get_stats()
     for _ in range(3):  # three passes of the loop thread, each of which would have stepped
-        after = _stats(engine)
+        after = engine.get_stats()
         assert after["num_generated_tokens"] == before["num_generated_tokens"]
         assert after["num_prefill_batches"] == before["num_prefill_batches"]
 
@@ -42,19 +38,19 @@ def _assert_nothing_runs(engine: Engine) -> None:
 def test_a_paused_stream_goes_on_to_the_same_tokens(engine: Engine, mode: str) -> None:
     prompt = f"def paused_{mode}(n):"
     reference = engine.generate(prompt, PARAMS)["output_ids"]
-    retractions = _stats(engine)["num_retractions"]
+    retractions = engine.get_stats()["num_retractions"]
     stream = engine.generate(prompt, PARAMS, stream=True)
     got = list(next(stream)["output_ids"])
     engine.pause_generation(mode)
     _assert_nothing_runs(engine)
-    assert _stats(engine)["num_running_reqs"] == (1 if mode == "in_place" else 0)
+    assert engine.get_stats()["num_running_reqs"] == (1 if mode == "in_place" else 0)
     engine.continue_generation()
     chunks = list(stream)
     got += [t for c in chunks for t in c["output_ids"]]
     assert got == reference
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
     if mode == "retract":  # sent back once, and what it had computed was a hit when it came back
-        assert _stats(engine)["num_retractions"] == retractions + 1
+        assert engine.get_stats()["num_retractions"] == retractions + 1
         assert chunks[-1]["meta_info"]["cached_tokens"] > 0
     engine.check_integrity()
 
@@ -65,14 +61,14 @@ def test_abort_ends_every_request_and_a_new_one_waits_for_continue(engine: Engin
     engine.pause_generation()  # SGLang's default mode: abort
     last = list(stream)[-1]
     assert last["meta_info"]["finish_reason"]["type"] == "abort"
-    assert _stats(engine)["num_running_reqs"] == 0
+    assert engine.get_stats()["num_running_reqs"] == 0
 
     result: dict[str, Any] = {}
     sender = threading.Thread(
         target=lambda: result.update(engine.generate("x = 1", {**PARAMS, "max_new_tokens": 4}))
     )
     sender.start()
-    while _stats(engine)["num_waiting_reqs"] == 0:  # queued, not started
+    while engine.get_stats()["num_waiting_reqs"] == 0:  # queued, not started
         assert sender.is_alive(), result
     _assert_nothing_runs(engine)
     assert not result
