@@ -406,6 +406,40 @@ def zen4_skinny_vnni() -> str:
     return table(header, rows, [path])
 
 
+def zen4_packed() -> str:
+    """The best tile of weights packed by blocks of 16 rows against the best row-major tile of
+    the same rounds (``gemv_tiles.py --packed --prefill 512``), two runs per shape; the prefill
+    row is the best packed tile against torch's GEMM."""
+    shapes = {"Llama-3.2-3B shape": "llama3.2-3b", "Qwen3-1.7B shape": "qwen3-1.7b"}
+    paths = {
+        label: [f"{ZEN4_NOW}/gemv-tiles-packed-{name}{run}.json" for run in ("", "-2")]
+        for label, name in shapes.items()
+    }
+
+    def best(rows: list[dict[str, Any]], packed: bool, key: str) -> float:
+        return max(r[key]["all"] for r in rows if r["tile"].startswith("P") == packed)
+
+    def decode_cell(path: str, m: int) -> str:
+        rows = [r for r in load(path)["rows"] if r["m"] == m and "/" not in r["tile"]]
+        return times(best(rows, True, "gb_s") / best(rows, False, "gb_s"))
+
+    def prefill_cell(path: str) -> str:
+        rows = load(path)["prefill_rows"]
+        torch = next(r["gflop_s"]["all"] for r in rows if r["tile"] == "torch")
+        packed = [r for r in rows if r["tile"] != "torch"]
+        return times(best(packed, True, "gflop_s") / torch)
+
+    ms = sorted({r["m"] for r in load(paths["Llama-3.2-3B shape"][0])["rows"]})
+    rows = [
+        [str(m)] + [" / ".join(decode_cell(p, m) for p in ps) for ps in paths.values()] for m in ms
+    ]
+    rows.append(
+        ["prefill 512, against torch's GEMM"]
+        + [" / ".join(prefill_cell(p) for p in ps) for ps in paths.values()]
+    )
+    return table(["M", *shapes], rows, [p for ps in paths.values() for p in ps])
+
+
 def zen4_forced_avx2() -> str:
     """Zen 4 forced to the avx2 variant (standing in for an AVX2 CPU)."""
     return int8_against_bf16(f"{ZEN4}/step-forced-avx2-int8-rows.json")
@@ -571,6 +605,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "zen4-multiturn": zen4_multiturn,
     "zen4-forced-avx512-vnni": zen4_forced_avx512_vnni,
     "zen4-skinny-vnni": zen4_skinny_vnni,
+    "zen4-packed": zen4_packed,
     "zen4-forced-avx2": zen4_forced_avx2,
     "h200-multiturn": h200_multiturn,
     "spec-decode": spec_decode,

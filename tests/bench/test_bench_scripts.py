@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from radixserve.models.kernels import _ext
+
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
 SUBPROCESS_TIMEOUT_S = 240
@@ -345,6 +347,22 @@ def test_script_runs(script: str, tmp_path: Path, request: pytest.FixtureRequest
         assert path.is_file() and path.stat().st_size > 0, f"{script} wrote no {name}"
         if path.suffix == ".json":
             json.loads(path.read_text())
+
+
+def test_gemv_tiles_packed_checks_against_the_production_tile(tiny_llama_dir: Path) -> None:
+    """``gemv_tiles.py --packed --prefill``: the weights packed by blocks of 16 rows, checked
+    against the production tile's output at an M each packed tile divides and one none does
+    but P8x1/P4x1 (3), then as a prefill GEMM beside torch's."""
+    if not {"avx512_bf16", "amx_bf16"} & _ext.cpu_flags():
+        pytest.skip("the packed tiles are VDPBF16PS: this CPU has no AVX512-BF16")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCHMARKS), str(REPO)])}
+    args = ["--model-dir", str(tiny_llama_dir), "--ms", "3", "8", "--layers", "1"]
+    args += ["--rounds", "1", "--packed", "--prefill", "24"]
+    proc = _run([sys.executable, str(BENCHMARKS / "gemv_tiles.py"), *args], env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert re.search(r"^\s+3\s+P4x1(\s+\d+\.\d){5}$", proc.stdout, re.M)
+    assert re.search(r"^\s+8\s+P3x8(\s+\d+\.\d){5}$", proc.stdout, re.M)
+    assert re.search(r"^\s+24\s+torch(\s+\d+){5}$", proc.stdout, re.M)
 
 
 def test_kernel_ab_compares_int8_routes(tiny_llama_dir: Path) -> None:
