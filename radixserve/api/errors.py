@@ -29,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixserve.server.tokenizer_manager import (
+from radixserve.server.request_state import (
     ClientDisconnected,
     RequestFailed,
     SchedulerUnavailable,

@@ -19,8 +19,9 @@ from starlette.types import Receive, Scope, Send
 from radixserve.api.errors import APIError, error_body, to_api_error
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.server.io_struct import TextOutput
+from radixserve.server.request_state import ClientDisconnected
 from radixserve.server.result import RequestResult
-from radixserve.server.tokenizer_manager import ClientDisconnected, TokenizerManager
+from radixserve.server.tokenizer_manager import TokenizerManager
 
 SSE_DONE = "data: [DONE]\n\n"
 

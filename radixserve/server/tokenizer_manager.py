@@ -19,8 +19,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -43,6 +42,14 @@ from radixserve.server.io_struct import (
 )
 from radixserve.server.ipc import IpcEndpoints, make_socket
 from radixserve.server.prompt_tokenizer import PromptTokenizer
+from radixserve.server.request_state import (
+    ClientDisconnected,
+    OutputObserver,
+    Process,
+    ReqState,
+    RequestFailed,
+    SchedulerUnavailable,
+)
 from radixserve.server.request_validation import RequestValidator
 from radixserve.server.rid_scope import client_rid, scope_of
 
@@ -52,54 +59,6 @@ DISCONNECT_POLL_S = 0.5
 WATCH_INTERVAL_S = 0.25
 RPC_TIMEOUT_S = 30.0
 DRAIN_SETTLE_S = 2.0  # after ending the last requests: time for their responses to close
-
-
-class SchedulerUnavailable(RuntimeError):
-    """The scheduler (or detokenizer) process is gone: HTTP 503."""
-
-
-class RequestFailed(RuntimeError):
-    """The scheduler refused or failed a request; ``status_code`` 400, 429 (its queue is full:
-    ``--max-queued-requests``) or 500."""
-
-    def __init__(self, message: str, status_code: int) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-
-
-class ClientDisconnected(Exception):
-    """The HTTP client went away while its request was running."""
-
-
-class Process(Protocol):
-    """What the watchdog needs of a child (``multiprocessing.Process`` fits)."""
-
-    @property
-    def exitcode(self) -> int | None: ...
-
-    @property
-    def pid(self) -> int | None: ...
-
-
-class OutputObserver(Protocol):
-    """Told about every output as it arrives (metrics)."""
-
-    def on_output(self, state: ReqState, out: TextOutput, now: float) -> None: ...
-
-
-@dataclass(eq=False)
-class ReqState:
-    """One request the HTTP process waits on: the reader task puts its outputs (or the
-    exception that ends it) as ``(index, item)`` on its group's shared queue; times are
-    ``time.monotonic()``."""
-
-    request: GenerateRequest
-    index: int
-    queue: asyncio.Queue[tuple[int, TextOutput | Exception]]
-    created: float = field(default_factory=time.monotonic)
-    first_output_time: float | None = None
-    last_output_time: float | None = None
-    finished: bool = False
 
 
 class TokenizerManager:

@@ -56,12 +56,9 @@ from radixserve.api.operator.server_info import server_args, version
 from radixserve.api.request_builder import Generation, RequestBuilder
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
+from radixserve.server.request_state import RequestFailed, SchedulerUnavailable
 from radixserve.server.rid_scope import client_rid, scope_of
-from radixserve.server.tokenizer_manager import (
-    RequestFailed,
-    SchedulerUnavailable,
-    TokenizerManager,
-)
+from radixserve.server.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 

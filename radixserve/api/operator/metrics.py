@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from radixserve.server.io_struct import TextOutput
-from radixserve.server.tokenizer_manager import ReqState
+from radixserve.server.request_state import ReqState
 
 PREFIX = "radixserve:"
 THROUGHPUT_WINDOW_S = 10.0

@@ -15,8 +15,8 @@ from typing import Any
 
 from radixserve.api.operator.metrics import ServingMetrics
 from radixserve.server.io_struct import TextOutput
+from radixserve.server.request_state import ReqState
 from radixserve.server.rid_scope import scope_of
-from radixserve.server.tokenizer_manager import ReqState
 
 MAX_TENANTS = 1024
 
