@@ -323,6 +323,10 @@ class DecoderForCausalLM(nn.Module):
         missing = sorted(expected - filled)
         if missing:
             raise ValueError(f"the checkpoint lacks {len(missing)} weights, e.g. {missing[:5]}")
+        self.finalize()
+
+    def finalize(self) -> None:
+        """Derive what each layer computes from its loaded weights (the fused q/k norm)."""
         for layer in self.layers:
             assert isinstance(layer, DecoderLayer)
             layer.self_attn.finalize()

@@ -6,12 +6,13 @@ Weights come from ``model.safetensors`` or the shards listed in ``model.safetens
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from radixserve.models.decoder import DecoderForCausalLM
@@ -103,3 +104,56 @@ def load_model(
         if device.type == "cpu":
             move_to_huge_pages(model)  # decode streams the weights: fewer TLB misses
     return model.eval(), config
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StagedWeights:
+    """A checkpoint's weights loaded, converted and checked for ``model``, not yet in it."""
+
+    model: DecoderForCausalLM
+    tensors: dict[str, torch.Tensor]  # by state-dict name, as ``model`` holds them
+
+    def commit(self) -> None:
+        """Copy them into the model's own tensors (their memory, huge pages and CUDA-graph
+        addresses unchanged) and derive what the layers compute from them."""
+        served = self.model.state_dict()
+        with torch.no_grad():
+            for name, tensor in self.tensors.items():
+                served[name].copy_(tensor)
+            self.model.finalize()
+
+
+def stage_weights(model: DecoderForCausalLM, model_dir: str | Path) -> StagedWeights:
+    """The weights of ``model_dir`` for ``model`` (SGLang's ``update_weights_from_disk``): the
+    same architecture and shapes (``config.json`` equal but for its saved dtype), this rank's
+    slice of them, int8 again where ``model`` is; loaded into a staging copy on the CPU, so a
+    ``ValueError`` (a missing directory, another shape, a tensor short, an unreadable file)
+    leaves ``model`` as it was."""
+    config = ModelConfig.from_dir(model_dir)
+    ours = dataclasses.replace(model.config, checkpoint_dtype=None)
+    if dataclasses.replace(config, checkpoint_dtype=None) != ours:
+        differ = [
+            f.name
+            for f in dataclasses.fields(config)
+            if f.name != "checkpoint_dtype" and getattr(config, f.name) != getattr(ours, f.name)
+        ]
+        raise ValueError(f"{model_dir} is another model: its config differs in {differ}")
+    files = safetensors_files(model_dir)
+    staged = type(model)(config, model.embed_tokens.dtype, torch.device("cpu"), tp=model.tp)
+    with torch.no_grad():
+        try:
+            staged.load_weights(iter_weights(files, progress=False))
+        except (OSError, SafetensorError) as exc:
+            raise ValueError(f"cannot read the weights in {model_dir}: {exc}") from None
+        if model.head_int8 is not None:
+            staged.quantize_int8()
+    tensors = staged.state_dict()
+    if tensors.keys() != model.state_dict().keys():  # a bug, not the checkpoint's fault
+        raise RuntimeError(f"staged weights {sorted(tensors)} are not the model's")
+    return StagedWeights(model, tensors)
+
+
+def reload_weights(model: DecoderForCausalLM, model_dir: str | Path) -> None:
+    """``model`` filled in place with the weights of ``model_dir`` (:func:`stage_weights`, then
+    :meth:`StagedWeights.commit`); ``ValueError`` leaves it as it was."""
+    stage_weights(model, model_dir).commit()
