@@ -23,12 +23,12 @@ from radixserve.models.attention.flashinfer_backend import FlashInferBackend
 from radixserve.models.attention.registry import create_attention_backend
 from radixserve.models.forward_batch import ForwardBatch
 from radixserve.models.kernels import CpuKernels
-from radixserve.models.loader import load_model
+from radixserve.models.loader import load_model, stage_weights
 from radixserve.models.lora import LoraAdapter, load_adapter
 from radixserve.models.numerics import cpu_kernels_for, model_dtype
 from radixserve.models.parallel import SINGLE, TPGroup
 from radixserve.runtime.cuda_graph import CudaGraphRunner
-from radixserve.runtime.tp_batch import BatchSender
+from radixserve.runtime.tp_batch import BatchSender, all_staged
 from radixserve.runtime.tp_ranks import TensorParallelRanks
 from radixserve.runtime.verify_graph import VERIFY_GRAPH_MAX_BS, VerifyGraphRunner
 from radixserve.transfer import to_device
@@ -167,6 +167,25 @@ class ModelRunner:
             raise ValueError("LoRA adapters are not served with tensor parallelism (tp_size > 1)")
         max_rank = self.config.lora.max_lora_rank
         return load_adapter(path, self.model_config, self.dtype, self.device, max_rank)
+
+    def update_weights_from_disk(self, model_path: str) -> None:
+        """Fill the model in place with the checkpoint at ``model_path`` (``stage_weights``),
+        on every tensor-parallel rank once all have staged it; ``ValueError`` where it cannot
+        serve as this model (on any rank), whose weights then stay."""
+        if self._sender is None:
+            stage_weights(self.model, model_path).commit()
+            return
+        assert self.tp_ranks is not None
+        self.tp_ranks.check_alive()
+        self._sender.send_reload(model_path)
+        try:
+            staged = stage_weights(self.model, model_path)
+        except BaseException:
+            all_staged(self.tp_ranks.control, failed=True)
+            raise
+        if not all_staged(self.tp_ranks.control, failed=False):
+            raise ValueError("a tensor-parallel rank could not load the weights (see its log)")
+        staged.commit()
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> LogitsOutput:

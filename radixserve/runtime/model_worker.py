@@ -104,6 +104,11 @@ class Worker(Protocol):
         """``RuntimeError`` if the model cannot run any more (a tensor-parallel rank died)."""
         ...
 
+    def update_weights_from_disk(self, model_path: str) -> None:
+        """The model's weights from another checkpoint of its shape, with nothing in flight;
+        ``ValueError`` (the weights unchanged) where it cannot."""
+        ...
+
     def shutdown(self) -> None: ...
 
 
@@ -156,6 +161,9 @@ class ModelWorker:
 
     def check_alive(self) -> None:
         self.runner.check_alive()
+
+    def update_weights_from_disk(self, model_path: str) -> None:
+        self.runner.update_weights_from_disk(model_path)
 
     def shutdown(self) -> None:
         if self._executor is not None:

@@ -44,12 +44,7 @@ class Pause:
         check_mode(mode)
         outputs: list[ReqOutput] = []
         if mode == "abort":
-            for rid in list(scheduler.reqs):
-                scheduler.abort_request(rid)
-            for _ in range(_DRAIN_STEPS):
-                if not scheduler.has_work:
-                    break
-                outputs += scheduler.step()
+            outputs += abort_all(scheduler)
         elif mode == "retract":
             retract_all(scheduler)
             outputs += scheduler.take_outputs()
@@ -58,6 +53,18 @@ class Pause:
 
     def resume(self) -> None:
         self.paused = False
+
+
+def abort_all(scheduler: Scheduler) -> list[ReqOutput]:
+    """End every request, aborted, and step until they are gone; their last outputs."""
+    outputs: list[ReqOutput] = []
+    for rid in list(scheduler.reqs):
+        scheduler.abort_request(rid)
+    for _ in range(_DRAIN_STEPS):
+        if not scheduler.has_work:
+            break
+        outputs += scheduler.step()
+    return outputs
 
 
 def retract_all(scheduler: Scheduler) -> None:

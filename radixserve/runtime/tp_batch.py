@@ -5,7 +5,10 @@ other rank waits in :meth:`BatchReceiver.recv`, then runs the same forward. Two 
 on the control group (always gloo: CPU tensors, so NCCL ranks use it too): a fixed header, then
 one int64 payload of the batch's tensors and the ``req_to_token`` rows its attention reads (the
 rows up to each sequence's end, as rank 0's table holds them at that moment: prefix hits and
-re-cached prefixes included). A header of kind ``STOP`` ends the other ranks' loops.
+re-cached prefixes included). A header of kind ``STOP`` ends the other ranks' loops; one of
+kind ``RELOAD`` (its second field the length) is followed by the UTF-8 path of a checkpoint
+every rank stages, then they agree (:func:`all_staged`) before any puts it in its model
+(``runtime/weight_update.py``).
 
 Payload layout (``T`` tokens, ``B`` requests, ``L`` the longest sequence)::
 
@@ -17,9 +20,11 @@ from __future__ import annotations
 
 import datetime
 import enum
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from radixserve.memory_pool import ReqToTokenPool
 from radixserve.models.forward_batch import ForwardBatch, ForwardMode
@@ -32,6 +37,24 @@ class _Kind(enum.IntEnum):
     EXTEND = 1
     DECODE = 2
     VERIFY = 3
+    RELOAD = 4
+
+
+RELOAD_WAIT = datetime.timedelta(minutes=30)  # every rank reading a large checkpoint
+
+
+@dataclass(frozen=True, slots=True)
+class Reload:
+    """Rank 0's word to stage the checkpoint in ``model_path`` (a local directory)."""
+
+    model_path: str
+
+
+def all_staged(control: Any, failed: bool) -> bool:
+    """Each rank says whether it failed to stage the checkpoint; True where none did."""
+    flag = torch.tensor([int(failed)], dtype=torch.int64)
+    control.allreduce(flag, dist.ReduceOp.MAX, RELOAD_WAIT).wait()
+    return int(flag) == 0
 
 
 _MODES = {
@@ -80,6 +103,11 @@ class BatchSender:
         self._broadcast(torch.tensor(header, dtype=torch.int64))
         self._broadcast(payload)
 
+    def send_reload(self, model_path: str) -> None:
+        data = torch.tensor(list(model_path.encode()), dtype=torch.int64)
+        self._broadcast(torch.tensor([int(_Kind.RELOAD), len(data), 0, 0, 0], dtype=torch.int64))
+        self._broadcast(data)
+
     def _broadcast(self, t: torch.Tensor) -> None:
         self.control.broadcast(t, 0, self.timeout).wait()
 
@@ -93,14 +121,18 @@ class BatchReceiver:
         self.table = req_to_token_pool.req_to_token
         self.device = device
 
-    def recv(self) -> ForwardBatch | None:
-        """The next batch, or ``None`` when rank 0 said stop. Waits as long as rank 0 idles;
-        raises when rank 0 is gone (its connection closes)."""
+    def recv(self) -> ForwardBatch | Reload | None:
+        """The next batch (or checkpoint to stage), ``None`` when rank 0 said stop. Waits as
+        long as rank 0 idles; raises when rank 0 is gone (its connection closes)."""
         header = torch.empty(_HEADER_LEN, dtype=torch.int64)
         self.control.broadcast(header, 0).wait()
         kind, bs, num_tokens, longest, has_starts = header.tolist()
         if kind == _Kind.STOP:
             return None
+        if kind == _Kind.RELOAD:
+            data = torch.empty(bs, dtype=torch.int64)
+            self.control.broadcast(data, 0).wait()
+            return Reload(bytes(data.tolist()).decode())
         size = 3 * num_tokens + (5 if has_starts else 4) * bs + bs * longest
         payload = torch.empty(size, dtype=torch.int64)
         self.control.broadcast(payload, 0).wait()

@@ -22,10 +22,11 @@ from types import FrameType
 import torch.distributed as dist
 
 from radixserve.config import EngineConfig
+from radixserve.models.loader import stage_weights
 from radixserve.models.numerics import cpu_kernels_for
 from radixserve.runtime.kv_layout import KVLayout
 from radixserve.runtime.model_runner import ModelRunner
-from radixserve.runtime.tp_batch import BatchReceiver
+from radixserve.runtime.tp_batch import BatchReceiver, Reload, all_staged
 from radixserve.runtime.tp_ranks import (
     JOINING,
     LOADED,
@@ -75,8 +76,11 @@ def run_tp_worker(
     receiver = BatchReceiver(groups.control, rows, runner.device)
     code = 0
     try:
-        while (batch := receiver.recv()) is not None:
-            runner.forward(batch)
+        while (item := receiver.recv()) is not None:
+            if isinstance(item, Reload):
+                _reload(runner, groups.control, item.model_path)
+            else:
+                runner.forward(item)
     except SystemExit:
         pass
     except BaseException as exc:
@@ -85,6 +89,18 @@ def run_tp_worker(
         logger.error("tensor-parallel rank %d stops: %s", rank, why)
         code = 1
     _exit(code)
+
+
+def _reload(runner: ModelRunner, control: object, model_path: str) -> None:
+    """Stage the checkpoint rank 0 named; put it in the model once every rank has."""
+    try:
+        staged = stage_weights(runner.model, model_path)
+    except Exception as exc:
+        logger.error("this rank could not load the weights in %s: %s", model_path, exc)
+        all_staged(control, failed=True)
+        return
+    if all_staged(control, failed=False):
+        staged.commit()
 
 
 def _exit_on_signal(signum: int, frame: FrameType | None) -> None:

@@ -21,6 +21,7 @@ from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.pause import Pause
 from radixserve.runtime.scheduler import Scheduler
 from radixserve.runtime.stop_strings import decode
+from radixserve.runtime.weight_update import UPDATED, check_load_format, update_weights_from_disk
 from radixserve.server.detokenizer import Detokenizer
 from radixserve.server.io_struct import DetokenizeParams, SchedulerInfo, TextOutput
 from radixserve.server.request_validation import RequestValidator
@@ -157,6 +158,31 @@ class Engine:
         ``retract`` (back to the queue, their KV cached): ``runtime/pause.py``. ``ValueError``
         for another mode."""
         self._call(lambda: self._deliver(self._pause.pause(self.scheduler, mode)))
+
+    def update_weights_from_disk(
+        self,
+        model_path: str,
+        load_format: str | None = None,
+        *,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+    ) -> tuple[bool, str, int]:
+        """SGLang's ``update_weights_from_disk``: the weights of ``model_path`` (a checkpoint of
+        this model's shape: a directory or a hub id) in place of the served ones, the prefix
+        cache emptied (``runtime/weight_update.py``). Returns SGLang's ``(success, message,
+        num_paused_requests)``: a refusal (requests running, another shape, unreadable files)
+        is ``success`` False with the reason, the served weights unchanged."""
+        try:
+            check_load_format(load_format)
+            path = resolve_model(str(model_path))
+            self._call(
+                lambda: update_weights_from_disk(
+                    self.scheduler, path, self._deliver, flush_cache, abort_all_requests
+                )
+            )
+        except ValueError as exc:
+            return False, str(exc), 0
+        return True, UPDATED, 0
 
     def continue_generation(self) -> None:
         self._call(self._pause.resume)

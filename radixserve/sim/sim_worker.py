@@ -55,6 +55,9 @@ class SimWorker:
     def check_alive(self) -> None:
         pass  # nothing runs that could die
 
+    def update_weights_from_disk(self, model_path: str) -> None:
+        raise ValueError("a simulated model has no weights to update")
+
     def shutdown(self) -> None:
         pass
 

@@ -150,6 +150,9 @@ class FakeWorker:
     def check_alive(self) -> None:
         pass
 
+    def update_weights_from_disk(self, model_path: str) -> None:
+        raise ValueError("a fake model has no weights to update")
+
     def shutdown(self) -> None:
         pass
 

@@ -1,0 +1,160 @@
+"""SGLang's ``update_weights_from_disk`` on the Engine (``runtime/weight_update.py``): after an
+update the engine generates what Hugging Face transformers generates with the new checkpoint,
+its prefix cache emptied; a request running refuses it (unless ``abort_all_requests``, or a
+pause that retracts it, after which it goes on under the new weights); and a checkpoint that
+cannot serve as the model refuses it with the served weights unchanged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from radixserve import Engine
+from radixserve.models.tiny import write_tiny_model
+
+pytestmark = pytest.mark.timeout(240)
+GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+LONG = {"max_new_tokens": 1800, "temperature": 0, "ignore_eos": True}  # still running after 1
+PROMPT = [5, 17, 42, 9, 33, 71, 2, 64]
+
+
+def tiny(path: Path, tokenizer: Any, seed: int, **overrides: Any) -> Path:
+    """The shape of the engine tests' tiny Llama (``tiny_llama_dir``), weights of ``seed``."""
+    spec = dict(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128)
+    return write_tiny_model(path, "llama", tokenizer=tokenizer, seed=seed, **{**spec, **overrides})
+
+
+@pytest.fixture(scope="module")
+def other_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any) -> Path:
+    return tiny(tmp_path_factory.mktemp("update") / "b", tiny_tokenizer, seed=2)
+
+
+def hf_greedy(model_dir: Path, ids: list[int], n: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+@pytest.fixture
+def engine(engine_model_dir: Path):
+    with Engine(str(engine_model_dir), dtype="float32", max_total_tokens=2048) as eng:
+        yield eng
+
+
+def test_after_an_update_the_engine_generates_the_new_checkpoints_tokens(
+    engine: Engine, engine_model_dir: Path, other_dir: Path
+) -> None:
+    first = engine.generate(input_ids=PROMPT, sampling_params=GREEDY)
+    assert first["output_ids"] == hf_greedy(engine_model_dir, PROMPT, 8)
+    hit = engine.generate(input_ids=PROMPT, sampling_params=GREEDY)
+    assert hit["meta_info"]["cached_tokens"] > 0
+    assert engine.update_weights_from_disk(str(other_dir)) == (
+        True,
+        "Succeeded to update model weights.",
+        0,
+    )
+    after = engine.generate(input_ids=PROMPT, sampling_params=GREEDY)
+    want = hf_greedy(other_dir, PROMPT, 8)
+    assert want != first["output_ids"]
+    assert after["output_ids"] == want
+    assert after["meta_info"]["cached_tokens"] == 0  # the old weights' KV is gone
+    engine.check_integrity()
+    ok, _, _ = engine.update_weights_from_disk(str(engine_model_dir), load_format="safetensors")
+    assert ok
+    assert (
+        engine.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"]
+        == first["output_ids"]
+    )
+
+
+def test_a_running_request_refuses_the_update(engine: Engine, other_dir: Path) -> None:
+    reference = engine.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"]
+    stream = engine.generate(input_ids=PROMPT, sampling_params=LONG, stream=True, rid="runs")
+    next(stream)
+    ok, message, _ = engine.update_weights_from_disk(str(other_dir))
+    assert not ok and "1 request(s) are running" in message
+    engine.abort("runs")
+    assert list(stream)[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert engine.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"] == reference
+    engine.check_integrity()
+
+
+def test_abort_all_requests_ends_them_then_updates(engine: Engine, other_dir: Path) -> None:
+    stream = engine.generate(input_ids=PROMPT, sampling_params=LONG, stream=True)
+    next(stream)
+    ok, _, _ = engine.update_weights_from_disk(str(other_dir), abort_all_requests=True)
+    assert ok
+    assert list(stream)[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    after = engine.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"]
+    assert after == hf_greedy(other_dir, PROMPT, 8)
+    engine.check_integrity()
+
+
+def test_a_retracted_request_goes_on_under_the_new_weights(
+    engine: Engine, engine_model_dir: Path, other_dir: Path
+) -> None:
+    n = 1000
+    stream = engine.generate(
+        input_ids=PROMPT, sampling_params={**LONG, "max_new_tokens": n}, stream=True
+    )
+    got = list(next(stream)["output_ids"])
+    engine.pause_generation("retract")
+    assert engine.get_stats()["num_retractions"] == 1  # it was running, and went back to wait
+    ok, message, _ = engine.update_weights_from_disk(str(other_dir))
+    assert ok, message
+    engine.continue_generation()
+    got += [t for c in stream for t in c["output_ids"]]
+    assert len(got) == n
+    # the old weights' tokens up to the retraction, then the new weights' continuation of them
+    old = hf_greedy(engine_model_dir, PROMPT, n)
+    k = next(i for i in range(n) if got[i] != old[i])
+    assert got[k:] == hf_greedy(other_dir, PROMPT + got[:k], n - k)
+    engine.check_integrity()
+
+
+def test_a_checkpoint_that_cannot_serve_is_refused(
+    engine: Engine, tmp_path: Path, tiny_tokenizer: Any
+) -> None:
+    reference = engine.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"]
+    wider = tiny(tmp_path / "wider", tiny_tokenizer, seed=2, intermediate_size=256)
+    for path, kw, why in [
+        (wider, {}, "its config differs in ['intermediate_size']"),
+        (tmp_path / "nowhere", {}, "not a model directory"),
+        (wider, {"load_format": "pt"}, "load_format must be auto or safetensors"),
+    ]:
+        ok, message, paused = engine.update_weights_from_disk(str(path), **kw)
+        assert (ok, paused) == (False, 0) and why in message
+    assert engine.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"] == reference
+    engine.check_integrity()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_every_tensor_parallel_rank_takes_the_new_weights(
+    engine_model_dir: Path, other_dir: Path, tmp_path: Path, tiny_tokenizer: Any
+) -> None:
+    """tp=2 (two gloo processes): each rank stages its slice, and all of them or none take it."""
+    args: dict[str, Any] = dict(dtype="float32", max_total_tokens=2048, tp_size=2)
+    with Engine(str(engine_model_dir), **args) as engine:
+        first = engine.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"]
+        assert first == hf_greedy(engine_model_dir, PROMPT, 8)
+        wider = tiny(tmp_path / "wider", tiny_tokenizer, seed=2, intermediate_size=256)
+        ok, message, _ = engine.update_weights_from_disk(str(wider))
+        assert not ok and "intermediate_size" in message
+        assert engine.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"] == first
+        assert engine.update_weights_from_disk(str(other_dir))[0]
+        after = engine.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"]
+        assert after == hf_greedy(other_dir, PROMPT, 8)
+        engine.check_integrity()
