@@ -28,7 +28,11 @@ def resolve_model(model: str, revision: str | None = None) -> str:
     if not is_hub_id(model):
         if revision is not None:
             raise ValueError(f"--revision needs a hub id; {model!r} is a local path")
-        if not (path / "config.json").is_file():
+        try:
+            found = (path / "config.json").is_file()
+        except OSError as exc:  # a name too long, say
+            raise ValueError(f"not a model directory: {exc.strerror}") from None
+        if not found:
             raise ValueError(f"{model}: not a model directory (no config.json)")
         return str(path.resolve())
     from huggingface_hub import snapshot_download

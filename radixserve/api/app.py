@@ -41,6 +41,7 @@ from radixserve.api.operator.routes import (
     generation_router,
     health_router,
     info_router,
+    weights_router,
 )
 from radixserve.api.operator.server_info import speculating
 from radixserve.api.operator.tenant_metrics import MetricsByTenant
@@ -87,6 +88,7 @@ def create_app(
         info_router(tm, config, tenants, metrics),
         flush_router(tm),
         generation_router(tm),
+        weights_router(tm),
         dashboard_router(tm, tenants, speculating(config)),
         lora_router(tm),
     ):

@@ -108,6 +108,23 @@ class PauseReq:
 
 
 @dataclass(slots=True)
+class UpdateWeightsReq:
+    """Load the checkpoint in ``model_path`` (a local directory: the sender resolved a hub id)
+    into the served model (``runtime/weight_update.py``)."""
+
+    call_id: int
+    model_path: str
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+
+
+ControlReq = (
+    FlushCacheReq | GetServerInfoReq | GetCacheTreeReq | UpdateLoraReq | PauseReq | UpdateWeightsReq
+)
+"""The calls the HTTP process makes of the scheduler, each answered by one :class:`RpcReply`."""
+
+
+@dataclass(slots=True)
 class RpcReply:
     call_id: int
     value: object = None

@@ -25,6 +25,7 @@ from radixserve.radix.tree_summary import HEAD_TOKENS, summarize_tree
 from radixserve.runtime.io_struct import GenerateRequest, QueueFull
 from radixserve.runtime.pause import Pause
 from radixserve.runtime.scheduler import Scheduler
+from radixserve.runtime.weight_update import update_weights_from_disk
 from radixserve.server.io_struct import (
     AbortRequest,
     DetokenizeParams,
@@ -37,6 +38,7 @@ from radixserve.server.io_struct import (
     SchedulerFatal,
     SchedulerInfo,
     UpdateLoraReq,
+    UpdateWeightsReq,
 )
 from radixserve.server.ipc import (
     IpcEndpoints,
@@ -134,6 +136,8 @@ class SchedulerLoop:
             self.outbox.append(self._cache_tree(msg))
         elif isinstance(msg, UpdateLoraReq):
             self.outbox.append(self._update_lora(msg))
+        elif isinstance(msg, UpdateWeightsReq):
+            self.outbox.append(self._update_weights(msg))
         else:
             logger.warning("ignoring an unknown message %r", type(msg).__name__)
 
@@ -186,6 +190,21 @@ class SchedulerLoop:
         except ValueError as exc:
             return RpcReply(msg.call_id, False, error=str(exc))
         logger.info("generation paused (%s)", msg.mode)
+        return RpcReply(msg.call_id, True)
+
+    def _update_weights(self, msg: UpdateWeightsReq) -> RpcReply:
+        try:
+            update_weights_from_disk(
+                self.scheduler,
+                msg.model_path,
+                self.outbox.extend,
+                msg.flush_cache,
+                msg.abort_all_requests,
+            )
+        except ValueError as exc:
+            logger.info("update_weights_from_disk refused: %s", exc)
+            return RpcReply(msg.call_id, False, error=str(exc))
+        logger.info("weights updated from %s", msg.model_path)
         return RpcReply(msg.call_id, True)
 
     def _update_lora(self, msg: UpdateLoraReq) -> RpcReply:

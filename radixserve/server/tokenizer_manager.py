@@ -25,10 +25,12 @@ import zmq
 import zmq.asyncio
 
 from radixserve.config import ServerConfig
+from radixserve.hub import resolve_model
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.runtime.lora_manager import check_adapter
 from radixserve.server.io_struct import (
     AbortRequest,
+    ControlReq,
     FlushCacheReq,
     GetCacheTreeReq,
     GetServerInfoReq,
@@ -39,6 +41,7 @@ from radixserve.server.io_struct import (
     SchedulerInfo,
     TextOutput,
     UpdateLoraReq,
+    UpdateWeightsReq,
 )
 from radixserve.server.ipc import IpcEndpoints, make_socket
 from radixserve.server.prompt_tokenizer import PromptTokenizer
@@ -58,6 +61,7 @@ logger = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.5
 WATCH_INTERVAL_S = 0.25
 RPC_TIMEOUT_S = 30.0
+WEIGHT_UPDATE_TIMEOUT_S = 1800.0  # reading a large checkpoint from a slow disk
 DRAIN_SETTLE_S = 2.0  # after ending the last requests: time for their responses to close
 
 
@@ -99,6 +103,8 @@ class TokenizerManager:
         self.states: dict[str, ReqState] = {}
         # the LoRA adapters served (name -> directory), as the scheduler last reported them
         self.lora_adapters: dict[str, str] = dict(config.engine.lora.lora_paths)
+        self.model_path: str = config.engine.model_path  # whose weights it serves now
+        self.weight_version = "default"  # SGLang's label of them (update_weights_from_disk)
         self.dead_reason: str | None = None
         self._rpcs: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
@@ -248,6 +254,22 @@ class TokenizerManager:
         caller), or with None let them go on."""
         await self._rpc(PauseReq(next(self._call_ids), mode))
 
+    async def update_weights_from_disk(
+        self, model_path: str, flush_cache: bool = True, abort_all_requests: bool = False
+    ) -> None:
+        """The scheduler's model from the checkpoint ``model_path`` (a directory, or a hub id
+        fetched here in a worker thread): ``runtime/weight_update.py``. ``ValueError``: why
+        not, the weights unchanged. Waits as long as loading takes (``WEIGHT_UPDATE_TIMEOUT_S``)."""
+        path = await asyncio.to_thread(resolve_model, model_path)
+        msg = UpdateWeightsReq(next(self._call_ids), path, flush_cache, abort_all_requests)
+        try:
+            await self._rpc(msg, WEIGHT_UPDATE_TIMEOUT_S)
+        except SchedulerUnavailable:
+            raise
+        except RuntimeError as exc:  # the scheduler's refusal
+            raise ValueError(str(exc)) from None
+        self.model_path = path
+
     async def get_server_info(self, check_integrity: bool = True) -> dict[str, Any]:
         reply = await self._rpc(GetServerInfoReq(next(self._call_ids), check_integrity))
         return dict(reply)
@@ -257,18 +279,16 @@ class TokenizerManager:
         msg = GetCacheTreeReq(next(self._call_ids), max_nodes, full_keys)
         return dict(await self._rpc(msg))
 
-    async def _rpc(
-        self, msg: FlushCacheReq | GetServerInfoReq | GetCacheTreeReq | UpdateLoraReq | PauseReq
-    ) -> Any:
+    async def _rpc(self, msg: ControlReq, timeout: float = RPC_TIMEOUT_S) -> Any:
         self._check_alive()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._rpcs[msg.call_id] = future
         self._send.send_pyobj([msg])
         try:
-            return await asyncio.wait_for(future, RPC_TIMEOUT_S)
+            return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
             raise SchedulerUnavailable(
-                f"the scheduler did not answer within {RPC_TIMEOUT_S:.0f} s"
+                f"the scheduler did not answer within {timeout:.0f} s"
             ) from None
         finally:
             self._rpcs.pop(msg.call_id, None)

@@ -65,6 +65,7 @@ ROUTES: dict[tuple[str, str], tuple[str, Any]] = {
     # in place, and at once continued: the server serves on for the routes after these
     ("POST", "/pause_generation"): (OPERATOR, {"mode": "in_place"}),
     ("POST", "/continue_generation"): (OPERATOR, None),
+    ("POST", "/update_weights_from_disk"): (OPERATOR, {"model_path": "/nonexistent"}),
     ("POST", "/load_lora_adapter"): (OPERATOR, {"lora_name": "x", "lora_path": "/nonexistent"}),
     ("POST", "/unload_lora_adapter"): (OPERATOR, {"lora_name": "x"}),
     ("POST", "/v1/load_lora_adapter"): (OPERATOR, {"lora_name": "x", "lora_path": "/nonexist"}),

@@ -1,6 +1,6 @@
 """The server's own routes: health (open), what the server is and how loaded (a tenant's, each
-seeing its own figures), the cache flush and SGLang's pause and continue of generation (an
-operator's)."""
+seeing its own figures), the cache flush, SGLang's pause and continue of generation and its
+weight update from disk (an operator's)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import contextlib
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from radixserve.api.access.routes import Access, declare
@@ -22,6 +22,7 @@ from radixserve.api.streaming import collect_all, open_requests
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.runtime.pause import check_mode
+from radixserve.runtime.weight_update import UPDATED, check_load_format
 from radixserve.server.tokenizer_manager import TokenizerManager
 from radixserve.types import SamplingParams
 
@@ -79,6 +80,50 @@ def generation_router(tm: TokenizerManager) -> APIRouter:
     async def continue_generation() -> dict[str, str]:
         await tm.pause_generation(None)
         return {"message": "Generation continued successfully.", "status": "ok"}
+
+    return declare(router, Access.OPERATOR, gateway=True)
+
+
+class UpdateWeightsBody(BaseModel):
+    """SGLang's ``UpdateWeightFromDiskReqInput``. Taken and without effect here: ``is_async``
+    (nothing waits: a running request refuses the update), ``torch_empty_cache``,
+    ``recapture_cuda_graph`` (the weights keep their memory), ``keep_pause`` (the pause state
+    is left as it is), ``token_step`` and ``manifest``."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    flush_cache: bool = True
+    is_async: bool = False
+    torch_empty_cache: bool = False
+    keep_pause: bool = False
+    recapture_cuda_graph: bool = False
+    token_step: int = 0
+    manifest: dict[str, Any] | None = None
+
+
+def weights_router(tm: TokenizerManager) -> APIRouter:
+    """``/update_weights_from_disk``, as SGLang's (``runtime/weight_update.py``): 200 with
+    ``success`` true, or 400 with ``success`` false and why, the served weights unchanged."""
+    router = APIRouter()
+
+    @router.post("/update_weights_from_disk")
+    async def update_weights_from_disk(body: UpdateWeightsBody) -> JSONResponse:
+        try:
+            check_load_format(body.load_format)
+            await tm.update_weights_from_disk(
+                body.model_path, body.flush_cache, body.abort_all_requests
+            )
+        except ValueError as exc:
+            refused = {"success": False, "message": str(exc), "num_paused_requests": 0}
+            return JSONResponse(refused, status_code=400)
+        message = UPDATED
+        if body.weight_version is not None:
+            tm.weight_version = body.weight_version
+            message += f" Weight version updated to {body.weight_version}."
+        return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
 
     return declare(router, Access.OPERATOR, gateway=True)
 

@@ -179,7 +179,7 @@ def load(info: dict[str, Any]) -> dict[str, Any]:
 
 def get_model_info(tm: TokenizerManager, config: ServerConfig) -> dict[str, Any]:
     return {
-        "model_path": config.engine.model_path,
+        "model_path": tm.model_path,
         "tokenizer_path": config.engine.model_path,
         "served_model_name": config.model_name,
         "is_generation": True,
@@ -188,4 +188,5 @@ def get_model_info(tm: TokenizerManager, config: ServerConfig) -> dict[str, Any]
         "vocab_size": tm.info.vocab_size,
         "eos_token_ids": list(tm.info.eos_token_ids),
         "preferred_sampling_params": None,
+        "weight_version": tm.weight_version,
     }
