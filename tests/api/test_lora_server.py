@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
+from hf_oracle import greedy, load_hf
 from serving_harness import Server, serving
 
 pytest.importorskip("peft")
@@ -60,23 +60,14 @@ def lora_server(
 @pytest.fixture(scope="module")
 def peft_tokens(api_model_dir: Path, adapters: dict[str, str]):
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
-    def greedy(name: str | None) -> list[int]:
-        model: Any = AutoModelForCausalLM.from_pretrained(api_model_dir, dtype=torch.float32)
+    def tokens(name: str | None) -> list[int]:
+        model: Any = load_hf(api_model_dir)
         if name is not None:
             model = PeftModel.from_pretrained(model, adapters[name])
-        with torch.inference_mode():
-            out = model.generate(
-                torch.tensor([PROMPT]),
-                max_new_tokens=MAX_NEW,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-        return list(out[0, len(PROMPT) :].tolist())
+        return greedy(model, PROMPT, MAX_NEW)
 
-    return {name: greedy(name) for name in (None, "a", "b", "c")}
+    return {name: tokens(name) for name in (None, "a", "b", "c")}
 
 
 def generate(client: httpx.Client, lora_path: Any, n: int = 1) -> httpx.Response:

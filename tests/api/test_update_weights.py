@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
+from hf_oracle import greedy, load_hf
 from serving_harness import Server, serving, write_api_model
 
 pytestmark = pytest.mark.timeout(240)
@@ -45,18 +45,7 @@ def client(server: Server) -> Iterator[httpx.Client]:
 
 
 def hf_greedy(model_dir: Path, n: int = 8) -> list[int]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([PROMPT]),
-            max_new_tokens=n,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return out[0, len(PROMPT) :].tolist()
+    return greedy(load_hf(model_dir), PROMPT, n)
 
 
 def generate(client: httpx.Client) -> dict:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+from hf_oracle import greedy, load_hf
 
 from radixserve import Engine
 from radixserve.models.tiny import write_tiny_model
@@ -33,18 +33,7 @@ def other_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any) -> 
 
 
 def hf_greedy(model_dir: Path, ids: list[int], n: int) -> list[int]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([ids]),
-            max_new_tokens=n,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return out[0, len(ids) :].tolist()
+    return greedy(load_hf(model_dir), ids, n)
 
 
 @pytest.fixture
