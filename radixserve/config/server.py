@@ -48,6 +48,8 @@ class ServerConfig:
     # a request header a trusted gateway sets to the tenant (e.g. x-tenant-id); None: keys only
     tenant_header: str | None = None
     served_model_name: str | None = None
+    # SGLang's label of the served weights (meta_info's weight_version) until an update names another
+    weight_version: str = "default"
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     chat_template: str | None = None  # the template's text (the CLI reads --chat-template FILE)

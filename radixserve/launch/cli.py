@@ -146,6 +146,12 @@ def _add_chat_flags(serve: argparse.ArgumentParser) -> None:
         "(default: the model path as given, as SGLang does)",
     )
     add(
+        "--weight-version",
+        default="default",
+        help="a label of the served weights, in each /generate result's meta_info and "
+        "/model_info until a weight update or /update_weight_version names another (SGLang's)",
+    )
+    add(
         "--chat-template",
         default=None,
         metavar="FILE",
@@ -259,6 +265,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         grpc_port=args.grpc_port,
         **access_fields(args),
         served_model_name=args.served_model_name,
+        weight_version=args.weight_version,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         chat_template=_read_template(args.chat_template),

@@ -23,6 +23,13 @@ UPDATED = "Succeeded to update model weights."  # SGLang's message
 LOAD_FORMATS = (None, "auto", "safetensors")  # what SGLang's load_format may say here
 
 
+def updated(weight_version: str | None) -> str:
+    """SGLang's message for an update that went through (naming the new label, if any)."""
+    if weight_version is None:
+        return UPDATED
+    return f"{UPDATED} Weight version updated to {weight_version}."
+
+
 def check_load_format(load_format: str | None) -> None:
     """``ValueError`` unless ``load_format`` names safetensors checkpoints (the only kind read)."""
     if load_format not in LOAD_FORMATS:

@@ -21,7 +21,7 @@ from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.pause import Pause
 from radixserve.runtime.scheduler import Scheduler
 from radixserve.runtime.stop_strings import decode
-from radixserve.runtime.weight_update import UPDATED, check_load_format, update_weights_from_disk
+from radixserve.runtime.weight_update import check_load_format, update_weights_from_disk, updated
 from radixserve.server.detokenizer import Detokenizer
 from radixserve.server.io_struct import DetokenizeParams, SchedulerInfo, TextOutput
 from radixserve.server.request_validation import RequestValidator
@@ -60,6 +60,7 @@ class Engine:
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._pause = Pause()  # touched by the loop thread only, as the scheduler is
+        self.weight_version = "default"  # SGLang's label of the served weights (meta_info)
         self._thread = threading.Thread(target=self._loop, name="radixserve-engine", daemon=True)
         self._thread.start()
 
@@ -166,12 +167,14 @@ class Engine:
         *,
         flush_cache: bool = True,
         abort_all_requests: bool = False,
+        weight_version: str | None = None,
     ) -> tuple[bool, str, int]:
         """SGLang's ``update_weights_from_disk``: the weights of ``model_path`` (a checkpoint of
         this model's shape: a directory or a hub id) in place of the served ones, the prefix
         cache emptied (``runtime/weight_update.py``). Returns SGLang's ``(success, message,
         num_paused_requests)``: a refusal (requests running, another shape, unreadable files)
-        is ``success`` False with the reason, the served weights unchanged."""
+        is ``success`` False with the reason, the served weights unchanged. ``weight_version``
+        labels the new weights in each result's ``meta_info``."""
         try:
             check_load_format(load_format)
             path = resolve_model(str(model_path))
@@ -182,7 +185,9 @@ class Engine:
             )
         except ValueError as exc:
             return False, str(exc), 0
-        return True, UPDATED, 0
+        if weight_version is not None:
+            self.weight_version = weight_version
+        return True, updated(weight_version), 0
 
     def continue_generation(self) -> None:
         self._call(self._pause.resume)
@@ -275,7 +280,7 @@ class Engine:
         while result.finish_reason is None:
             result.add(detokenize(self._next_output(request.rid)))
         self._outputs.pop(request.rid, None)
-        return generate_result(result, started, token_text)
+        return generate_result(result, started, token_text, weight_version=self.weight_version)
 
     def _stream(
         self, request: GenerateRequest, started: float, token_text: TokenText | None
@@ -285,7 +290,9 @@ class Engine:
             while result.finish_reason is None:
                 out = detokenize(self._next_output(request.rid))
                 result.add(out)
-                yield generate_result(result, started, token_text, delta=out)
+                yield generate_result(
+                    result, started, token_text, delta=out, weight_version=self.weight_version
+                )
         finally:
             self._outputs.pop(request.rid, None)
             if result.finish_reason is None:  # the consumer stopped early

@@ -8,6 +8,7 @@ Engine and by the native HTTP route alike (the frontend parses one shape).
                    "matched": int | str | None, "length" | "message"},
                    "prompt_tokens", "completion_tokens", "cached_tokens",
                    "cached_tokens_details": {"device": int, "host": int}, "e2e_latency",
+                   "weight_version" (SGLang's label of the weights that answered),
                    with speculative decoding on: "spec_verify_ct", "spec_accepted_tokens",
                    with return_logprob:
                    "output_token_logprobs": [[logprob, token_id, text | None]],
@@ -89,6 +90,7 @@ def generate_result(
     started: float,
     token_text: TokenText | None = None,
     delta: TextOutput | None = None,
+    weight_version: str = "default",
 ) -> dict[str, Any]:
     """The ``/generate`` dict of ``result`` (``started``: ``time.monotonic()`` at arrival).
     With ``delta`` (the Engine's stream), ``text`` and ``output_ids`` are that output's new
@@ -105,6 +107,7 @@ def generate_result(
             "host": result.cached_tokens_tier,
         },
         "e2e_latency": time.monotonic() - started,
+        "weight_version": weight_version,
     }
     last = result.last
     if last is not None and last.spec_verify_ct is not None:  # speculation on (SGLang's keys)

@@ -104,7 +104,7 @@ class TokenizerManager:
         # the LoRA adapters served (name -> directory), as the scheduler last reported them
         self.lora_adapters: dict[str, str] = dict(config.engine.lora.lora_paths)
         self.model_path: str = config.engine.model_path  # whose weights it serves now
-        self.weight_version = "default"  # SGLang's label of them (update_weights_from_disk)
+        self.weight_version = config.weight_version  # SGLang's label of them
         self.dead_reason: str | None = None
         self._rpcs: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()

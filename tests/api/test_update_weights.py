@@ -33,7 +33,7 @@ def models(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: object) -> 
 @pytest.fixture(scope="module")
 def server(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("update-weights-log") / "server.log"
-    args = ["--model", str(models[0]), "--dtype", "float32", "--log-level", "info"]
+    args = ["--model", str(models[0]), "--dtype", "float32", "--weight-version", "v0"]
     with serving(args, log) as srv:
         yield srv
 
@@ -58,7 +58,9 @@ def test_an_update_serves_the_new_checkpoint(
     client: httpx.Client, models: tuple[Path, Path]
 ) -> None:
     a, b = models
-    assert generate(client)["output_ids"] == hf_greedy(a)
+    first = generate(client)
+    assert first["output_ids"] == hf_greedy(a)
+    assert first["meta_info"]["weight_version"] == "v0"  # --weight-version
     resp = client.post(
         "/update_weights_from_disk", json={"model_path": str(b), "weight_version": "step-1"}
     )
@@ -71,6 +73,8 @@ def test_an_update_serves_the_new_checkpoint(
     after = generate(client)
     assert after["output_ids"] == hf_greedy(b) != hf_greedy(a)
     assert after["meta_info"]["cached_tokens"] == 0
+    assert after["meta_info"]["weight_version"] == "step-1"
+    assert client.get("/get_weight_version").json() == {"weight_version": "step-1"}
     info = client.get("/get_model_info").json()
     assert (info["model_path"], info["weight_version"]) == (str(b.resolve()), "step-1")
     # SGLang's other fields are taken; back to the first weights
@@ -78,6 +82,12 @@ def test_an_update_serves_the_new_checkpoint(
     assert client.post("/update_weights_from_disk", json=body).json()["success"]
     assert generate(client)["output_ids"] == hf_greedy(a)
     assert client.get("/get_server_info").json()["integrity_ok"] is True
+    # SGLang's relabel alone
+    resp = client.post("/update_weight_version", json={"new_version": "v0"})
+    want = {"success": True, "message": "Weight version updated to v0", "new_version": "v0"}
+    assert resp.json() == want
+    assert generate(client)["meta_info"]["weight_version"] == "v0"
+    assert client.post("/update_weight_version", json={}).status_code == 400
 
 
 def test_refusals_keep_the_served_weights(

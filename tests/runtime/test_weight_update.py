@@ -49,12 +49,14 @@ def test_after_an_update_the_engine_generates_the_new_checkpoints_tokens(
     assert first["output_ids"] == hf_greedy(engine_model_dir, PROMPT, 8)
     hit = engine.generate(input_ids=PROMPT, sampling_params=GREEDY)
     assert hit["meta_info"]["cached_tokens"] > 0
-    assert engine.update_weights_from_disk(str(other_dir)) == (
+    assert first["meta_info"]["weight_version"] == "default"
+    assert engine.update_weights_from_disk(str(other_dir), weight_version="step-1") == (
         True,
-        "Succeeded to update model weights.",
+        "Succeeded to update model weights. Weight version updated to step-1.",
         0,
     )
     after = engine.generate(input_ids=PROMPT, sampling_params=GREEDY)
+    assert after["meta_info"]["weight_version"] == "step-1"
     want = hf_greedy(other_dir, PROMPT, 8)
     assert want != first["output_ids"]
     assert after["output_ids"] == want

@@ -144,7 +144,7 @@ class NativeServing:
 
     def result_dict(self, result: RequestResult, shape: _Shape, started: float) -> dict[str, Any]:
         token_text = self.tm.prompts.decode_token if shape.text_in_logprobs else None
-        out = generate_result(result, started, token_text)
+        out = generate_result(result, started, token_text, weight_version=self.tm.weight_version)
         if shape.prompt_token_ids:
             out["prompt_token_ids"] = list(result.request.input_ids)
         return out

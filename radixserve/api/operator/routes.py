@@ -22,7 +22,7 @@ from radixserve.api.streaming import collect_all, open_requests
 from radixserve.config import ServerConfig
 from radixserve.runtime.io_struct import GenerateRequest
 from radixserve.runtime.pause import check_mode
-from radixserve.runtime.weight_update import UPDATED, check_load_format
+from radixserve.runtime.weight_update import check_load_format, updated
 from radixserve.server.tokenizer_manager import TokenizerManager
 from radixserve.types import SamplingParams
 
@@ -104,6 +104,14 @@ class UpdateWeightsBody(BaseModel):
     manifest: dict[str, Any] | None = None
 
 
+class WeightVersionBody(BaseModel):
+    """SGLang's ``UpdateWeightVersionReqInput``."""
+
+    model_config = ConfigDict(extra="forbid")
+    new_version: str
+    abort_all_requests: bool = False
+
+
 def weights_router(tm: TokenizerManager) -> APIRouter:
     """``/update_weights_from_disk``, as SGLang's (``runtime/weight_update.py``): 200 with
     ``success`` true, or 400 with ``success`` false and why, the served weights unchanged."""
@@ -119,11 +127,20 @@ def weights_router(tm: TokenizerManager) -> APIRouter:
         except ValueError as exc:
             refused = {"success": False, "message": str(exc), "num_paused_requests": 0}
             return JSONResponse(refused, status_code=400)
-        message = UPDATED
         if body.weight_version is not None:
             tm.weight_version = body.weight_version
-            message += f" Weight version updated to {body.weight_version}."
-        return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
+        done = {"success": True, "message": updated(body.weight_version), "num_paused_requests": 0}
+        return JSONResponse(done)
+
+    @router.post("/update_weight_version")
+    async def update_weight_version(body: WeightVersionBody) -> dict[str, Any]:
+        """SGLang's: a new label of the served weights (``abort_all_requests``: every request
+        waiting here ends first, so no result of the old weights carries the new label)."""
+        if body.abort_all_requests:
+            tm.abort()
+        tm.weight_version = body.new_version
+        message = f"Weight version updated to {body.new_version}"
+        return {"success": True, "message": message, "new_version": body.new_version}
 
     return declare(router, Access.OPERATOR, gateway=True)
 
@@ -133,6 +150,11 @@ def info_router(
 ) -> APIRouter:
     router = APIRouter()
     meter = server_info.ThroughputMeter()
+
+    @router.get("/get_weight_version")
+    async def get_weight_version() -> dict[str, str]:
+        """SGLang's older route for the label of the served weights (now in ``/model_info``)."""
+        return {"weight_version": tm.weight_version}
 
     @router.get("/get_model_info")
     @router.get("/model_info")
