@@ -3,6 +3,7 @@ then SIGKILL of its process group)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -135,3 +137,36 @@ def pick_stop(text: str) -> str | None:
         if "\ufffd" not in stop and stop.strip():
             return stop
     return None
+
+
+def sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    """The JSON events of a streamed ``/generate`` response's lines."""
+    for line in lines:
+        if line and line != "data: [DONE]":
+            yield json.loads(line[len("data: ") :])
+
+
+@contextmanager
+def paused_while_running(
+    client: httpx.Client, body: dict[str, Any], attempts: int = 5
+) -> Iterator[Iterator[dict[str, Any]]]:
+    """A streamed ``/generate`` of ``body`` caught running: after its first event the server
+    pauses in place, and the ``with`` block gets its remaining events while the request holds
+    its KV and nothing steps. A request that ended before the pause landed (the machine busy) is
+    sent again, up to ``attempts`` times: no test depends on winning that race. The server
+    continues on leaving the block."""
+    for _ in range(attempts):
+        with client.stream("POST", "/generate", json={**body, "stream": True}) as resp:
+            events = sse_events(resp.iter_lines())
+            next(events)
+            paused = client.post("/pause_generation", json={"mode": "in_place"})
+            assert paused.status_code == 200, paused.text
+            try:
+                info = client.get("/get_server_info").json()
+                if info["scheduler"]["num_running_reqs"] == 1:
+                    yield events
+                    return
+            finally:
+                assert client.post("/continue_generation").status_code == 200
+            list(events)  # it had finished: let it end, then try again
+    raise AssertionError(f"no request of {body} was still running {attempts} times in a row")

@@ -6,16 +6,17 @@ Whether the scheduler stepped is read from its counters, each read a pass of its
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import pytest
+from serving_harness import paused_while_running
 
 pytestmark = pytest.mark.timeout(180)
-# still running when the pause comes right after the first event (hundreds of tiny steps)
+# most often still running when the pause comes right after the first event (hundreds of tiny
+# steps); paused_while_running sends it again when not
 LONG = {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}
 
 
@@ -36,34 +37,24 @@ def _paused(client: httpx.Client, mode: str | None) -> Iterator[None]:
         assert resp.json() == {"message": "Generation continued successfully.", "status": "ok"}
 
 
-def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
-    for line in lines:
-        if line and line != "data: [DONE]":
-            yield json.loads(line[len("data: ") :])
-
-
 def test_a_stream_paused_in_place_goes_on_to_the_same_tokens(client: httpx.Client) -> None:
     body = {"text": "def paused(n):", "sampling_params": LONG}
     reference = client.post("/generate", json=body).json()["output_ids"]
-    with client.stream("POST", "/generate", json={**body, "stream": True}) as resp:
-        events = _events(resp.iter_lines())
-        next(events)
-        with _paused(client, "in_place"):
-            before = _scheduler(client)
-            assert before["num_running_reqs"] == 1
-            for _ in range(3):
-                assert _scheduler(client)["num_generated_tokens"] == before["num_generated_tokens"]
+    with paused_while_running(client, body) as events:  # paused in place, the request running
+        before = _scheduler(client)
+        for _ in range(3):
+            assert _scheduler(client)["num_generated_tokens"] == before["num_generated_tokens"]
+        resp = client.post("/continue_generation")
+        assert resp.json() == {"message": "Generation continued successfully.", "status": "ok"}
         last = list(events)[-1]
     assert last["output_ids"] == reference
     assert last["meta_info"]["finish_reason"]["type"] == "length"
 
 
 def test_the_default_mode_aborts_what_runs(client: httpx.Client) -> None:
-    body = {"text": "import paused", "sampling_params": LONG, "stream": True}
-    with client.stream("POST", "/generate", json=body) as resp:
-        events = _events(resp.iter_lines())
-        next(events)
-        with _paused(client, None):
+    body = {"text": "import paused", "sampling_params": LONG}
+    with paused_while_running(client, body) as events:
+        with _paused(client, None):  # the default mode, no body
             last = list(events)[-1]
             assert last["meta_info"]["finish_reason"]["type"] == "abort"
             assert _scheduler(client)["num_running_reqs"] == 0

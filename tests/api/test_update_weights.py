@@ -7,18 +7,17 @@ cases one by one: ``tests/runtime/test_weight_update.py``.)"""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from hf_oracle import greedy, load_hf
-from serving_harness import Server, serving, write_api_model
+from serving_harness import Server, paused_while_running, serving, write_api_model
 
 pytestmark = pytest.mark.timeout(240)
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
-LONG = {"max_new_tokens": 900, "temperature": 0, "ignore_eos": True}  # still running after one
+LONG = {"max_new_tokens": 900, "temperature": 0, "ignore_eos": True}
 PROMPT = [5, 17, 42, 9, 33, 71, 2, 64]
 
 
@@ -112,20 +111,11 @@ def test_refusals_keep_the_served_weights(
     assert generate(client)["output_ids"] == before
 
 
-def _events(lines: Iterator[str]) -> Iterator[dict]:
-    for line in lines:
-        if line and line != "data: [DONE]":
-            yield json.loads(line[len("data: ") :])
-
-
 def test_a_running_request_refuses_it_unless_all_are_aborted(
     client: httpx.Client, models: tuple[Path, Path]
 ) -> None:
     a, b = models
-    body = {"input_ids": PROMPT, "sampling_params": LONG, "stream": True}
-    with client.stream("POST", "/generate", json=body) as resp:
-        events = _events(resp.iter_lines())
-        next(events)
+    with paused_while_running(client, {"input_ids": PROMPT, "sampling_params": LONG}) as events:
         refused = client.post("/update_weights_from_disk", json={"model_path": str(b)})
         assert refused.status_code == 400
         assert "1 request(s) are running" in refused.json()["message"]

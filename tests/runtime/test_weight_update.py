@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 from hf_oracle import greedy, load_hf
+from running_stream import paused_while_running
 
 from radixserve import Engine
 from radixserve.models.tiny import write_tiny_model
 
 pytestmark = pytest.mark.timeout(240)
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
-LONG = {"max_new_tokens": 1800, "temperature": 0, "ignore_eos": True}  # still running after 1
+LONG = {"max_new_tokens": 1800, "temperature": 0, "ignore_eos": True}
 PROMPT = [5, 17, 42, 9, 33, 71, 2, 64]
 
 
@@ -72,22 +73,20 @@ def test_after_an_update_the_engine_generates_the_new_checkpoints_tokens(
 
 def test_a_running_request_refuses_the_update(engine: Engine, other_dir: Path) -> None:
     reference = engine.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"]
-    stream = engine.generate(input_ids=PROMPT, sampling_params=LONG, stream=True, rid="runs")
-    next(stream)
-    ok, message, _ = engine.update_weights_from_disk(str(other_dir))
-    assert not ok and "1 request(s) are running" in message
-    engine.abort("runs")
+    with paused_while_running(engine, LONG, input_ids=PROMPT, rid="runs") as (_, stream):
+        ok, message, _ = engine.update_weights_from_disk(str(other_dir))
+        assert not ok and "1 request(s) are running" in message
+        engine.abort("runs")
     assert list(stream)[-1]["meta_info"]["finish_reason"]["type"] == "abort"
     assert engine.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"] == reference
     engine.check_integrity()
 
 
 def test_abort_all_requests_ends_them_then_updates(engine: Engine, other_dir: Path) -> None:
-    stream = engine.generate(input_ids=PROMPT, sampling_params=LONG, stream=True)
-    next(stream)
-    ok, _, _ = engine.update_weights_from_disk(str(other_dir), abort_all_requests=True)
-    assert ok
-    assert list(stream)[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    with paused_while_running(engine, LONG, input_ids=PROMPT) as (_, stream):
+        ok, _, _ = engine.update_weights_from_disk(str(other_dir), abort_all_requests=True)
+        assert ok
+        assert list(stream)[-1]["meta_info"]["finish_reason"]["type"] == "abort"
     after = engine.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"]
     assert after == hf_greedy(other_dir, PROMPT, 8)
     engine.check_integrity()
@@ -97,15 +96,10 @@ def test_a_retracted_request_goes_on_under_the_new_weights(
     engine: Engine, engine_model_dir: Path, other_dir: Path
 ) -> None:
     n = 1000
-    stream = engine.generate(
-        input_ids=PROMPT, sampling_params={**LONG, "max_new_tokens": n}, stream=True
-    )
-    got = list(next(stream)["output_ids"])
-    engine.pause_generation("retract")
-    assert engine.get_stats()["num_retractions"] == 1  # it was running, and went back to wait
-    ok, message, _ = engine.update_weights_from_disk(str(other_dir))
-    assert ok, message
-    engine.continue_generation()
+    params = {**LONG, "max_new_tokens": n}
+    with paused_while_running(engine, params, "retract", input_ids=PROMPT) as (got, stream):
+        ok, message, _ = engine.update_weights_from_disk(str(other_dir))
+        assert ok, message
     got += [t for c in stream for t in c["output_ids"]]
     assert len(got) == n
     # the old weights' tokens up to the retraction, then the new weights' continuation of them
