@@ -139,14 +139,18 @@ def stage_weights(model: DecoderForCausalLM, model_dir: str | Path) -> StagedWei
         ]
         raise ValueError(f"{model_dir} is another model: its config differs in {differ}")
     files = safetensors_files(model_dir)
-    staged = type(model)(config, model.embed_tokens.dtype, torch.device("cpu"), tp=model.tp)
-    with torch.no_grad():
-        try:
+    try:
+        staged = type(model)(config, model.embed_tokens.dtype, torch.device("cpu"), tp=model.tp)
+        with torch.no_grad():
             staged.load_weights(iter_weights(files, progress=False))
-        except (OSError, SafetensorError) as exc:
-            raise ValueError(f"cannot read the weights in {model_dir}: {exc}") from None
-        if model.head_int8 is not None:
-            staged.quantize_int8()
+            if model.head_int8 is not None:
+                staged.quantize_int8()
+    except (OSError, SafetensorError) as exc:
+        raise ValueError(f"cannot read the weights in {model_dir}: {exc}") from None
+    except (MemoryError, RuntimeError) as exc:  # torch's CPU allocator says so in a RuntimeError
+        if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
+            raise
+        raise ValueError(f"no memory for a copy of the weights in {model_dir}: {exc}") from None
     tensors = staged.state_dict()
     if tensors.keys() != model.state_dict().keys():  # a bug, not the checkpoint's fault
         raise RuntimeError(f"staged weights {sorted(tensors)} are not the model's")

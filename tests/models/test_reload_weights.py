@@ -92,3 +92,21 @@ def test_another_shape_or_a_bad_checkpoint_leaves_the_model(
     with pytest.raises(ValueError, match="eos_token_ids"):
         reload_weights(served, other)
     assert same(tensors(served), before)
+
+
+def test_no_memory_for_the_staging_copy_is_a_refusal(
+    pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's CPU allocator failing while the copy is read (injected) refuses the update, as
+    any other refusal, instead of ending the scheduler process."""
+    a, b = pair
+    served, _ = load_model(a, "float32", progress=False)
+    before = tensors(served)
+
+    def no_memory(self: DecoderForCausalLM, weights: object) -> None:
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8")
+
+    monkeypatch.setattr(DecoderForCausalLM, "load_weights", no_memory)
+    with pytest.raises(ValueError, match="no memory for a copy of the weights"):
+        reload_weights(served, b)
+    assert same(tensors(served), before)
