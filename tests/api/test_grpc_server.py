@@ -161,6 +161,7 @@ def test_info_loads_flush_and_tokenizer(
     assert stub.HealthCheck(pb.HealthCheckRequest()).healthy
     model = stub.GetModelInfo(pb.GetModelInfoRequest())
     assert model.model_path == str(api_model_dir) and model.is_generation
+    assert model.weight_version == "default"
     assert model.max_context_length == 1024 and list(model.architectures) == ["LlamaForCausalLM"]
     info = stub.GetServerInfo(pb.GetServerInfoRequest())
     assert info.server_type == "grpc" and info.max_total_num_tokens > 0

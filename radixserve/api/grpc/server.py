@@ -165,9 +165,10 @@ class SchedulerService(pb_grpc.SglangSchedulerServicer):
         info, path = self.tm.info, self.config.engine.model_path or ""
         config = read_json(Path(path) / "config.json")
         return pb.GetModelInfoResponse(
-            model_path=path,
+            model_path=self.tm.model_path,  # the checkpoint served now (a weight update's)
             tokenizer_path=path,
             is_generation=True,
+            weight_version=self.tm.weight_version,
             served_model_name=self.config.model_name,
             max_context_length=info.max_context_len,
             vocab_size=info.vocab_size,
