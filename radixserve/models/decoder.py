@@ -282,6 +282,17 @@ class DecoderForCausalLM(nn.Module):
         self.lm_head = None
 
     # ---- weights -------------------------------------------------------------------------
+    def merged_parts(self, name: str) -> tuple[int, ...]:
+        """Row counts of the checkpoint tensors merged into parameter ``name`` on this rank
+        (q, k, v; gate, up), or () for a parameter that is one tensor."""
+        attn = self.layers[0].self_attn
+        assert isinstance(attn, Attention)
+        if ".self_attn.qkv_proj." in name:
+            return attn.q_size, attn.kv_size, attn.kv_size
+        if ".mlp.gate_up_proj." in name:
+            return (self.config.intermediate_size // self.tp.size,) * 2
+        return ()
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy transformers-named tensors into the parameters (converting dtype), each rank
         its slice of them. Raises ``ValueError`` for a shape mismatch or a parameter that no
@@ -289,20 +300,11 @@ class DecoderForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         attn = self.layers[0].self_attn
         assert isinstance(attn, Attention)
-        q, kv, inter = attn.q_size, attn.kv_size, self.config.intermediate_size // self.tp.size
-        # row sizes of the parts of each merged weight, by a fragment of its name
-        layout = {
-            ".self_attn.qkv_proj.": (q, kv, kv),
-            ".mlp.gate_up_proj.": (inter, inter),
-        }
         slicer = _TPSlicer(self.config, self.tp, attn.kv_head_start)
-
-        def parts(name: str) -> tuple[int, ...]:
-            return next((sizes for frag, sizes in layout.items() if frag in name), ())
-
+        parts = self.merged_parts
         filled: set[str] = set()
         for hf_name, tensor in weights:
-            name, shard = _our_name(hf_name)
+            name, shard = our_name(hf_name)
             if name not in params:
                 continue  # rotary inv_freq buffers, a tied lm_head written anyway, ...
             dst = params[name].data
@@ -364,7 +366,7 @@ class _TPSlicer:
         return tensor  # norms (and row-parallel biases, which only rank 0 holds): whole
 
 
-def _our_name(hf_name: str) -> tuple[str, int | None]:
+def our_name(hf_name: str) -> tuple[str, int | None]:
     """transformers' parameter name -> (our parameter name, shard index of a merged weight)."""
     if hf_name == "lm_head.weight":
         return "lm_head", None

@@ -27,6 +27,7 @@ from radixserve.models.loader import load_model, stage_weights
 from radixserve.models.lora import LoraAdapter, load_adapter
 from radixserve.models.numerics import cpu_kernels_for, model_dtype
 from radixserve.models.parallel import SINGLE, TPGroup
+from radixserve.models.weight_lookup import weight_by_name
 from radixserve.runtime.cuda_graph import CudaGraphRunner
 from radixserve.runtime.tp_batch import BatchSender, all_staged
 from radixserve.runtime.tp_ranks import TensorParallelRanks
@@ -186,6 +187,10 @@ class ModelRunner:
         if not all_staged(self.tp_ranks.control, failed=False):
             raise ValueError("a tensor-parallel rank could not load the weights (see its log)")
         staged.commit()
+
+    def weight_by_name(self, hf_name: str) -> torch.Tensor:
+        """The checkpoint tensor ``hf_name`` as the model holds it now (``weight_lookup.py``)."""
+        return weight_by_name(self.model, hf_name)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> LogitsOutput:

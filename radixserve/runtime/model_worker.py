@@ -109,6 +109,10 @@ class Worker(Protocol):
         ``ValueError`` (the weights unchanged) where it cannot."""
         ...
 
+    def weight_by_name(self, hf_name: str) -> torch.Tensor:
+        """A checkpoint tensor as the model holds it now; ``ValueError`` for an unknown name."""
+        ...
+
     def shutdown(self) -> None: ...
 
 
@@ -164,6 +168,9 @@ class ModelWorker:
 
     def update_weights_from_disk(self, model_path: str) -> None:
         self.runner.update_weights_from_disk(model_path)
+
+    def weight_by_name(self, hf_name: str) -> torch.Tensor:
+        return self.runner.weight_by_name(hf_name)
 
     def shutdown(self) -> None:
         if self._executor is not None:

@@ -14,6 +14,7 @@ refused too.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from radixserve.runtime.io_struct import ReqOutput
 from radixserve.runtime.pause import abort_all
@@ -28,6 +29,16 @@ def updated(weight_version: str | None) -> str:
     if weight_version is None:
         return UPDATED
     return f"{UPDATED} Weight version updated to {weight_version}."
+
+
+def weights_by_name(scheduler: Scheduler, name: str, truncate_size: int = 100) -> list[Any]:
+    """SGLang's ``get_weights_by_name``: the first ``truncate_size`` rows of the checkpoint
+    tensor ``name`` as the served model holds it now (``models/weight_lookup.py``), as lists of
+    floats; ``ValueError`` for an unknown name or a negative size."""
+    if truncate_size < 0:
+        raise ValueError(f"truncate_size must be at least 0; got {truncate_size}")
+    rows: list[Any] = scheduler.worker.weight_by_name(name)[:truncate_size].tolist()
+    return rows
 
 
 def check_load_format(load_format: str | None) -> None:

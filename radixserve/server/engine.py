@@ -21,7 +21,12 @@ from radixserve.runtime.io_struct import GenerateRequest, ReqOutput
 from radixserve.runtime.pause import Pause
 from radixserve.runtime.scheduler import Scheduler
 from radixserve.runtime.stop_strings import decode
-from radixserve.runtime.weight_update import check_load_format, update_weights_from_disk, updated
+from radixserve.runtime.weight_update import (
+    check_load_format,
+    update_weights_from_disk,
+    updated,
+    weights_by_name,
+)
 from radixserve.server.detokenizer import Detokenizer
 from radixserve.server.io_struct import DetokenizeParams, SchedulerInfo, TextOutput
 from radixserve.server.request_validation import RequestValidator
@@ -188,6 +193,12 @@ class Engine:
         if weight_version is not None:
             self.weight_version = weight_version
         return True, updated(weight_version), 0
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[Any]:
+        """SGLang's ``get_weights_by_name``: the first ``truncate_size`` rows of the checkpoint
+        tensor ``name`` (transformers' name) as the model holds it now, as lists of floats;
+        ``ValueError`` for a name the model does not hold."""
+        return list(self._call(lambda: weights_by_name(self.scheduler, name, truncate_size)))
 
     def continue_generation(self) -> None:
         self._call(self._pause.resume)

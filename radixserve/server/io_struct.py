@@ -118,8 +118,23 @@ class UpdateWeightsReq:
     abort_all_requests: bool = False
 
 
+@dataclass(slots=True)
+class GetWeightsReq:
+    """Ask for the first ``truncate_size`` rows of the checkpoint tensor ``name`` as served."""
+
+    call_id: int
+    name: str
+    truncate_size: int = 100
+
+
 ControlReq = (
-    FlushCacheReq | GetServerInfoReq | GetCacheTreeReq | UpdateLoraReq | PauseReq | UpdateWeightsReq
+    FlushCacheReq
+    | GetServerInfoReq
+    | GetCacheTreeReq
+    | UpdateLoraReq
+    | PauseReq
+    | UpdateWeightsReq
+    | GetWeightsReq
 )
 """The calls the HTTP process makes of the scheduler, each answered by one :class:`RpcReply`."""
 

@@ -25,13 +25,14 @@ from radixserve.radix.tree_summary import HEAD_TOKENS, summarize_tree
 from radixserve.runtime.io_struct import GenerateRequest, QueueFull
 from radixserve.runtime.pause import Pause
 from radixserve.runtime.scheduler import Scheduler
-from radixserve.runtime.weight_update import update_weights_from_disk
+from radixserve.runtime.weight_update import update_weights_from_disk, weights_by_name
 from radixserve.server.io_struct import (
     AbortRequest,
     DetokenizeParams,
     FlushCacheReq,
     GetCacheTreeReq,
     GetServerInfoReq,
+    GetWeightsReq,
     PauseReq,
     ReqError,
     RpcReply,
@@ -138,6 +139,12 @@ class SchedulerLoop:
             self.outbox.append(self._update_lora(msg))
         elif isinstance(msg, UpdateWeightsReq):
             self.outbox.append(self._update_weights(msg))
+        elif isinstance(msg, GetWeightsReq):
+            try:
+                rows = weights_by_name(self.scheduler, msg.name, msg.truncate_size)
+                self.outbox.append(RpcReply(msg.call_id, rows))
+            except ValueError as exc:
+                self.outbox.append(RpcReply(msg.call_id, None, error=str(exc)))
         else:
             logger.warning("ignoring an unknown message %r", type(msg).__name__)
 

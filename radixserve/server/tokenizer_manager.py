@@ -34,6 +34,7 @@ from radixserve.server.io_struct import (
     FlushCacheReq,
     GetCacheTreeReq,
     GetServerInfoReq,
+    GetWeightsReq,
     PauseReq,
     ReqError,
     RpcReply,
@@ -269,6 +270,15 @@ class TokenizerManager:
         except RuntimeError as exc:  # the scheduler's refusal
             raise ValueError(str(exc)) from None
         self.model_path = path
+
+    async def get_weights_by_name(self, name: str, truncate_size: int) -> list[Any]:
+        """``runtime/weight_update.py``'s ``weights_by_name`` in the scheduler; ``ValueError``."""
+        try:
+            return list(await self._rpc(GetWeightsReq(next(self._call_ids), name, truncate_size)))
+        except SchedulerUnavailable:
+            raise
+        except RuntimeError as exc:  # the scheduler's refusal
+            raise ValueError(str(exc)) from None
 
     async def get_server_info(self, check_integrity: bool = True) -> dict[str, Any]:
         reply = await self._rpc(GetServerInfoReq(next(self._call_ids), check_integrity))

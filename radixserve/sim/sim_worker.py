@@ -58,6 +58,9 @@ class SimWorker:
     def update_weights_from_disk(self, model_path: str) -> None:
         raise ValueError("a simulated model has no weights to update")
 
+    def weight_by_name(self, hf_name: str) -> torch.Tensor:
+        raise ValueError("a simulated model has no weights")
+
     def shutdown(self) -> None:
         pass
 

@@ -68,6 +68,7 @@ ROUTES: dict[tuple[str, str], tuple[str, Any]] = {
     ("POST", "/continue_generation"): (OPERATOR, None),
     ("POST", "/update_weights_from_disk"): (OPERATOR, {"model_path": "/nonexistent"}),
     ("POST", "/update_weight_version"): (OPERATOR, {"new_version": "v1"}),
+    ("POST", "/get_weights_by_name"): (OPERATOR, {"name": "model.norm.weight", "truncate_size": 1}),
     ("POST", "/load_lora_adapter"): (OPERATOR, {"lora_name": "x", "lora_path": "/nonexistent"}),
     ("POST", "/unload_lora_adapter"): (OPERATOR, {"lora_name": "x"}),
     ("POST", "/v1/load_lora_adapter"): (OPERATOR, {"lora_name": "x", "lora_path": "/nonexist"}),

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from hf_oracle import greedy, load_hf
+from safetensors.torch import load_file
 from serving_harness import Server, paused_while_running, serving, write_api_model
 
 pytestmark = pytest.mark.timeout(240)
@@ -74,6 +75,16 @@ def test_an_update_serves_the_new_checkpoint(
     assert after["meta_info"]["cached_tokens"] == 0
     assert after["meta_info"]["weight_version"] == "step-1"
     assert client.get("/get_weight_version").json() == {"weight_version": "step-1"}
+    name = "model.layers.0.mlp.up_proj.weight"
+    got = client.post("/get_weights_by_name", json={"name": name, "truncate_size": 2})
+    assert (
+        got.status_code == 200
+        and got.json() == load_file(b / "model.safetensors")[name][:2].tolist()
+    )
+    unknown = client.post("/get_weights_by_name", json={"name": "model.no.weight"})
+    assert (
+        unknown.status_code == 400 and "holds no weight named" in unknown.json()["error"]["message"]
+    )
     info = client.get("/get_model_info").json()
     assert (info["model_path"], info["weight_version"]) == (str(b.resolve()), "step-1")
     # SGLang's other fields are taken; back to the first weights

@@ -153,6 +153,9 @@ class FakeWorker:
     def update_weights_from_disk(self, model_path: str) -> None:
         raise ValueError("a fake model has no weights to update")
 
+    def weight_by_name(self, hf_name: str) -> torch.Tensor:
+        raise ValueError("a fake model has no weights")
+
     def shutdown(self) -> None:
         pass
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hf_oracle import greedy, load_hf
 from running_stream import paused_while_running
+from safetensors.torch import load_file
 
 from radixserve import Engine
 from radixserve.models.tiny import write_tiny_model
@@ -58,6 +59,12 @@ def test_after_an_update_the_engine_generates_the_new_checkpoints_tokens(
     )
     after = engine.generate(input_ids=PROMPT, sampling_params=GREEDY)
     assert after["meta_info"]["weight_version"] == "step-1"
+    # SGLang's check of an update: a tensor as served, against the new checkpoint's
+    name = "model.layers.1.self_attn.k_proj.weight"
+    want = load_file(other_dir / "model.safetensors")[name][:3].tolist()
+    assert engine.get_weights_by_name(name, truncate_size=3) == want
+    with pytest.raises(ValueError, match="holds no weight named"):
+        engine.get_weights_by_name("model.layers.9.mlp.up_proj.weight")
     want = hf_greedy(other_dir, PROMPT, 8)
     assert want != first["output_ids"]
     assert after["output_ids"] == want

@@ -104,6 +104,14 @@ class UpdateWeightsBody(BaseModel):
     manifest: dict[str, Any] | None = None
 
 
+class WeightsByNameBody(BaseModel):
+    """SGLang's ``GetWeightsByNameReqInput``."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    truncate_size: int = 100
+
+
 class WeightVersionBody(BaseModel):
     """SGLang's ``UpdateWeightVersionReqInput``."""
 
@@ -114,7 +122,8 @@ class WeightVersionBody(BaseModel):
 
 def weights_router(tm: TokenizerManager) -> APIRouter:
     """``/update_weights_from_disk``, as SGLang's (``runtime/weight_update.py``): 200 with
-    ``success`` true, or 400 with ``success`` false and why, the served weights unchanged."""
+    ``success`` true, or 400 with ``success`` false and why, the served weights unchanged;
+    ``/get_weights_by_name`` and ``/update_weight_version``, SGLang's too."""
     router = APIRouter()
 
     @router.post("/update_weights_from_disk")
@@ -131,6 +140,12 @@ def weights_router(tm: TokenizerManager) -> APIRouter:
             tm.weight_version = body.weight_version
         done = {"success": True, "message": updated(body.weight_version), "num_paused_requests": 0}
         return JSONResponse(done)
+
+    @router.post("/get_weights_by_name")
+    async def get_weights_by_name(body: WeightsByNameBody) -> list[Any]:
+        """SGLang's: the first ``truncate_size`` rows of a checkpoint tensor as served (how a
+        trainer checks an update); an unknown name is a 400."""
+        return await tm.get_weights_by_name(body.name, body.truncate_size)  # ValueError: 400
 
     @router.post("/update_weight_version")
     async def update_weight_version(body: WeightVersionBody) -> dict[str, Any]:
