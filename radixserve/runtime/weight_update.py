@@ -8,7 +8,7 @@ holds new requests and waits for those in flight to end). ``abort_all_requests``
 field) ends them first; so does ``/pause_generation`` in ``abort`` mode, and in ``retract``
 mode it sends them back to the queue, where requests hold no KV: they are computed again under
 the new weights after ``/continue_generation``. A pause ``in_place`` keeps their KV, so it is
-refused too.
+refused too. ``weights_by_name`` reads a tensor back as served, SGLang's check of an update.
 """
 
 from __future__ import annotations
