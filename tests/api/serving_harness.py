@@ -46,11 +46,16 @@ def write_api_model(path: Path, tokenizer: object, **overrides: object) -> Path:
     context's ``max_position_embeddings`` included)."""
     from radixserve.models.tiny import write_tiny_model
 
-    spec: dict[str, object] = dict(
-        num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128, seed=3
+    spec: dict[str, Any] = dict(
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        seed=3,
+        max_position_embeddings=MAX_CONTEXT_LEN,
     )
-    spec["max_position_embeddings"] = MAX_CONTEXT_LEN
-    return write_tiny_model(path, "llama", tokenizer=tokenizer, **{**spec, **overrides})  # type: ignore[arg-type]
+    return write_tiny_model(path, "llama", tokenizer=tokenizer, **{**spec, **overrides})
 
 
 READY_LINE = "radixserve is ready at"
