@@ -240,14 +240,8 @@ class TokenizerManager:
         malformed adapter never reaches the scheduler's loop."""
         if lora_path is not None:
             await asyncio.to_thread(check_adapter, lora_path, self.config.engine)
-        try:
-            msg = UpdateLoraReq(next(self._call_ids), lora_name, lora_path, pinned)
-            adapters = await self._rpc(msg)
-        except SchedulerUnavailable:
-            raise
-        except RuntimeError as exc:  # the scheduler's refusal
-            raise ValueError(str(exc)) from None
-        self.lora_adapters = dict(adapters)
+        msg = UpdateLoraReq(next(self._call_ids), lora_name, lora_path, pinned)
+        self.lora_adapters = dict(await self._rpc(msg))
         return self.lora_adapters
 
     async def pause_generation(self, mode: str | None) -> None:
@@ -263,22 +257,12 @@ class TokenizerManager:
         not, the weights unchanged. Waits as long as loading takes (``WEIGHT_UPDATE_TIMEOUT_S``)."""
         path = await asyncio.to_thread(resolve_model, model_path)
         msg = UpdateWeightsReq(next(self._call_ids), path, flush_cache, abort_all_requests)
-        try:
-            await self._rpc(msg, WEIGHT_UPDATE_TIMEOUT_S)
-        except SchedulerUnavailable:
-            raise
-        except RuntimeError as exc:  # the scheduler's refusal
-            raise ValueError(str(exc)) from None
+        await self._rpc(msg, WEIGHT_UPDATE_TIMEOUT_S)
         self.model_path = path
 
     async def get_weights_by_name(self, name: str, truncate_size: int) -> list[Any]:
         """``runtime/weight_update.py``'s ``weights_by_name`` in the scheduler; ``ValueError``."""
-        try:
-            return list(await self._rpc(GetWeightsReq(next(self._call_ids), name, truncate_size)))
-        except SchedulerUnavailable:
-            raise
-        except RuntimeError as exc:  # the scheduler's refusal
-            raise ValueError(str(exc)) from None
+        return list(await self._rpc(GetWeightsReq(next(self._call_ids), name, truncate_size)))
 
     async def get_server_info(self, check_integrity: bool = True) -> dict[str, Any]:
         reply = await self._rpc(GetServerInfoReq(next(self._call_ids), check_integrity))
@@ -290,6 +274,8 @@ class TokenizerManager:
         return dict(await self._rpc(msg))
 
     async def _rpc(self, msg: ControlReq, timeout: float = RPC_TIMEOUT_S) -> Any:
+        """The scheduler's answer to ``msg``: ``ValueError`` where it refused (with why),
+        :class:`SchedulerUnavailable` where it is gone or did not answer within ``timeout``."""
         self._check_alive()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._rpcs[msg.call_id] = future
@@ -340,8 +326,8 @@ class TokenizerManager:
             if future is not None and not future.done():
                 if msg.error is None:
                     future.set_result(msg.value)
-                else:
-                    future.set_exception(RuntimeError(msg.error))
+                else:  # the scheduler refused the call: bad input, a 400 to the HTTP caller
+                    future.set_exception(ValueError(msg.error))
         elif isinstance(msg, SchedulerFatal):
             self._fail_all(f"the scheduler crashed:\n{msg.message}")
         else:
