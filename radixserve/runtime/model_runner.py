@@ -29,7 +29,7 @@ from radixserve.models.numerics import cpu_kernels_for, model_dtype
 from radixserve.models.parallel import SINGLE, TPGroup
 from radixserve.models.weight_lookup import weight_by_name
 from radixserve.runtime.cuda_graph import CudaGraphRunner
-from radixserve.runtime.tp_batch import BatchSender, all_staged
+from radixserve.runtime.tp_batch import BatchSender, stage_on_every_rank
 from radixserve.runtime.tp_ranks import TensorParallelRanks
 from radixserve.runtime.verify_graph import VERIFY_GRAPH_MAX_BS, VerifyGraphRunner
 from radixserve.transfer import to_device
@@ -179,14 +179,7 @@ class ModelRunner:
         assert self.tp_ranks is not None
         self.tp_ranks.check_alive()
         self._sender.send_reload(model_path)
-        try:
-            staged = stage_weights(self.model, model_path)
-        except BaseException:
-            all_staged(self.tp_ranks.control, failed=True)
-            raise
-        if not all_staged(self.tp_ranks.control, failed=False):
-            raise ValueError("a tensor-parallel rank could not load the weights (see its log)")
-        staged.commit()
+        stage_on_every_rank(self.model, model_path, self.tp_ranks.control).commit()
 
     def weight_by_name(self, hf_name: str) -> torch.Tensor:
         """The checkpoint tensor ``hf_name`` as the model holds it now (``weight_lookup.py``)."""

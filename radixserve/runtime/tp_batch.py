@@ -27,7 +27,9 @@ import torch
 import torch.distributed as dist
 
 from radixserve.memory_pool import ReqToTokenPool
+from radixserve.models.decoder import DecoderForCausalLM
 from radixserve.models.forward_batch import ForwardBatch, ForwardMode
+from radixserve.models.loader import StagedWeights, stage_weights
 
 _HEADER_LEN = 5  # kind, batch size, tokens, longest sequence, has input_logprob_start
 
@@ -55,6 +57,20 @@ def all_staged(control: Any, failed: bool) -> bool:
     flag = torch.tensor([int(failed)], dtype=torch.int64)
     control.allreduce(flag, dist.ReduceOp.MAX, RELOAD_WAIT).wait()
     return int(flag) == 0
+
+
+def stage_on_every_rank(model: DecoderForCausalLM, model_path: str, control: Any) -> StagedWeights:
+    """This rank's slice of the checkpoint staged (``stage_weights``), once every rank has
+    staged its own; this rank's error, or ``ValueError`` where another rank failed. Every rank
+    calls it for the same ``Reload``, so the agreement is reached whatever fails."""
+    try:
+        staged = stage_weights(model, model_path)
+    except BaseException:
+        all_staged(control, failed=True)
+        raise
+    if not all_staged(control, failed=False):
+        raise ValueError("a tensor-parallel rank could not load the weights (see its log)")
+    return staged
 
 
 _MODES = {

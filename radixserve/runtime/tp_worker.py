@@ -22,11 +22,10 @@ from types import FrameType
 import torch.distributed as dist
 
 from radixserve.config import EngineConfig
-from radixserve.models.loader import stage_weights
 from radixserve.models.numerics import cpu_kernels_for
 from radixserve.runtime.kv_layout import KVLayout
 from radixserve.runtime.model_runner import ModelRunner
-from radixserve.runtime.tp_batch import BatchReceiver, Reload, all_staged
+from radixserve.runtime.tp_batch import BatchReceiver, Reload, stage_on_every_rank
 from radixserve.runtime.tp_ranks import (
     JOINING,
     LOADED,
@@ -92,15 +91,14 @@ def run_tp_worker(
 
 
 def _reload(runner: ModelRunner, control: object, model_path: str) -> None:
-    """Stage the checkpoint rank 0 named; put it in the model once every rank has."""
+    """Stage the checkpoint rank 0 named; put it in the model once every rank has (rank 0
+    reports a failure; this rank logs its own)."""
     try:
-        staged = stage_weights(runner.model, model_path)
+        staged = stage_on_every_rank(runner.model, model_path, control)
     except Exception as exc:
-        logger.error("this rank could not load the weights in %s: %s", model_path, exc)
-        all_staged(control, failed=True)
+        logger.error("the weights in %s were not loaded: %s", model_path, exc)
         return
-    if all_staged(control, failed=False):
-        staged.commit()
+    staged.commit()
 
 
 def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
