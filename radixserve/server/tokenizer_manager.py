@@ -250,15 +250,22 @@ class TokenizerManager:
         await self._rpc(PauseReq(next(self._call_ids), mode))
 
     async def update_weights_from_disk(
-        self, model_path: str, flush_cache: bool = True, abort_all_requests: bool = False
+        self,
+        model_path: str,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+        weight_version: str | None = None,
     ) -> None:
         """The scheduler's model from the checkpoint ``model_path`` (a directory, or a hub id
-        fetched here in a worker thread): ``runtime/weight_update.py``. ``ValueError``: why
-        not, the weights unchanged. Waits as long as loading takes (``WEIGHT_UPDATE_TIMEOUT_S``)."""
+        fetched here in a worker thread): ``runtime/weight_update.py``; then ``model_path`` names
+        it, and ``weight_version`` (if given) labels it. ``ValueError``: why not, the weights
+        unchanged. Waits as long as loading takes (``WEIGHT_UPDATE_TIMEOUT_S``)."""
         path = await asyncio.to_thread(resolve_model, model_path)
         msg = UpdateWeightsReq(next(self._call_ids), path, flush_cache, abort_all_requests)
         await self._rpc(msg, WEIGHT_UPDATE_TIMEOUT_S)
         self.model_path = path
+        if weight_version is not None:
+            self.weight_version = weight_version
 
     async def get_weights_by_name(self, name: str, truncate_size: int) -> list[Any]:
         """``runtime/weight_update.py``'s ``weights_by_name`` in the scheduler; ``ValueError``."""

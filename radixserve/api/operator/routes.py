@@ -131,13 +131,11 @@ def weights_router(tm: TokenizerManager) -> APIRouter:
         try:
             check_load_format(body.load_format)
             await tm.update_weights_from_disk(
-                body.model_path, body.flush_cache, body.abort_all_requests
+                body.model_path, body.flush_cache, body.abort_all_requests, body.weight_version
             )
         except ValueError as exc:
             refused = {"success": False, "message": str(exc), "num_paused_requests": 0}
             return JSONResponse(refused, status_code=400)
-        if body.weight_version is not None:
-            tm.weight_version = body.weight_version
         done = {"success": True, "message": updated(body.weight_version), "num_paused_requests": 0}
         return JSONResponse(done)
 
