@@ -152,6 +152,19 @@ def sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
 
 
 @contextmanager
+def paused(client: httpx.Client, mode: str = "in_place") -> Iterator[None]:
+    """The server paused in ``mode`` (``/pause_generation``) for the ``with`` block: requests
+    sent meanwhile wait. It continues on leaving the block, whatever the block raised."""
+    resp = client.post("/pause_generation", json={"mode": mode})
+    assert resp.status_code == 200, resp.text
+    try:
+        yield
+    finally:
+        resp = client.post("/continue_generation")
+        assert resp.status_code == 200, resp.text
+
+
+@contextmanager
 def paused_while_running(
     client: httpx.Client, body: dict[str, Any], attempts: int = 5
 ) -> Iterator[Iterator[dict[str, Any]]]:
@@ -164,14 +177,10 @@ def paused_while_running(
         with client.stream("POST", "/generate", json={**body, "stream": True}) as resp:
             events = sse_events(resp.iter_lines())
             next(events)
-            paused = client.post("/pause_generation", json={"mode": "in_place"})
-            assert paused.status_code == 200, paused.text
-            try:
+            with paused(client):
                 info = client.get("/get_server_info").json()
                 if info["scheduler"]["num_running_reqs"] == 1:
                     yield events
                     return
-            finally:
-                assert client.post("/continue_generation").status_code == 200
             list(events)  # it had finished: let it end, then try again
     raise AssertionError(f"no request of {body} was still running {attempts} times in a row")

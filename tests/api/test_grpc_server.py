@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from serving_harness import Server, free_port, serving
+from serving_harness import Server, free_port, paused, serving
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
@@ -139,15 +139,12 @@ def test_abort_ends_a_request(grpc_server: tuple[Server, pb_grpc.SglangScheduler
             got.append(response)
 
     with server.client() as http, ThreadPoolExecutor(1) as pool:
-        assert http.post("/pause_generation", json={"mode": "in_place"}).is_success
-        try:
+        with paused(http):
             # the reader's error (the stream failing instead of ending) surfaces via .result()
             reading = pool.submit(read)
             while http.get("/get_server_info").json()["scheduler"]["num_waiting_reqs"] != 1:
                 assert not reading.done(), reading.result()
             assert stub.Abort(pb.AbortRequest(request_id="long")).success
-        finally:
-            assert http.post("/continue_generation").is_success
         reading.result(timeout=60)
     assert got[-1].WhichOneof("response") == "complete"
     assert got[-1].complete.finish_reason == "abort"

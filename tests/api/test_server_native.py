@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 import httpx
-from serving_harness import pick_stop
+from serving_harness import paused, pick_stop
 
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 
@@ -136,15 +136,12 @@ def test_abort_request_route(server: Any, client: httpx.Client) -> None:
             }
             result["out"] = c.post("/generate", json=body).json()
 
-    assert client.post("/pause_generation", json={"mode": "in_place"}).status_code == 200
     thread = threading.Thread(target=run)
-    try:
+    with paused(client):
         thread.start()
         while client.get("/get_server_info").json()["scheduler"]["num_waiting_reqs"] != 1:
             assert thread.is_alive(), result
         aborted = client.post("/abort_request", json={"rid": "abort-me"}).json()["aborted"]
-    finally:
-        assert client.post("/continue_generation").status_code == 200
     thread.join(60)
     assert aborted == ["abort-me"]
     meta = result["out"]["meta_info"]

@@ -14,6 +14,7 @@ import grpc
 import httpx
 import pytest
 from keyed_harness import KeyedServer, bearer
+from serving_harness import paused
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
@@ -48,23 +49,18 @@ def wait_pending(url: str, who: str) -> None:
 
 
 @contextlib.contextmanager
-def paused(url: str) -> Iterator[None]:
-    """The scheduler paused in place (the admin's ``/pause_generation``): requests sent meanwhile
-    wait, so each is still pending when the abort comes, on a machine however busy."""
-    resp = httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}, headers=bearer("admin"))
-    assert resp.status_code == 200, resp.text
-    try:
+def paused_by_admin(url: str) -> Iterator[None]:
+    """The scheduler paused in place by the admin (``serving_harness.paused``): requests sent
+    meanwhile wait, so each is still pending when the abort comes, on a machine however busy."""
+    with httpx.Client(base_url=url, headers=bearer("admin"), timeout=30) as admin, paused(admin):
         yield
-    finally:
-        resp = httpx.post(f"{url}/continue_generation", headers=bearer("admin"), timeout=30)
-        assert resp.status_code == 200, resp.text
 
 
 def test_a_tenants_abort_reaches_its_own_requests_only(keyed_server: KeyedServer) -> None:
     """b's abort reaches b's request of a rid a runs too, not a's."""
     url, rid = keyed_server.url, "job-shared-rid"
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        with paused(url):
+        with paused_by_admin(url):
             # two tenants may run a request of the same rid at once
             mine = pool.submit(generate, url, "a", rid=rid, sampling_params=SHORT)
             theirs = pool.submit(generate, url, "b", rid=rid, sampling_params=SHORT)
@@ -86,7 +82,7 @@ def test_a_tenants_abort_reaches_its_own_requests_only(keyed_server: KeyedServer
 def test_the_admins_abort_all_reaches_every_tenant(keyed_server: KeyedServer) -> None:
     url, rid = keyed_server.url, "job-of-a"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        with paused(url):
+        with paused_by_admin(url):
             mine = pool.submit(generate, url, "a", rid=rid, sampling_params=SHORT)
             wait_pending(url, "a")
             admin = httpx.post(
