@@ -69,7 +69,8 @@ def _build(app: FastAPI) -> dict[str, Any]:
     for key in ("HTTPValidationError", "ValidationError"):
         components.pop(key, None)
     error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
-    errors = {route.path: _errors_of(route) for route in routes_of(app.routes)}
+    # keyed as the document writes a path: without a parameter's converter (``{model:path}``)
+    errors = {route.path_format: _errors_of(route) for route in routes_of(app.routes)}
     for path, item in schema.get("paths", {}).items():
         for method, operation in item.items():
             responses = operation.setdefault("responses", {})

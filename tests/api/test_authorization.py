@@ -42,7 +42,10 @@ ROUTES: dict[tuple[str, str], tuple[str, Any]] = {
     ("POST", "/v1/responses"): (TENANT, {"model": "m", "input": "hi", "max_output_tokens": 1}),
     ("GET", "/v1/responses/{response_id}"): (TENANT, None),
     ("DELETE", "/v1/responses/{response_id}"): (TENANT, None),
+    ("GET", "/v1/responses/{response_id}/input_items"): (TENANT, None),
+    ("POST", "/v1/responses/input_tokens"): (TENANT, {"model": "m", "input": "hi"}),
     ("GET", "/v1/models"): (TENANT, None),
+    ("GET", "/v1/models/{model:path}"): (TENANT, None),
     ("GET", "/get_model_info"): (TENANT, None),
     ("GET", "/get_weight_version"): (TENANT, None),
     ("GET", "/model_info"): (TENANT, None),
@@ -116,6 +119,7 @@ def test_http_matrix(keyed_server: KeyedServer, who: str | None) -> None:
     with httpx.Client(base_url=keyed_server.url, headers=bearer(who), timeout=60) as client:
         for (method, path), (access, body) in ROUTES.items():
             url = path.replace("{name}", "dashboard.js").replace("{response_id}", "resp_none")
+            url = url.replace("{model:path}", "org/no-such-model")
             resp = client.request(method, url, json=body)
             where = f"{method} {path} as {who}"
             if access == OPEN:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 
 class PromptTokensDetails(BaseModel):
@@ -114,6 +115,9 @@ class ChatCompletionChunk(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """A served model as OpenAI's ``Model`` and Anthropic's ``ModelInfo`` both read it: each
+    client takes its own fields and ignores the other's."""
+
     id: str
     object: Literal["model"] = "model"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -123,11 +127,45 @@ class ModelCard(BaseModel):
     max_model_len: int | None = None
     description: str | None = None
     is_smoke_test_model: bool = False
+    # Anthropic's
+    type: Literal["model"] = "model"
+    display_name: str = ""
+    created_at: str = ""  # RFC 3339, of ``created``
+    lifecycle: Literal["active"] = "active"
+    max_input_tokens: int | None = None
+    max_tokens: int | None = None
+
+    @model_validator(mode="after")
+    def _anthropic_fields(self) -> ModelCard:
+        self.display_name = self.display_name or self.id
+        self.created_at = self.created_at or _rfc3339(self.created)
+        self.max_input_tokens = self.max_input_tokens or self.max_model_len
+        self.max_tokens = self.max_tokens or self.max_model_len
+        return self
 
 
 class ModelList(BaseModel):
+    """OpenAI's list, with the cursor fields of Anthropic's page (one page: no more)."""
+
     object: Literal["list"] = "list"
     data: list[ModelCard]
+    has_more: bool = False
+    first_id: str | None = None
+    last_id: str | None = None
+
+    @model_validator(mode="after")
+    def _cursor(self) -> ModelList:
+        if self.data:
+            self.first_id, self.last_id = self.data[0].id, self.data[-1].id
+        return self
+
+
+def _rfc3339(seconds: int) -> str:
+    return (
+        datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+        .isoformat()
+        .replace("+00:00", "Z")
+    )
 
 
 def dump(model: BaseModel) -> dict[str, Any]:

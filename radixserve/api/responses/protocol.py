@@ -23,7 +23,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from radixserve.api.openai.protocol import ChatCompletionRequest
 
-REFUSED = ("background", "conversation", "prompt", "image", "context_management", "max_tool_calls")
+REFUSED = (
+    "background",
+    "background_options",
+    "conversation",
+    "prompt",
+    "image",
+    "context_management",
+    "max_tool_calls",
+)
 
 
 class ResponsesRequest(BaseModel):
@@ -61,6 +69,7 @@ class ResponsesRequest(BaseModel):
     access_programs: Any = None
     # refused when set (REFUSED)
     background: bool | None = None
+    background_options: Any = None
     conversation: Any = None
     prompt: Any = None
     image: Any = None
@@ -106,6 +115,12 @@ class ResponsesRequest(BaseModel):
         if fmt and fmt.get("type") != "text":
             body["response_format"] = _response_format(fmt)
         return ChatCompletionRequest.model_validate(body)
+
+
+class InputTokensRequest(ResponsesRequest):
+    """``POST /v1/responses/input_tokens``: the body of a response to count the prompt of."""
+
+    personality: str | None = None  # a hint without effect here
 
 
 def _item_messages(item: dict[str, Any]) -> list[dict[str, Any]]:

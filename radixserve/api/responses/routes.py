@@ -1,11 +1,12 @@
-"""OpenAI's Responses API: ``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}``
-(a tenant's; a stored response is its tenant's alone), a thin door onto the chat pipeline."""
+"""OpenAI's Responses API: ``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items`` and ``POST /v1/responses/input_tokens`` (a tenant's; a
+stored response is its tenant's alone), a thin door onto the chat pipeline."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.api.access.routes import Access, declare
@@ -16,8 +17,8 @@ from radixserve.api.formats.tool_calls import ParsedCall
 from radixserve.api.openai.chat import ChatServing
 from radixserve.api.openai.protocol import ChatCompletionRequest
 from radixserve.api.openapi import NOT_FOUND
-from radixserve.api.responses import render
-from radixserve.api.responses.protocol import ResponsesRequest
+from radixserve.api.responses import items, render
+from radixserve.api.responses.protocol import InputTokensRequest, ResponsesRequest
 from radixserve.api.responses.store import ResponseStore, StoredResponse
 from radixserve.api.streaming import collect_all, event_stream, openai_error_event
 
@@ -31,11 +32,18 @@ def responses_router(chat: ChatServing, tenants: Tenants, store: ResponseStore) 
             raise APIError(f"no response {response_id!r} is stored", 404, code="not_found")
         return found
 
+    def before(raw: Request, body: ResponsesRequest) -> StoredResponse | None:
+        """The response ``body`` is chained to, if any."""
+        if body.previous_response_id is None:
+            return None
+        return stored(raw, body.previous_response_id)
+
     @router.post("/v1/responses", responses=NOT_FOUND)
     async def create_response(body: ResponsesRequest, raw: Request) -> Response:
-        history = (
-            stored(raw, body.previous_response_id).conversation if body.previous_response_id else []
-        )
+        previous = before(raw, body)
+        history = previous.conversation if previous else []
+        listed = [*previous.items, *previous.body["output"]] if previous else []
+        listed += items.input_items(body.input)
         request = _to_chat(body, history)
         call = await chat.open(request, raw)
         model, response_id = chat.served_name(call.requests), render.new_id("resp")
@@ -45,7 +53,8 @@ def responses_router(chat: ChatServing, tenants: Tenants, store: ResponseStore) 
             if body.store:
                 turn = _assistant_turn(final["output"])
                 conversation = [*history, *body.input_messages(), *turn]
-                store.put(tenants.scope(raw.state), StoredResponse(final, conversation))
+                stored_response = StoredResponse(final, conversation, listed)
+                store.put(tenants.scope(raw.state), stored_response)
 
         if body.stream:
             done: list[dict[str, Any]] = []
@@ -66,6 +75,26 @@ def responses_router(chat: ChatServing, tenants: Tenants, store: ResponseStore) 
     @router.get("/v1/responses/{response_id}", responses=NOT_FOUND)
     async def get_response(response_id: str, raw: Request) -> dict[str, Any]:
         return stored(raw, response_id).body
+
+    @router.get("/v1/responses/{response_id}/input_items", responses=NOT_FOUND)
+    async def list_input_items(
+        response_id: str,
+        raw: Request,
+        after: str | None = None,
+        limit: int = Query(20, ge=1, le=100),
+        order: Literal["asc", "desc"] = "desc",
+        include: list[str] | None = Query(None),  # nothing more to include here
+    ) -> dict[str, Any]:
+        return items.page(stored(raw, response_id).items, after, limit, order)
+
+    @router.post("/v1/responses/input_tokens", responses=NOT_FOUND)
+    async def count_input_tokens(body: InputTokensRequest, raw: Request) -> dict[str, Any]:
+        """The prompt's tokens, as ``POST /v1/responses`` would render the same body."""
+        previous = before(raw, body)
+        request = _to_chat(body, previous.conversation if previous else [])
+        chat.adapter_of(request, request.model)  # a model not served: 404, as the create
+        ids = await chat.render(request, chat.plan(request))
+        return {"object": "response.input_tokens", "input_tokens": len(ids)}
 
     @router.delete("/v1/responses/{response_id}", responses=NOT_FOUND)
     async def delete_response(response_id: str, raw: Request) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Stored responses (``store: true``, OpenAI's default), for ``previous_response_id`` and
-``GET`` / ``DELETE /v1/responses/{id}``.
+``GET`` / ``DELETE /v1/responses/{id}`` and its input items.
 
 Each tenant's responses are its own: the store is keyed by ``(tenant, id)``, so another
 tenant's id is a 404 like an unknown one. The store is bounded (``--max-stored-responses``),
@@ -19,6 +19,7 @@ from typing import Any
 class StoredResponse:
     body: dict[str, Any]  # the response object as it was returned
     conversation: list[dict[str, Any]]  # chat messages up to and including its output
+    items: list[dict[str, Any]]  # its input items as listed, the chain's before them (items.py)
 
 
 class ResponseStore:

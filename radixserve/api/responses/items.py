@@ -1,0 +1,66 @@
+"""A stored response's input items (``GET /v1/responses/{id}/input_items``): each item of its
+``input`` as OpenAI lists it (with an id, a status, a message's content as parts), after the
+items and output of the responses it was chained to, in pages.
+
+OpenAI's ids are kept where the client gave them; the others are made here, once, when the
+response is stored, so paging with ``after`` finds the same ids on every call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from radixserve.api.errors import APIError
+from radixserve.api.responses.render import new_id
+
+_PREFIX = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "reasoning": "rs",
+}
+
+
+def input_items(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``input`` (a string, or items as ``protocol.ResponsesRequest`` took them) as listed."""
+    if isinstance(items, str):
+        items = [{"type": "message", "role": "user", "content": items}]
+    return [_listed(item) for item in items]
+
+
+def _listed(item: dict[str, Any]) -> dict[str, Any]:
+    kind = item.get("type", "message")
+    out = {**item, "type": kind, "id": item.get("id") or new_id(_PREFIX.get(kind, "item"))}
+    if kind != "reasoning":
+        out.setdefault("status", "completed")
+    if kind == "message":
+        part = "output_text" if item["role"] == "assistant" else "input_text"
+        content = item.get("content", "")
+        if isinstance(content, str):
+            content = [{"type": part, "text": content}]
+        if part == "output_text":
+            content = [{"annotations": [], **p, "type": part} for p in content]
+        out["content"] = content
+    return out
+
+
+def page(
+    items: list[dict[str, Any]], after: str | None, limit: int, order: Literal["asc", "desc"]
+) -> dict[str, Any]:
+    """One page of OpenAI's cursor list: ``limit`` items after the one with id ``after``, in
+    ``order`` (``desc``: the newest first)."""
+    ordered = items if order == "asc" else items[::-1]
+    start = 0
+    if after is not None:
+        ids = [item["id"] for item in ordered]
+        if after not in ids:
+            raise APIError(f"no input item {after!r} in this response", 404, param="after")
+        start = ids.index(after) + 1
+    data = ordered[start : start + limit]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": start + limit < len(ordered),
+    }
