@@ -1,23 +1,25 @@
-"""OpenAI's Agents SDK (``openai-agents``), unchanged, running an agent with a function tool
-against a real server through the Responses API: a required tool choice makes the random
-model call the tool, the SDK runs it and ends on its output. ``parallel_tool_calls=False``
-reaches the grammar (at most one call), so the sampled call is one whole JSON object."""
+"""OpenAI's Agents SDK (``openai-agents``), unchanged, running agents against a real server
+through the Responses API: a required tool choice makes the random model call the tool, the
+SDK runs it and ends on its output (``parallel_tool_calls=False`` reaches the grammar: at most
+one call, so the sampled call is one whole JSON object); the SDK's session memory re-sending
+the whole conversation (a radix hit); a streamed run; ``output_type`` through the JSON-schema
+grammar; a run chained by ``previous_response_id``."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 from serving_harness import Server
 from test_server_tools import MODEL
 
 pytestmark = pytest.mark.timeout(180)
+agents = pytest.importorskip("agents", reason="needs openai-agents (the test extra)")
 
 
 def test_an_agent_calls_its_function_tool(compat_server: Server) -> None:
-    agents = pytest.importorskip("agents", reason="needs openai-agents (the test extra)")
     from openai import AsyncOpenAI
 
     agents.set_tracing_disabled(True)  # no export to OpenAI's service
@@ -43,3 +45,117 @@ def test_an_agent_calls_its_function_tool(compat_server: Server) -> None:
     result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?"))
     assert len(cities) == 1 and cities[0] in {"Paris", "Oslo"}
     assert result.final_output == "sunny"
+
+
+def _agent(compat_server: Server, **kwargs: Any) -> Any:
+    from openai import AsyncOpenAI
+
+    agents.set_tracing_disabled(True)
+    client = AsyncOpenAI(base_url=f"{compat_server.url}/v1", api_key="unused", max_retries=0)
+    settings = kwargs.pop("model_settings", agents.ModelSettings(max_tokens=8))
+    return agents.Agent(
+        name="agent",
+        instructions=f"You are agent {uuid.uuid4().hex}.",  # a prompt of its own
+        model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
+        model_settings=settings,
+        **kwargs,
+    )
+
+
+def test_a_session_resends_the_whole_conversation_and_hits_the_cache(
+    compat_server: Server,
+) -> None:
+    """The SDK's own session memory sends every earlier item back (the tool's call with its
+    id and status, its output, the user's turns): accepted as given, and rendered to the same
+    prefix, so the second turn's prompt is a radix hit. (Each turn ends on its tool call: a
+    random model's text would run to ``max_tokens``, an incomplete response the SDK raises.)"""
+    cities: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: Literal["Paris", "Oslo"]) -> str:
+        """The weather of a city."""
+        cities.append(city)
+        return "sunny"
+
+    settings = agents.ModelSettings(
+        tool_choice="required", parallel_tool_calls=False, max_tokens=128
+    )
+    agent = _agent(
+        compat_server,
+        tools=[get_weather],
+        model_settings=settings,
+        tool_use_behavior="stop_on_first_tool",
+    )
+    session = agents.SQLiteSession(uuid.uuid4().hex)
+
+    async def two_turns() -> tuple[Any, Any, list[Any]]:
+        first = await agents.Runner.run(agent, "Weather in Oslo?", session=session)
+        second = await agents.Runner.run(agent, "And in Paris?", session=session)
+        return first, second, await session.get_items()
+
+    first, second, items = asyncio.run(two_turns())
+    assert len(cities) == 2 and first.final_output == second.final_output == "sunny"
+    kinds = [item.get("type", "message") for item in items]
+    assert kinds == ["message", "function_call", "function_call_output"] * 2, kinds
+    # everything the first turn's request rendered is again the second's prefix
+    before, usage = first.raw_responses[-1].usage.input_tokens, second.raw_responses[-1].usage
+    assert usage.input_tokens > before
+    assert usage.input_tokens_details.cached_tokens >= before - 3, (before, usage)
+
+
+def test_a_streamed_run_with_a_tool(compat_server: Server) -> None:
+    calls: list[str] = []
+
+    @agents.function_tool
+    def get_time(zone: Literal["UTC", "CET"]) -> str:
+        """The time in a zone."""
+        calls.append(zone)
+        return "noon"
+
+    settings = agents.ModelSettings(
+        tool_choice="required", parallel_tool_calls=False, max_tokens=128
+    )
+    agent = _agent(
+        compat_server,
+        tools=[get_time],
+        model_settings=settings,
+        tool_use_behavior="stop_on_first_tool",
+    )
+
+    async def run() -> tuple[Any, list[str]]:
+        result = agents.Runner.run_streamed(agent, "What time is it?")
+        kinds = [event.type async for event in result.stream_events()]
+        return result, kinds
+
+    result, kinds = asyncio.run(run())
+    assert calls and result.final_output == "noon"
+    assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
+
+
+def test_a_structured_output_and_a_chained_run(compat_server: Server) -> None:
+    """``output_type`` reaches the grammar as a strict JSON schema (the SDK parses the answer
+    into the model), and a run chained by ``previous_response_id`` goes on from it."""
+    from pydantic import BaseModel
+
+    class Forecast(BaseModel):
+        city: Literal["Paris", "Oslo"]
+        sunny: bool
+
+    agent = _agent(
+        compat_server, output_type=Forecast, model_settings=agents.ModelSettings(max_tokens=64)
+    )
+
+    async def two_runs() -> tuple[Any, Any]:
+        first = await agents.Runner.run(agent, "Forecast for Paris.")
+        chained = await agents.Runner.run(
+            agent, "And for Oslo?", previous_response_id=first.last_response_id
+        )
+        return first, chained
+
+    first, chained = asyncio.run(two_runs())
+    assert isinstance(first.final_output, Forecast)
+    assert isinstance(chained.final_output, Forecast)
+    usage = chained.raw_responses[-1].usage
+    assert (
+        usage.input_tokens_details.cached_tokens >= first.raw_responses[-1].usage.input_tokens - 3
+    )
