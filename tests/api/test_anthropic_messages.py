@@ -1,12 +1,13 @@
 """Anthropic's Messages API through the official ``anthropic`` client, unchanged, against a real
 server (``compat_server``: a template that renders tools): one pipeline with the chat route
 (the same prompt and text), tools forced and streamed, a tool result's turn hitting the cache,
-``count_tokens``, errors in Anthropic's shape, ``x-api-key`` on a keyed server."""
+``count_tokens``, structured output through ``messages.parse`` and the fields agents send,
+errors in Anthropic's shape, ``x-api-key`` on a keyed server."""
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 import anthropic
 import httpx
@@ -103,6 +104,37 @@ def test_a_streamed_tool_call(claude: anthropic.Anthropic) -> None:
     assert len(calls) == 1, final
     jsonschema.validate(calls[0].input, WEATHER)
     assert final.stop_reason == "tool_use" and final.usage.output_tokens > 0
+
+
+def test_structured_output_and_the_fields_agents_send(claude: anthropic.Anthropic) -> None:
+    """``messages.parse(output_format=...)`` sends ``output_config.format``: the JSON-schema
+    grammar makes the answer, which the client parses into the model; a strict tool with
+    examples, top-level ``cache_control`` and ``effort`` are taken, by ``count_tokens`` too."""
+    from pydantic import BaseModel
+
+    class Forecast(BaseModel):
+        city: Literal["Paris", "Oslo"]
+        days: int
+        sunny: bool
+
+    question: Any = [{"role": "user", "content": "Forecast for Oslo as JSON."}]
+    kwargs: Any = dict(model=MODEL, system=_system(), messages=question)
+    parsed = claude.messages.parse(**kwargs, max_tokens=64, output_format=Forecast)
+    assert isinstance(parsed.parsed_output, Forecast), parsed
+    assert parsed.stop_reason == "end_turn"
+    tool: Any = {**TOOLS[0], "strict": True, "input_examples": [{"city": "Paris", "days": 1}]}
+    extra: Any = dict(
+        tools=[tool], cache_control={"type": "ephemeral"}, output_config={"effort": "low"}
+    )
+    msg = claude.messages.create(**kwargs, **extra, tool_choice=FORCED, max_tokens=128)
+    assert msg.stop_reason == "tool_use", msg
+    counted = claude.messages.count_tokens(**kwargs, **extra)
+    assert counted.input_tokens == msg.usage.input_tokens + msg.usage.cache_read_input_tokens
+    schema = {"type": "json_schema", "schema": Forecast.model_json_schema()}
+    with_format = claude.messages.count_tokens(**kwargs, output_config={"format": schema})
+    assert with_format.input_tokens > 0
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.create(**kwargs, max_tokens=4, output_config={"format": {"type": "xml"}})  # type: ignore[typeddict-item]
 
 
 def test_errors_take_anthropics_shape(claude: anthropic.Anthropic, compat_server: Server) -> None:

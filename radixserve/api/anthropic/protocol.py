@@ -11,9 +11,11 @@ their conversion into the chat route's request: the one pipeline renders, runs a
   ``tool_choice`` ``auto``, ``any`` (chat's ``required``), ``tool`` (a named function) and
   ``none``;
 - ``stop_sequences``, ``max_tokens`` and (sent as extra fields by clients that no longer
-  offer them) ``temperature``, ``top_p``, ``top_k`` are the sampling fields; ``thinking`` and
-  Anthropic's service hints are accepted without effect; ``container`` and ``output_config``
-  are refused. Unknown fields are a 400 naming them, as on every route.
+  offer them) ``temperature``, ``top_p``, ``top_k`` are the sampling fields;
+- ``output_config.format`` (structured outputs: a JSON schema) is chat's ``response_format``,
+  and a tool's ``strict`` its function's;
+- ``thinking``, ``output_config.effort`` and Anthropic's service hints are accepted without
+  effect; ``container`` is refused. Unknown fields are a 400 naming them, as on every route.
 """
 
 from __future__ import annotations
@@ -80,7 +82,26 @@ class AnthropicTool(_Strict):
     description: str | None = None
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     type: Literal["custom"] | None = None
+    strict: bool | None = None  # the chat route's function ``strict``
+    # accepted without effect: caching, examples, tool search, programmatic calls, streaming
     cache_control: dict[str, Any] | None = None
+    input_examples: list[dict[str, Any]] | None = None
+    defer_loading: bool | None = None
+    allowed_callers: list[Any] | None = None
+    eager_input_streaming: bool | None = None
+
+
+class OutputFormat(_Strict):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Strict):
+    """Structured outputs: ``format`` is the chat route's JSON-schema ``response_format``;
+    ``effort`` is accepted without effect."""
+
+    format: OutputFormat | None = None
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
 
 
 class ToolChoice(_Strict):
@@ -96,6 +117,13 @@ class CountTokensRequest(_Strict):
     tools: list[AnthropicTool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: dict[str, Any] | None = None
+    output_config: OutputConfig | None = None
+    # accepted and without effect here: routing, placement and accounting hints of Anthropic's
+    # service, and prompt caching (every prompt is cached by prefix already)
+    cache_control: dict[str, Any] | None = None
+    speed: str | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """The conversation as the chat route's messages."""
@@ -107,7 +135,7 @@ class CountTokensRequest(_Strict):
         return out
 
     def chat_fields(self) -> dict[str, Any]:
-        """Tools and the tool choice as the chat route's."""
+        """Tools, the tool choice and the output format as the chat route's."""
         fields: dict[str, Any] = {}
         if self.tools:
             fields["tools"] = [
@@ -117,10 +145,15 @@ class CountTokensRequest(_Strict):
                         "name": t.name,
                         "description": t.description,
                         "parameters": t.input_schema,
+                        "strict": t.strict,
                     },
                 }
                 for t in self.tools
             ]
+        fmt = self.output_config.format if self.output_config else None
+        if fmt is not None:
+            schema = {"name": "output", "schema": fmt.schema_, "strict": True}
+            fields["response_format"] = {"type": "json_schema", "json_schema": schema}
         if self.tool_choice is not None and self.tools:
             fields["tool_choice"] = _tool_choice(self.tool_choice)
             if self.tool_choice.disable_parallel_tool_use:  # at most one call
@@ -135,27 +168,20 @@ class MessagesRequest(CountTokensRequest):
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = None
     top_k: int | None = None
-    # accepted and without effect here: routing, placement and accounting hints of Anthropic's
-    # service, and prompt caching (every prompt is cached by prefix already)
     # SGLang's extension, as on the chat route: the whole output constrained by a regex
     regex: str | None = None
+    # accepted without effect, as above
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
-    cache_control: dict[str, Any] | None = None
     inference_geo: str | None = None
-    speed: str | None = None
-    user_profile_id: str | None = None
-    workspace_id: str | None = None
     diagnostics: Any = None
-    # refused when set: a server-side code container, output formats
+    # refused when set: a server-side code container
     container: Any = None
-    output_config: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> MessagesRequest:
-        for name in ("container", "output_config"):
-            if getattr(self, name) is not None:
-                raise ValueError(f"{name} is not supported by this server")
+        if self.container is not None:
+            raise ValueError("container is not supported by this server")
         return self
 
     def to_chat(self) -> ChatCompletionRequest:

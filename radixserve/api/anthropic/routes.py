@@ -42,7 +42,9 @@ def anthropic_router(chat: ChatServing) -> APIRouter:
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest) -> dict[str, Any]:
         """The prompt's tokens, as the chat template renders the conversation and tools."""
-        request = _to_chat(MessagesRequest(**body.model_dump(exclude_none=True), max_tokens=1))
+        request = _to_chat(
+            MessagesRequest(**body.model_dump(exclude_none=True, by_alias=True), max_tokens=1)
+        )
         plan = chat.plan(request)
         ids = await chat.render(request, plan)
         return {"input_tokens": len(ids)}
