@@ -1,7 +1,8 @@
 """What OpenAI's and Anthropic's clients read beside a response, through the official clients,
 unchanged, against a real server (``compat_server``): a stored response's input items (the
 chain's, newest first, in pages), the input-token count of a response not yet made (equal to
-the usage of the same body's response), and one model's card (``models.retrieve``, both
+the usage of the same body's response; a turn's calls given as separate items render as the
+one turn), and one model's card (``models.retrieve``, both
 clients; ``models.list`` read by Anthropic's)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import uuid
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 from keyed_harness import A, B, KeyedServer
@@ -141,3 +143,39 @@ def test_one_models_card_for_both_clients(oai: openai.OpenAI, compat_server: Ser
     assert info.max_input_tokens == card.model_dump()["max_model_len"]
     with pytest.raises(anthropic.NotFoundError):
         claude.models.retrieve("no-such-model")
+
+
+def test_parallel_calls_given_as_items_render_as_one_turn(
+    oai: openai.OpenAI, http: httpx.Client
+) -> None:
+    """An agent re-sends a turn's two calls as two items: they render as the one assistant
+    turn the model wrote (the chat route's rendering of it, through ``/tokenize``), not as two
+    turns, so the re-sent prompt's prefix is what the cache holds."""
+    calls = [
+        {"id": f"call_{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        for i in (1, 2)
+    ]
+    items: Any = [
+        {"role": "user", "content": "Two calls."},
+        *[
+            {"type": "function_call", "call_id": c["id"], "name": "f", "arguments": "{}"}
+            for c in calls
+        ],
+        *[{"type": "function_call_output", "call_id": c["id"], "output": "ok"} for c in calls],
+    ]
+    user = [{"role": "user", "content": "Two calls."}]
+    results = [{"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in calls]
+    one_turn = [*user, {"role": "assistant", "content": None, "tool_calls": calls}, *results]
+    two_turns = [
+        *user,
+        *[{"role": "assistant", "content": None, "tool_calls": [c]} for c in calls],
+        *results,
+    ]
+
+    def rendered(messages: list[Any]) -> int:
+        resp = http.post("/tokenize", json={"model": MODEL, "messages": messages})
+        assert resp.status_code == 200, resp.text
+        return int(resp.json()["count"])
+
+    counted = oai.responses.input_tokens.count(model=MODEL, input=items).input_tokens
+    assert counted == rendered(one_turn) != rendered(two_turns)

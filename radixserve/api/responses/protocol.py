@@ -90,7 +90,7 @@ class ResponsesRequest(BaseModel):
         """``input`` as the chat route's messages."""
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
-        return [m for item in self.input for m in _item_messages(item)]
+        return items_messages(self.input)
 
     def to_chat(self, history: list[dict[str, Any]]) -> ChatCompletionRequest:
         """The request in the chat route's words, after ``history`` (a stored conversation)."""
@@ -115,6 +115,21 @@ class ResponsesRequest(BaseModel):
         if fmt and fmt.get("type") != "text":
             body["response_format"] = _response_format(fmt)
         return ChatCompletionRequest.model_validate(body)
+
+
+def items_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Items as the chat route's messages. The calls that follow an assistant's text or call
+    join its message: one turn, as the model wrote it and the template renders it again (an
+    agent that re-sends a turn's text and parallel calls as separate items would otherwise
+    render them as turns of their own, and miss the cache from the second on)."""
+    out: list[dict[str, Any]] = []
+    for message in (m for item in items for m in _item_messages(item)):
+        last = out[-1] if out else None
+        if last and last["role"] == "assistant" and message.get("tool_calls"):
+            last["tool_calls"] = [*last.get("tool_calls", []), *message["tool_calls"]]
+        else:
+            out.append(message)
+    return out
 
 
 class InputTokensRequest(ResponsesRequest):

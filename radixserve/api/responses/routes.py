@@ -18,7 +18,11 @@ from radixserve.api.openai.chat import ChatServing
 from radixserve.api.openai.protocol import ChatCompletionRequest
 from radixserve.api.openapi import NOT_FOUND
 from radixserve.api.responses import items, render
-from radixserve.api.responses.protocol import InputTokensRequest, ResponsesRequest
+from radixserve.api.responses.protocol import (
+    InputTokensRequest,
+    ResponsesRequest,
+    items_messages,
+)
 from radixserve.api.responses.store import ResponseStore, StoredResponse
 from radixserve.api.streaming import collect_all, event_stream, openai_error_event
 
@@ -113,23 +117,9 @@ async def _after(events: Any, done: list[dict[str, Any]], keep: Any) -> Any:
 
 
 def _assistant_turn(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A response's output as the chat messages a chained request renders after it."""
-    text = "".join(
-        part["text"] for item in output if item["type"] == "message" for part in item["content"]
-    )
-    calls = [
-        {
-            "id": item["call_id"],
-            "type": "function",
-            "function": {"name": item["name"], "arguments": item["arguments"]},
-        }
-        for item in output
-        if item["type"] == "function_call"
-    ]
-    turn: dict[str, Any] = {"role": "assistant", "content": text or None}
-    if calls:
-        turn["tool_calls"] = calls
-    return [turn]
+    """A response's output as the chat messages a chained request renders after it: one
+    assistant turn (empty where the output was)."""
+    return items_messages(output) or [{"role": "assistant", "content": None}]
 
 
 def _to_chat(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatCompletionRequest:
