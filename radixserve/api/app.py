@@ -46,8 +46,9 @@ from radixserve.api.operator.routes import (
 from radixserve.api.operator.server_info import speculating
 from radixserve.api.operator.tenant_metrics import MetricsByTenant
 from radixserve.api.request_builder import RequestBuilder
+from radixserve.api.responses.conversations import conversations_router
 from radixserve.api.responses.routes import responses_router
-from radixserve.api.responses.store import ResponseStore
+from radixserve.api.responses.store import ConversationStore, ResponseStore
 from radixserve.config import ServerConfig
 from radixserve.server.tokenizer_manager import TokenizerManager
 
@@ -78,13 +79,16 @@ def create_app(
     tenants = Tenants.of(config)
     native = NativeServing(RequestBuilder(tm, tenants, config), config.reasoning_parser)
     chat = ChatServing(tm, config)
+    capacity = config.max_stored_responses  # responses, and conversations
+    conversations = ConversationStore(capacity)
     for router in (
         health_router(tm),
         native_router(tm, tenants, native),
         tokenize_router(tm),
         openai_router(tm, config, chat),
         anthropic_router(chat),
-        responses_router(chat, tenants, ResponseStore(config.max_stored_responses)),
+        responses_router(chat, tenants, ResponseStore(capacity), conversations),
+        conversations_router(tenants, conversations),
         info_router(tm, config, tenants, metrics),
         flush_router(tm),
         generation_router(tm),

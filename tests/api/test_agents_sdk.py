@@ -159,3 +159,47 @@ def test_a_structured_output_and_a_chained_run(compat_server: Server) -> None:
     assert (
         usage.input_tokens_details.cached_tokens >= first.raw_responses[-1].usage.input_tokens - 3
     )
+
+
+def test_a_conversation_session_and_a_run_in_a_conversation(compat_server: Server) -> None:
+    """The SDK's ``OpenAIConversationsSession`` keeps its items in the server's conversation
+    (made, listed, added to by the SDK); ``Runner.run(conversation_id=...)`` sends only each
+    turn's new input, the server rendering the conversation before it (a radix hit)."""
+    from openai import AsyncOpenAI
+
+    cities: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: Literal["Paris", "Oslo"]) -> str:
+        """The weather of a city."""
+        cities.append(city)
+        return "sunny"
+
+    settings = agents.ModelSettings(
+        tool_choice="required", parallel_tool_calls=False, max_tokens=128
+    )
+    agent = _agent(
+        compat_server,
+        tools=[get_weather],
+        model_settings=settings,
+        tool_use_behavior="stop_on_first_tool",
+    )
+    client = AsyncOpenAI(base_url=f"{compat_server.url}/v1", api_key="unused", max_retries=0)
+
+    async def runs() -> tuple[list[Any], Any, Any]:
+        session = agents.OpenAIConversationsSession(openai_client=client)
+        await agents.Runner.run(agent, "Weather in Oslo?", session=session)
+        await agents.Runner.run(agent, "And in Paris?", session=session)
+        kept = await session.get_items()
+        conv = await client.conversations.create()
+        first = await agents.Runner.run(agent, "Weather in Oslo?", conversation_id=conv.id)
+        second = await agents.Runner.run(agent, "And in Paris?", conversation_id=conv.id)
+        return kept, first, second
+
+    kept, first, second = asyncio.run(runs())
+    assert len(cities) == 4
+    kinds = [item.get("type", "message") for item in kept]
+    assert kinds == ["message", "function_call", "function_call_output"] * 2, kinds
+    before, usage = first.raw_responses[-1].usage.input_tokens, second.raw_responses[-1].usage
+    assert usage.input_tokens > before
+    assert usage.input_tokens_details.cached_tokens >= before - 3, (before, usage)

@@ -133,8 +133,9 @@ def test_structured_output_and_the_fields_agents_send(claude: anthropic.Anthropi
     schema = {"type": "json_schema", "schema": Forecast.model_json_schema()}
     with_format = claude.messages.count_tokens(**kwargs, output_config={"format": schema})
     assert with_format.input_tokens > 0
+    xml: Any = {"format": {"type": "xml"}}
     with pytest.raises(anthropic.BadRequestError):
-        claude.messages.create(**kwargs, max_tokens=4, output_config={"format": {"type": "xml"}})  # type: ignore[typeddict-item]
+        claude.messages.create(**kwargs, max_tokens=4, output_config=xml)
 
 
 def test_errors_take_anthropics_shape(claude: anthropic.Anthropic, compat_server: Server) -> None:

@@ -44,6 +44,17 @@ ROUTES: dict[tuple[str, str], tuple[str, Any]] = {
     ("DELETE", "/v1/responses/{response_id}"): (TENANT, None),
     ("GET", "/v1/responses/{response_id}/input_items"): (TENANT, None),
     ("POST", "/v1/responses/input_tokens"): (TENANT, {"model": "m", "input": "hi"}),
+    ("POST", "/v1/conversations"): (TENANT, {}),
+    ("GET", "/v1/conversations/{conversation_id}"): (TENANT, None),
+    ("POST", "/v1/conversations/{conversation_id}"): (TENANT, {"metadata": {}}),
+    ("DELETE", "/v1/conversations/{conversation_id}"): (TENANT, None),
+    ("POST", "/v1/conversations/{conversation_id}/items"): (
+        TENANT,
+        {"items": [{"role": "user", "content": "hi"}]},
+    ),
+    ("GET", "/v1/conversations/{conversation_id}/items"): (TENANT, None),
+    ("GET", "/v1/conversations/{conversation_id}/items/{item_id}"): (TENANT, None),
+    ("DELETE", "/v1/conversations/{conversation_id}/items/{item_id}"): (TENANT, None),
     ("GET", "/v1/models"): (TENANT, None),
     ("GET", "/v1/models/{model:path}"): (TENANT, None),
     ("GET", "/get_model_info"): (TENANT, None),
@@ -120,6 +131,7 @@ def test_http_matrix(keyed_server: KeyedServer, who: str | None) -> None:
         for (method, path), (access, body) in ROUTES.items():
             url = path.replace("{name}", "dashboard.js").replace("{response_id}", "resp_none")
             url = url.replace("{model:path}", "org/no-such-model")
+            url = url.replace("{conversation_id}", "conv_none").replace("{item_id}", "msg_none")
             resp = client.request(method, url, json=body)
             where = f"{method} {path} as {who}"
             if access == OPEN:

@@ -111,8 +111,9 @@ def test_the_input_token_count_is_the_responses_usage(oai: openai.OpenAI) -> Non
         oai.responses.input_tokens.count(model="no-such-model", input="hi")
     with pytest.raises(openai.NotFoundError):
         oai.responses.input_tokens.count(model=MODEL, input="hi", previous_response_id="resp_none")
+    unsupported: Any = [{"type": "computer_call_output"}]
     with pytest.raises(openai.BadRequestError, match="not supported"):
-        oai.responses.input_tokens.count(model=MODEL, input=[{"type": "computer_call_output"}])  # type: ignore[list-item]
+        oai.responses.input_tokens.count(model=MODEL, input=unsupported)
 
 
 def test_a_tenants_input_items_are_its_own(keyed_server: KeyedServer) -> None:

@@ -6,12 +6,13 @@ request: the one pipeline renders, runs and parses.
   model's) and ``function_call_output`` (its result: a ``tool`` message of that call id);
   ``reasoning`` items are dropped, as the chat route drops earlier thinking;
 - ``instructions``: the system message (not carried to a chained response, as OpenAI does);
-- ``previous_response_id``: the stored conversation before ``input`` (``store.py``);
+- ``previous_response_id``: the stored conversation before ``input`` (``store.py``), or
+  ``conversation``: a conversation's items (``conversations.py``), not both;
 - function ``tools`` and ``tool_choice``; ``text.format`` (``json_schema``, ``json_object``,
   ``text``) as chat's ``response_format``; ``max_output_tokens``, ``temperature``, ``top_p``.
 
-Fields OpenAI's service alone can honour (hosted tools, background runs, stored prompts,
-conversations) are a 400 naming them; hints without effect here are accepted.
+Fields OpenAI's service alone can honour (hosted tools, background runs, stored prompts) are
+a 400 naming them; hints without effect here are accepted.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from radixserve.api.openai.protocol import ChatCompletionRequest
 REFUSED = (
     "background",
     "background_options",
-    "conversation",
     "prompt",
     "image",
     "context_management",
@@ -41,6 +41,7 @@ class ResponsesRequest(BaseModel):
     input: str | list[dict[str, Any]] = Field(default_factory=list)
     instructions: str | None = None
     previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None  # an id, or {"id": ...}
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     text: dict[str, Any] | None = None
@@ -70,7 +71,6 @@ class ResponsesRequest(BaseModel):
     # refused when set (REFUSED)
     background: bool | None = None
     background_options: Any = None
-    conversation: Any = None
     prompt: Any = None
     image: Any = None
     context_management: Any = None
@@ -81,10 +81,20 @@ class ResponsesRequest(BaseModel):
         for name in REFUSED:
             if getattr(self, name) not in (None, False):
                 raise ValueError(f"{name} is not supported by this server")
+        if self.previous_response_id is not None and self.conversation is not None:
+            raise ValueError("give previous_response_id or conversation, not both")
+        if isinstance(self.conversation, dict) and not isinstance(self.conversation.get("id"), str):
+            raise ValueError("conversation must be an id or an object with its id")
         for tool in self.tools or []:
             if tool.get("type") != "function":
                 raise ValueError(f"only function tools are served, not {tool.get('type')!r}")
         return self
+
+    @property
+    def conversation_id(self) -> str | None:
+        if isinstance(self.conversation, dict):
+            return str(self.conversation["id"])
+        return self.conversation
 
     def input_messages(self) -> list[dict[str, Any]]:
         """``input`` as the chat route's messages."""

@@ -75,6 +75,7 @@ def response_body(
         "output": output,
         "instructions": body.instructions,
         "previous_response_id": body.previous_response_id,
+        "conversation": {"id": body.conversation_id} if body.conversation_id else None,
         "tools": body.tools or [],
         "tool_choice": body.tool_choice or "auto",
         "parallel_tool_calls": body.parallel_tool_calls,

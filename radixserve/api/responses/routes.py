@@ -1,9 +1,12 @@
 """OpenAI's Responses API: ``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}``,
 ``GET /v1/responses/{id}/input_items`` and ``POST /v1/responses/input_tokens`` (a tenant's; a
-stored response is its tenant's alone), a thin door onto the chat pipeline."""
+stored response is its tenant's alone), a thin door onto the chat pipeline. A response renders
+after the one it is chained to (``previous_response_id``) or a conversation's items
+(``conversation``: ``conversations.py``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -23,11 +26,18 @@ from radixserve.api.responses.protocol import (
     ResponsesRequest,
     items_messages,
 )
-from radixserve.api.responses.store import ResponseStore, StoredResponse
+from radixserve.api.responses.store import (
+    Conversation,
+    ConversationStore,
+    ResponseStore,
+    StoredResponse,
+)
 from radixserve.api.streaming import collect_all, event_stream, openai_error_event
 
 
-def responses_router(chat: ChatServing, tenants: Tenants, store: ResponseStore) -> APIRouter:
+def responses_router(
+    chat: ChatServing, tenants: Tenants, store: ResponseStore, conversations: ConversationStore
+) -> APIRouter:
     router = APIRouter()
 
     def stored(raw: Request, response_id: str) -> StoredResponse:
@@ -36,29 +46,40 @@ def responses_router(chat: ChatServing, tenants: Tenants, store: ResponseStore) 
             raise APIError(f"no response {response_id!r} is stored", 404, code="not_found")
         return found
 
-    def before(raw: Request, body: ResponsesRequest) -> StoredResponse | None:
-        """The response ``body`` is chained to, if any."""
-        if body.previous_response_id is None:
-            return None
-        return stored(raw, body.previous_response_id)
+    def context(raw: Request, body: ResponsesRequest) -> _Context:
+        """What ``body`` renders before its input: the response it is chained to, or the
+        conversation it names, or nothing."""
+        if body.previous_response_id is not None:
+            previous = stored(raw, body.previous_response_id)
+            listed = [*previous.items, *previous.body["output"]]
+            return _Context(previous.conversation, listed, None)
+        cid = body.conversation_id
+        if cid is None:
+            return _Context([], [], None)
+        conversation = conversations.get(tenants.scope(raw.state), cid)
+        if conversation is None:
+            raise APIError(f"no conversation {cid!r}", 404, param="conversation", code="not_found")
+        given = list(conversation.items)
+        return _Context(items_messages(given), given, conversation)
 
     @router.post("/v1/responses", responses=NOT_FOUND)
     async def create_response(body: ResponsesRequest, raw: Request) -> Response:
-        previous = before(raw, body)
-        history = previous.conversation if previous else []
-        listed = [*previous.items, *previous.body["output"]] if previous else []
-        listed += items.input_items(body.input)
-        request = _to_chat(body, history)
+        before = context(raw, body)
+        history = before.messages
+        request = _to_chat(body, history)  # a 400 for input no chat can render
+        own = items.input_items(body.input)
         call = await chat.open(request, raw)
         model, response_id = chat.served_name(call.requests), render.new_id("resp")
         split = ReasoningStream(chat.reasoner(request))
 
         def keep(final: dict[str, Any]) -> None:
+            if before.conversation is not None:
+                before.conversation.items += [*own, *final["output"]]
             if body.store:
                 turn = _assistant_turn(final["output"])
                 conversation = [*history, *body.input_messages(), *turn]
-                stored_response = StoredResponse(final, conversation, listed)
-                store.put(tenants.scope(raw.state), stored_response)
+                stored_response = StoredResponse(final, conversation, [*before.items, *own])
+                store.put(tenants.scope(raw.state), response_id, stored_response)
 
         if body.stream:
             done: list[dict[str, Any]] = []
@@ -94,8 +115,7 @@ def responses_router(chat: ChatServing, tenants: Tenants, store: ResponseStore) 
     @router.post("/v1/responses/input_tokens", responses=NOT_FOUND)
     async def count_input_tokens(body: InputTokensRequest, raw: Request) -> dict[str, Any]:
         """The prompt's tokens, as ``POST /v1/responses`` would render the same body."""
-        previous = before(raw, body)
-        request = _to_chat(body, previous.conversation if previous else [])
+        request = _to_chat(body, context(raw, body).messages)
         chat.adapter_of(request, request.model)  # a model not served: 404, as the create
         ids = await chat.render(request, chat.plan(request))
         return {"object": "response.input_tokens", "input_tokens": len(ids)}
@@ -107,6 +127,13 @@ def responses_router(chat: ChatServing, tenants: Tenants, store: ResponseStore) 
         return {"id": response_id, "object": "response", "deleted": True}
 
     return declare(router, Access.TENANT)
+
+
+@dataclass(frozen=True)
+class _Context:
+    messages: list[dict[str, Any]]  # the chat messages before the input
+    items: list[dict[str, Any]]  # the same as listed input items
+    conversation: Conversation | None  # where the response's items go, if any
 
 
 async def _after(events: Any, done: list[dict[str, Any]], keep: Any) -> Any:

@@ -1,0 +1,153 @@
+"""OpenAI's Conversations API (``/v1/conversations``): a tenant's conversations and their
+items. A response given ``conversation`` renders the conversation's items before its input and,
+once done, adds its input and output items to it (``routes.py``), so the next turn needs only
+its new items and renders the same prefix again: a radix hit. What OpenAI's Agents SDK's
+``OpenAIConversationsSession`` and ``Runner.run(conversation_id=...)`` call.
+
+- ``POST /v1/conversations`` (``items``, at most 20; ``metadata``), ``GET``, ``POST`` (its
+  metadata) and ``DELETE /v1/conversations/{id}``;
+- ``POST /v1/conversations/{id}/items`` (at most 20 a call), ``GET`` (a page: ``after``,
+  ``limit``, ``order``, newest first by default), ``GET`` and ``DELETE .../items/{item_id}``.
+
+Items are checked as a response's input is (a type the chat route cannot render is a 400)
+when they are added, and listed as ``GET /v1/responses/{id}/input_items`` lists them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from radixserve.api.access.routes import Access, declare
+from radixserve.api.access.tenants import Tenants
+from radixserve.api.errors import APIError, conversion_error
+from radixserve.api.openapi import NOT_FOUND
+from radixserve.api.responses import items
+from radixserve.api.responses.protocol import items_messages
+from radixserve.api.responses.render import new_id
+from radixserve.api.responses.store import Conversation, ConversationStore
+
+MAX_ITEMS_PER_CALL = 20  # OpenAI's
+MAX_METADATA = (16, 64, 512)  # OpenAI's: pairs, a key's characters, a value's
+
+
+class _Metadata(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("metadata", check_fields=False)
+    @classmethod
+    def _bounded(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        pairs, key_len, value_len = MAX_METADATA
+        if value is not None and (
+            len(value) > pairs
+            or any(len(k) > key_len or len(v) > value_len for k, v in value.items())
+        ):
+            raise ValueError(
+                f"metadata holds at most {pairs} pairs, keys of at most {key_len} characters"
+                f" and values of at most {value_len}"
+            )
+        return value
+
+
+class CreateConversation(_Metadata):
+    items: list[dict[str, Any]] | None = Field(None, max_length=MAX_ITEMS_PER_CALL)
+    metadata: dict[str, str] | None = None
+
+
+class UpdateConversation(_Metadata):
+    metadata: dict[str, str] | None
+
+
+class CreateItems(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_ITEMS_PER_CALL)
+
+
+def conversations_router(tenants: Tenants, store: ConversationStore) -> APIRouter:
+    router = APIRouter()
+
+    def found(raw: Request, conversation_id: str) -> Conversation:
+        conversation = store.get(tenants.scope(raw.state), conversation_id)
+        if conversation is None:
+            raise APIError(f"no conversation {conversation_id!r}", 404, code="not_found")
+        return conversation
+
+    def item_at(conversation: Conversation, item_id: str) -> int:
+        for at, item in enumerate(conversation.items):
+            if item["id"] == item_id:
+                return at
+        raise APIError(f"no item {item_id!r} in this conversation", 404, code="not_found")
+
+    @router.post("/v1/conversations")
+    async def create(body: CreateConversation, raw: Request) -> dict[str, Any]:
+        conversation = Conversation(new_id("conv"), int(time.time()), body.metadata or {})
+        conversation.items += listed(body.items or [])
+        store.put(tenants.scope(raw.state), conversation.id, conversation)
+        return conversation.resource()
+
+    @router.get("/v1/conversations/{conversation_id}", responses=NOT_FOUND)
+    async def retrieve(conversation_id: str, raw: Request) -> dict[str, Any]:
+        return found(raw, conversation_id).resource()
+
+    @router.post("/v1/conversations/{conversation_id}", responses=NOT_FOUND)
+    async def update(
+        conversation_id: str, body: UpdateConversation, raw: Request
+    ) -> dict[str, Any]:
+        conversation = found(raw, conversation_id)
+        conversation.metadata = body.metadata or {}
+        return conversation.resource()
+
+    @router.delete("/v1/conversations/{conversation_id}", responses=NOT_FOUND)
+    async def delete(conversation_id: str, raw: Request) -> dict[str, Any]:
+        found(raw, conversation_id)
+        store.delete(tenants.scope(raw.state), conversation_id)
+        return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
+
+    @router.post("/v1/conversations/{conversation_id}/items", responses=NOT_FOUND)
+    async def add_items(
+        conversation_id: str,
+        body: CreateItems,
+        raw: Request,
+        include: list[str] | None = Query(None),  # nothing more to include here
+    ) -> dict[str, Any]:
+        conversation = found(raw, conversation_id)
+        added = listed(body.items)
+        conversation.items += added
+        return items.page(added, None, len(added), "asc")
+
+    @router.get("/v1/conversations/{conversation_id}/items", responses=NOT_FOUND)
+    async def list_items(
+        conversation_id: str,
+        raw: Request,
+        after: str | None = None,
+        limit: int = Query(20, ge=1, le=100),
+        order: Literal["asc", "desc"] = "desc",
+        include: list[str] | None = Query(None),  # nothing more to include here
+    ) -> dict[str, Any]:
+        return items.page(found(raw, conversation_id).items, after, limit, order)
+
+    @router.get("/v1/conversations/{conversation_id}/items/{item_id}", responses=NOT_FOUND)
+    async def retrieve_item(conversation_id: str, item_id: str, raw: Request) -> dict[str, Any]:
+        conversation = found(raw, conversation_id)
+        return conversation.items[item_at(conversation, item_id)]
+
+    @router.delete("/v1/conversations/{conversation_id}/items/{item_id}", responses=NOT_FOUND)
+    async def delete_item(conversation_id: str, item_id: str, raw: Request) -> dict[str, Any]:
+        conversation = found(raw, conversation_id)
+        del conversation.items[item_at(conversation, item_id)]
+        return conversation.resource()
+
+    return declare(router, Access.TENANT)
+
+
+def listed(given: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``given`` items as listed; a 400 for an item no response could render."""
+    try:
+        items_messages(given)
+        return items.input_items(given)
+    except (ValueError, KeyError) as exc:
+        raise conversion_error(exc, "items: ") from None
