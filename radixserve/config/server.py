@@ -72,7 +72,7 @@ class ServerConfig:
     min_request_body_rate: float = 500.0
     max_batch_sub_requests: int = 1024  # prompts x n of one request; 400 past it
     max_stop_strings: int = 256  # OpenAI allows 4; SGLang users send more; 400 past it
-    max_stored_responses: int = 4096  # the Responses API's (and conversations), every tenant's; LRU
+    max_stored_responses: int = 4096  # Responses API responses (and conversations) a tenant; LRU
     disable_docs: bool = False  # no /docs, /redoc, /openapi.json
     # on SIGTERM: in-flight requests may finish for this long, then are aborted (closing event)
     graceful_shutdown_timeout_s: float = 5.0

@@ -206,8 +206,8 @@ def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
         "--max-stored-responses",
         type=int,
         default=defaults.max_stored_responses,
-        help="stored Responses API responses, and as many conversations (every tenant's); "
-        "least recently used out",
+        help="stored Responses API responses, and as many conversations, of each tenant; "
+        "its least recently used out",
     )
     add(
         "--graceful-shutdown-timeout",

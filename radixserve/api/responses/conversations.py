@@ -76,6 +76,18 @@ def conversations_router(tenants: Tenants, store: ConversationStore) -> APIRoute
             raise APIError(f"no conversation {conversation_id!r}", 404, code="not_found")
         return conversation
 
+    def grow(conversation: Conversation, given: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``given`` items added to ``conversation`` as listed; a 400 for an item no response
+        could render, or past the conversation's bound."""
+        try:
+            store.check_room(conversation, len(given))
+            items_messages(given)
+            added = items.input_items(given)
+        except (ValueError, KeyError) as exc:
+            raise conversion_error(exc, "items: ") from None
+        conversation.items += added
+        return added
+
     def item_at(conversation: Conversation, item_id: str) -> int:
         for at, item in enumerate(conversation.items):
             if item["id"] == item_id:
@@ -85,7 +97,7 @@ def conversations_router(tenants: Tenants, store: ConversationStore) -> APIRoute
     @router.post("/v1/conversations")
     async def create(body: CreateConversation, raw: Request) -> dict[str, Any]:
         conversation = Conversation(new_id("conv"), int(time.time()), body.metadata or {})
-        conversation.items += listed(body.items or [])
+        grow(conversation, body.items or [])
         store.put(tenants.scope(raw.state), conversation.id, conversation)
         return conversation.resource()
 
@@ -114,9 +126,7 @@ def conversations_router(tenants: Tenants, store: ConversationStore) -> APIRoute
         raw: Request,
         include: list[str] | None = Query(None),  # nothing more to include here
     ) -> dict[str, Any]:
-        conversation = found(raw, conversation_id)
-        added = listed(body.items)
-        conversation.items += added
+        added = grow(found(raw, conversation_id), body.items)
         return items.page(added, None, len(added), "asc")
 
     @router.get("/v1/conversations/{conversation_id}/items", responses=NOT_FOUND)
@@ -142,12 +152,3 @@ def conversations_router(tenants: Tenants, store: ConversationStore) -> APIRoute
         return conversation.resource()
 
     return declare(router, Access.TENANT)
-
-
-def listed(given: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``given`` items as listed; a 400 for an item no response could render."""
-    try:
-        items_messages(given)
-        return items.input_items(given)
-    except (ValueError, KeyError) as exc:
-        raise conversion_error(exc, "items: ") from None

@@ -68,6 +68,11 @@ def responses_router(
         history = before.messages
         request = _to_chat(body, history)  # a 400 for input no chat can render
         own = items.input_items(body.input)
+        if before.conversation is not None:
+            try:  # room for its input and an output item
+                conversations.check_room(before.conversation, len(own) + 1)
+            except ValueError as exc:
+                raise APIError(str(exc), param="conversation") from None
         call = await chat.open(request, raw)
         model, response_id = chat.served_name(call.requests), render.new_id("resp")
         split = ReasoningStream(chat.reasoner(request))

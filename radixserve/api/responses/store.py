@@ -4,8 +4,8 @@ items, and conversations (``/v1/conversations``), whose items a response given
 ``conversation`` renders before its input and then adds its input and output to.
 
 Each tenant's objects are its own: a store is keyed by ``(tenant, id)``, so another tenant's
-id is a 404 like an unknown one. Each store is bounded (``--max-stored-responses``), the least
-recently used going first. A stored response keeps its conversation (the chat messages before
+id is a 404 like an unknown one. Each store is bounded per tenant (``--max-stored-responses``
+each), the least recently used going first, and a conversation by its number of items. A stored response keeps its conversation (the chat messages before
 it, its instructions aside, and its own output as the assistant's turn), so a chained request
 renders the same prefix again: a radix-cache hit. The lists share their items (references,
 not copies) with the response or conversation they were taken from.
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+MAX_CONVERSATION_ITEMS = 10_000
 
 
 @dataclass(frozen=True)
@@ -44,26 +45,31 @@ class Conversation:
 
 
 class TenantStore(Generic[T]):
-    """Objects by ``(tenant, id)``, at most ``capacity`` of them, least recently used out."""
+    """Objects by ``(tenant, id)``: at most ``capacity`` of each tenant's, its least recently
+    used out. Each tenant's bound is its own, so what one tenant stores never evicts another's
+    (which would let it see another's activity in what of its own is left)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._items: collections.OrderedDict[tuple[str | None, str], T] = collections.OrderedDict()
+        self._tenants: dict[str | None, collections.OrderedDict[str, T]] = {}
 
     def put(self, tenant: str | None, key: str, value: T) -> None:
-        self._items[(tenant, key)] = value
-        self._items.move_to_end((tenant, key))
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+        own = self._tenants.setdefault(tenant, collections.OrderedDict())
+        own[key] = value
+        own.move_to_end(key)
+        while len(own) > self.capacity:
+            own.popitem(last=False)
 
     def get(self, tenant: str | None, key: str) -> T | None:
-        found = self._items.get((tenant, key))
-        if found is not None:
-            self._items.move_to_end((tenant, key))
-        return found
+        own = self._tenants.get(tenant)
+        if own is None or key not in own:
+            return None
+        own.move_to_end(key)
+        return own[key]
 
     def delete(self, tenant: str | None, key: str) -> bool:
-        return self._items.pop((tenant, key), None) is not None
+        own = self._tenants.get(tenant)
+        return own is not None and own.pop(key, None) is not None
 
 
 class ResponseStore(TenantStore[StoredResponse]):
@@ -71,4 +77,17 @@ class ResponseStore(TenantStore[StoredResponse]):
 
 
 class ConversationStore(TenantStore[Conversation]):
-    pass
+    """Conversations, each of at most ``max_items`` items: adding past it is refused (a
+    conversation grows in place, so the count bound alone would not bound it)."""
+
+    def __init__(self, capacity: int, max_items: int = MAX_CONVERSATION_ITEMS) -> None:
+        super().__init__(capacity)
+        self.max_items = max_items
+
+    def check_room(self, conversation: Conversation, more: int) -> None:
+        """``ValueError`` unless ``more`` items fit into ``conversation``."""
+        if len(conversation.items) + more > self.max_items:
+            raise ValueError(
+                f"a conversation holds at most {self.max_items} items; this one holds "
+                f"{len(conversation.items)}: start another"
+            )
