@@ -61,6 +61,10 @@ class ServerConfig:
     log_level: str = "info"
     startup_timeout_s: float = 600.0  # loading the model in the scheduler process
     default_max_new_tokens: int = 128  # /generate without max_new_tokens (SGLang's default)
+    # SGLang's --allow-auto-truncate: a request asking for more new tokens than the context
+    # leaves gets what it leaves (agents' clients send 32k-64k); a prompt past the context is
+    # still a 400 (SGLang keeps its head, which cuts off the turn to answer)
+    allow_auto_truncate: bool = False
     # limits on one HTTP request (bad or hostile input is refused before it costs anything)
     max_request_bytes: int = 4 << 20  # body size; 413 past it
     # open HTTP connections (None: the descriptor limit less a reserve), how long a new one

@@ -203,6 +203,12 @@ def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
         help="most stop strings in one request; 400 past it",
     )
     add(
+        "--allow-auto-truncate",
+        action="store_true",
+        help="a request asking for more new tokens than the context leaves gets what it leaves "
+        "(else a 400); a prompt past the context is still refused",
+    )
+    add(
         "--max-stored-responses",
         type=int,
         default=defaults.max_stored_responses,
@@ -277,6 +283,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         max_batch_sub_requests=args.max_batch_sub_requests,
         max_stop_strings=args.max_stop_strings,
         max_stored_responses=args.max_stored_responses,
+        allow_auto_truncate=args.allow_auto_truncate,
         graceful_shutdown_timeout_s=args.graceful_shutdown_timeout,
         disable_docs=args.disable_docs,
     )

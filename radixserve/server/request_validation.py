@@ -26,15 +26,19 @@ MAX_STOP_TOKEN_IDS = 1024
 
 class RequestValidator:
     """``num_text_tokens``: the tokenizer's size, where the model's vocabulary is padded past
-    it (a logit bias may only name a token that is some text)."""
+    it (a logit bias may only name a token that is some text). ``auto_truncate`` (SGLang's
+    ``--allow-auto-truncate``): a request asking for more new tokens than the context leaves
+    gets what it leaves instead of a ``ValueError``."""
 
     def __init__(
         self,
         info: SchedulerInfo,
         default_max_new_tokens: int = 128,
         num_text_tokens: int | None = None,
+        auto_truncate: bool = False,
     ) -> None:
         self.info = info
+        self.auto_truncate = auto_truncate
         self.default_max_new_tokens = default_max_new_tokens
         self.num_text_tokens = min(info.vocab_size, num_text_tokens or info.vocab_size)
         self._grammars = CompileCache(check_grammar)  # keys already found valid
@@ -108,6 +112,8 @@ class RequestValidator:
         params: SamplingParams = request.sampling_params.validate()
         ctx = self.info.max_context_len
         prompt_len = len(request.input_ids)
+        if prompt_len + params.max_new_tokens > ctx and self.auto_truncate:
+            params.max_new_tokens = self.output_budget(prompt_len)
         if prompt_len + params.max_new_tokens > ctx:
             raise ValueError(
                 f"this model's maximum context length is {ctx} tokens; the request asks for "

@@ -97,7 +97,10 @@ class TokenizerManager:
         if config.chat_template is not None:  # --chat-template: the deployment's own
             self.prompts.tokenizer.chat_template = config.chat_template
         self.validator = RequestValidator(
-            info, config.default_max_new_tokens, len(self.prompts.tokenizer)
+            info,
+            config.default_max_new_tokens,
+            len(self.prompts.tokenizer),
+            auto_truncate=config.allow_auto_truncate,
         )
         self.children = dict(children or {})
         self.observer = observer
