@@ -10,6 +10,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from serving_harness import Server, serving
@@ -201,3 +202,40 @@ def test_the_thinking_is_a_block_and_an_item_on_the_other_doors(qwen3_server: Se
     )
     assert [item.type for item in resp.output] == ["reasoning", "message"]
     assert re.fullmatch("[a-z ]{1,12}", resp.output_text.strip() or "x"), resp.output_text
+
+
+def test_each_doors_reasoning_switch_reaches_the_template(oai, qwen3_server: Server) -> None:  # type: ignore[no-untyped-def]
+    """Chat's ``reasoning_effort`` (``none``: no thinking), the Responses API's
+    ``reasoning.effort`` and Anthropic's ``thinking`` render Qwen3's real template as
+    ``enable_thinking`` does (its prompt closes an empty ``<think>`` when off: more tokens),
+    and the thinking is then not separated."""
+    import anthropic
+
+    messages = [{"role": "user", "content": "What is 6 x 7?"}]
+
+    def prompt_tokens(**extra: Any) -> int:
+        answer = oai.chat.completions.create(
+            model="qwen3", messages=messages, max_tokens=1, extra_body=extra
+        )
+        return int(answer.usage.prompt_tokens)
+
+    off = prompt_tokens(chat_template_kwargs={"enable_thinking": False})
+    on = prompt_tokens(chat_template_kwargs={"enable_thinking": True})
+    assert off > on
+    assert prompt_tokens(reasoning_effort="none") == off
+    assert prompt_tokens(reasoning_effort="low") == on
+    # what the client gives in chat_template_kwargs wins over the effort
+    assert (
+        prompt_tokens(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True}) == on
+    )
+    quiet = _chat(oai, reasoning_effort="none").choices[0].message
+    assert getattr(quiet, "reasoning_content", None) is None and quiet.content.startswith("<think>")
+    count = oai.responses.input_tokens.count
+    assert count(model="qwen3", input=messages, reasoning={"effort": "none"}).input_tokens == off
+    assert count(model="qwen3", input=messages, reasoning={"effort": "high"}).input_tokens == on
+    claude = anthropic.Anthropic(base_url=qwen3_server.url, api_key="unused", max_retries=0)
+    disabled: Any = {"type": "disabled"}
+    enabled: Any = {"type": "enabled", "budget_tokens": 1024}
+    kwargs: Any = dict(model="qwen3", messages=messages)
+    assert claude.messages.count_tokens(**kwargs, thinking=disabled).input_tokens == off
+    assert claude.messages.count_tokens(**kwargs, thinking=enabled).input_tokens == on

@@ -186,7 +186,8 @@ def test_openai_unknown_field_is_a_400_in_openai_shape(oai: openai.OpenAI) -> No
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        ({"reasoning_effort": "high"}, "reasoning_effort"),
+        ({"verbosity": "low"}, "verbosity"),
+        ({"reasoning_effort": "ultra"}, "reasoning_effort"),  # served, but not this value
         ({"extra_body": {"min_tokens": 3}}, "min_tokens"),
         ({"store": True}, "store"),
     ],

@@ -14,8 +14,9 @@ their conversion into the chat route's request: the one pipeline renders, runs a
   offer them) ``temperature``, ``top_p``, ``top_k`` are the sampling fields;
 - ``output_config.format`` (structured outputs: a JSON schema) is chat's ``response_format``,
   and a tool's ``strict`` its function's;
-- ``thinking``, ``output_config.effort`` and Anthropic's service hints are accepted without
-  effect; ``container`` is refused. Unknown fields are a 400 naming them, as on every route.
+- ``thinking`` is the template's ``enable_thinking`` (false when ``disabled``: Qwen3's and
+  other hybrid templates');
+- ``output_config.effort`` and Anthropic's service hints are accepted without effect; ``container`` is refused. Unknown fields are a 400 naming them, as on every route.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from radixserve.api.openai.protocol import ChatCompletionRequest
+from radixserve.api.openai.protocol import ChatCompletionRequest, thinking_kwargs
 
 
 class _Strict(BaseModel):
@@ -150,6 +151,8 @@ class CountTokensRequest(_Strict):
                 }
                 for t in self.tools
             ]
+        if self.thinking is not None and "type" in self.thinking:
+            fields["chat_template_kwargs"] = thinking_kwargs(self.thinking["type"] != "disabled")
         fmt = self.output_config.format if self.output_config else None
         if fmt is not None:
             schema = {"name": "output", "schema": fmt.schema_, "strict": True}

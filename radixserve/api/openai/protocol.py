@@ -253,12 +253,14 @@ class ChatCompletionRequest(OpenAISamplingFields):
     # with --reasoning-parser: the thinking as reasoning_content (SGLang's fields)
     separate_reasoning: bool = True
     stream_reasoning: bool = True
+    # the template's reasoning_effort (gpt-oss's) and enable_thinking (false for "none":
+    # Qwen3's and other hybrid templates'); chat_template_kwargs given beside it win
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     # a 400 when set (CHAT_UNSUPPORTED)
     functions: list[Any] | None = None
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
     prediction: dict[str, Any] | None = None
-    reasoning_effort: str | None = None
     web_search_options: dict[str, Any] | None = None
     verbosity: str | None = None
     function_call: Any = None
@@ -268,6 +270,9 @@ class ChatCompletionRequest(OpenAISamplingFields):
         if self.modalities == ["text"]:
             self.modalities = None  # what the default is
         refuse_set_fields(self, CHAT_UNSUPPORTED)
+        if self.reasoning_effort is not None:
+            thinking = thinking_kwargs(self.reasoning_effort != "none", self.reasoning_effort)
+            self.chat_template_kwargs = {**thinking, **(self.chat_template_kwargs or {})}
         if self.continue_final_message:
             if self.add_generation_prompt:
                 raise ValueError(
@@ -279,12 +284,21 @@ class ChatCompletionRequest(OpenAISamplingFields):
         return self
 
 
+def thinking_kwargs(enabled: bool, effort: str | None = None) -> dict[str, Any]:
+    """The chat template's kwargs for a client's reasoning switch: ``enable_thinking`` (Qwen3
+    and other hybrid templates) and, where given, ``reasoning_effort`` (gpt-oss); a template
+    that reads neither renders as before."""
+    kwargs: dict[str, Any] = {"enable_thinking": enabled}
+    if effort is not None:
+        kwargs["reasoning_effort"] = effort
+    return kwargs
+
+
 CHAT_UNSUPPORTED: dict[str, Any] = {
     "functions": None,
     "modalities": None,
     "audio": None,
     "prediction": None,
-    "reasoning_effort": None,
     "web_search_options": None,
     "verbosity": None,
     "function_call": None,

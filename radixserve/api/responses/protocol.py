@@ -9,7 +9,8 @@ request: the one pipeline renders, runs and parses.
 - ``previous_response_id``: the stored conversation before ``input`` (``store.py``), or
   ``conversation``: a conversation's items (``conversations.py``), not both;
 - function ``tools`` and ``tool_choice``; ``text.format`` (``json_schema``, ``json_object``,
-  ``text``) as chat's ``response_format``; ``max_output_tokens``, ``temperature``, ``top_p``.
+  ``text``) as chat's ``response_format``; ``reasoning.effort`` as chat's
+  ``reasoning_effort``; ``max_output_tokens``, ``temperature``, ``top_p``.
 
 Fields OpenAI's service alone can honour (hosted tools, background runs, stored prompts) are
 a 400 naming them; hints without effect here are accepted.
@@ -108,7 +109,9 @@ class ResponsesRequest(BaseModel):
         body: dict[str, Any] = {"messages": system + history + self.input_messages()}
         if self.model is not None:
             body["model"] = self.model
+        effort = (self.reasoning or {}).get("effort")
         for name, value in (
+            ("reasoning_effort", effort),
             ("max_tokens", self.max_output_tokens),
             ("temperature", self.temperature),
             ("top_p", self.top_p),
