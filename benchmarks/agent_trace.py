@@ -10,13 +10,17 @@ words, and the next turn goes on from there:
 - ``chat``: each turn re-sends the whole conversation (the system prompt, every call and every
   result so far) to ``/v1/chat/completions``, as an agent loop does;
 - ``responses``: each turn sends only the new tool result to ``/v1/responses`` with
-  ``previous_response_id``; the server re-renders the stored conversation.
+  ``previous_response_id``; the server re-renders the stored conversation;
+- ``conversation``: the same with ``conversation`` (``/v1/conversations``), which the server
+  adds each turn's items to (the Agents SDK's ``Runner.run(conversation_id=...)``);
+- ``items``: each turn re-sends every item so far to ``/v1/responses`` (``store: false``), the
+  output items as the server returned them (the Agents SDK's own session memory).
 
 Either way a turn's prompt is the previous turn's prompt and answer plus the new result, so the
 most the cache can serve is everything but the new result (and the first turn, cold): the
 ``optimal`` column. ``hit rate`` is cached prompt tokens over prompt tokens as the server
-reports them (``cached_tokens``). The two routes render the same conversation, so their rates
-should agree, and both sit near the optimum.
+reports them (``cached_tokens``). Every route renders the same conversation, so their rates
+should agree, and all sit near the optimum.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ import argparse
 import json
 import random
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+TASK = "Find the weather of every city you know."
 WORDS = "sunny rain cloudy wind north south pressure humidity front storm calm mild".split()
 WEATHER = {
     "type": "object",
@@ -66,7 +72,7 @@ def chat_agent(client: httpx.Client, model: str, args: argparse.Namespace, tally
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": f"You are agent {uuid.uuid4().hex}."},
-        {"role": "user", "content": "Find the weather of every city you know."},
+        {"role": "user", "content": TASK},
     ]
     seen = 0  # the tokens the previous turn's prompt and answer came to
     for turn in range(args.turns):
@@ -91,6 +97,43 @@ def chat_agent(client: httpx.Client, model: str, args: argparse.Namespace, tally
 def responses_agent(
     client: httpx.Client, model: str, args: argparse.Namespace, tally: Tally
 ) -> None:
+    """Each turn's new item after ``previous_response_id``."""
+
+    def chain(reply: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
+        return {"previous_response_id": reply["id"], "input": [item]}
+
+    _responses_trace(client, model, args, tally, {}, chain)
+
+
+def conversation_agent(
+    client: httpx.Client, model: str, args: argparse.Namespace, tally: Tally
+) -> None:
+    """Each turn's new item in a conversation, which keeps the rest."""
+    conversation = {"conversation": _post(client, "/v1/conversations", {})["id"]}
+    _responses_trace(client, model, args, tally, conversation, lambda _, item: {"input": [item]})
+
+
+def items_agent(client: httpx.Client, model: str, args: argparse.Namespace, tally: Tally) -> None:
+    """Every item so far, each turn, the outputs as they came back; nothing stored."""
+    history: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
+
+    def resend(reply: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
+        history.extend([*reply["output"], item])
+        return {"input": list(history)}
+
+    _responses_trace(client, model, args, tally, {"store": False, "input": history}, resend)
+
+
+def _responses_trace(
+    client: httpx.Client,
+    model: str,
+    args: argparse.Namespace,
+    tally: Tally,
+    start: dict[str, Any],
+    after: Any,
+) -> None:
+    """An agent through ``/v1/responses``: ``start`` the first body's own fields, ``after``
+    (the reply, the new item) the next body's."""
     rng = random.Random(args.seed)
     tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
     body: dict[str, Any] = {
@@ -99,7 +142,8 @@ def responses_agent(
         "tools": tools,
         "tool_choice": "required",
         "max_output_tokens": args.max_tokens,
-        "input": "Find the weather of every city you know.",
+        "input": TASK,
+        **start,
     }
     seen = 0
     for turn in range(args.turns):
@@ -114,7 +158,7 @@ def responses_agent(
             item: dict[str, Any] = {"role": "user", "content": text}
         else:
             item = {"type": "function_call_output", "call_id": call["call_id"], "output": text}
-        body = {**body, "previous_response_id": reply["id"], "input": [item]}
+        body = {**body, **after(reply, item)}
 
 
 def _post(client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -137,22 +181,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     rows: dict[str, dict[str, float]] = {}
+    started = time.time()
     with httpx.Client(base_url=args.url, headers=headers, timeout=600) as client:
         model = client.get("/v1/models").json()["data"][0]["id"]
-        for name, agent in (("chat", chat_agent), ("responses", responses_agent)):
+        for name, agent in (
+            ("chat", chat_agent),
+            ("responses", responses_agent),
+            ("conversation", conversation_agent),
+            ("items", items_agent),
+        ):
             tally = Tally()
             for _ in range(args.agents):
                 agent(client, model, args, tally)
             hit, optimal = tally.rates()
             rows[name] = {"prompt_tokens": tally.prompt, "hit_rate": hit, "optimal": optimal}
-    print(f"{'route':<10} {'prompt tokens':>14} {'hit rate':>9} {'optimal':>8}")
+    print(f"{'route':<12} {'prompt tokens':>14} {'hit rate':>9} {'optimal':>8}")
     for name, row in rows.items():
         print(
-            f"{name:<10} {row['prompt_tokens']:>14.0f} {row['hit_rate']:>9.3f} {row['optimal']:>8.3f}"
+            f"{name:<12} {row['prompt_tokens']:>14.0f} {row['hit_rate']:>9.3f} {row['optimal']:>8.3f}"
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"agents": args.agents, "turns": args.turns, "routes": rows}, f, indent=2)
+            report = {"started_at": started, "agents": args.agents, "turns": args.turns}
+            json.dump({**report, "routes": rows}, f, indent=2)
     return 0
 
 

@@ -589,6 +589,17 @@ def spec_llamacpp_ngram() -> str:
     return _spec_llama_table(SPEC_LLAMA_NGRAM)
 
 
+def agent_trace() -> str:
+    """An agent's hit rate through each route, beside the optimum."""
+    path = "benchmarks/results/zen4-2026-11-29/agent-trace.json"
+    routes = load(path)["routes"]
+    rows = [
+        [f"`{name}`", f"{r['prompt_tokens']:,}", f"{r['hit_rate']:.3f}", f"{r['optimal']:.3f}"]
+        for name, r in routes.items()
+    ]
+    return table(["route", "prompt tokens", "hit rate", "optimal"], rows, [path])
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "multiturn": multiturn,
     "llama-cpp": llama_cpp,
@@ -611,6 +622,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "spec-decode": spec_decode,
     "spec-llamacpp": spec_llamacpp,
     "spec-llamacpp-ngram": spec_llamacpp_ngram,
+    "agent-trace": agent_trace,
 }
 
 

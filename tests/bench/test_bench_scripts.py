@@ -204,7 +204,10 @@ EXPECTED: dict[str, list[str]] = {
         r"bfloat16\+int8 \(batch 2\) vs bf16 over 2 steps: .* greedy token agrees at"
     ],
     "llamacpp.py": [r"\{convert,serve,check\}"],
-    "agent_trace.py": [r"^chat\s+\d+\s+\d\.\d{3}\s+\d\.\d{3}", r"^responses\s+\d+\s+\d\.\d{3}"],
+    "agent_trace.py": [
+        r"^chat\s+\d+\s+\d\.\d{3}\s+\d\.\d{3}",
+        *(rf"^{route}\s+\d+\s+\d\.\d{{3}}" for route in ("responses", "conversation", "items")),
+    ],
     "load.py": [r"^requests\s+[1-9]", r"^errors\s+0$", r"^integrity_ok\s+True$"],
     "prompt_logprobs.py": [r"hit \+ prompt logprobs:\s+\d"],
     "model_throughput.py": [r"^prefill 8 tok\s+\d", r"^decode b=1 ctx=8\s+\d", r"bandwidth bound"],
