@@ -19,38 +19,11 @@ pytestmark = pytest.mark.timeout(180)
 agents = pytest.importorskip("agents", reason="needs openai-agents (the test extra)")
 
 
-def test_an_agent_calls_its_function_tool(compat_server: Server) -> None:
+def _agent(compat_server: Server, **kwargs: Any) -> Any:
+    """An agent of its own prompt on the server through the Responses API."""
     from openai import AsyncOpenAI
 
     agents.set_tracing_disabled(True)  # no export to OpenAI's service
-    cities: list[str] = []
-
-    @agents.function_tool
-    def get_weather(city: Literal["Paris", "Oslo"]) -> str:
-        """The weather of a city."""
-        cities.append(city)
-        return "sunny"
-
-    client = AsyncOpenAI(base_url=f"{compat_server.url}/v1", api_key="unused", max_retries=0)
-    agent = agents.Agent(
-        name="forecaster",
-        instructions=f"You are agent {uuid.uuid4().hex}; answer with the weather tool.",
-        tools=[get_weather],
-        model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
-        model_settings=agents.ModelSettings(
-            tool_choice="required", parallel_tool_calls=False, max_tokens=256
-        ),
-        tool_use_behavior="stop_on_first_tool",
-    )
-    result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?"))
-    assert len(cities) == 1 and cities[0] in {"Paris", "Oslo"}
-    assert result.final_output == "sunny"
-
-
-def _agent(compat_server: Server, **kwargs: Any) -> Any:
-    from openai import AsyncOpenAI
-
-    agents.set_tracing_disabled(True)
     client = AsyncOpenAI(base_url=f"{compat_server.url}/v1", api_key="unused", max_retries=0)
     settings = kwargs.pop("model_settings", agents.ModelSettings(max_tokens=8))
     return agents.Agent(
@@ -62,14 +35,11 @@ def _agent(compat_server: Server, **kwargs: Any) -> Any:
     )
 
 
-def test_a_session_resends_the_whole_conversation_and_hits_the_cache(
-    compat_server: Server,
-) -> None:
-    """The SDK's own session memory sends every earlier item back (the tool's call with its
-    id and status, its output, the user's turns): accepted as given, and rendered to the same
-    prefix, so the second turn's prompt is a radix hit. (Each turn ends on its tool call: a
-    random model's text would run to ``max_tokens``, an incomplete response the SDK raises.)"""
-    cities: list[str] = []
+def _forecaster(compat_server: Server, cities: list[str]) -> Any:
+    """An agent that must call its weather tool (``cities`` records each call) and ends on
+    the tool's output. Sampled at temperature 1: one call at most, so the output's length has
+    a bound (a random model's text would run to ``max_tokens``, an incomplete response the SDK
+    raises)."""
 
     @agents.function_tool
     def get_weather(city: Literal["Paris", "Oslo"]) -> str:
@@ -78,14 +48,32 @@ def test_a_session_resends_the_whole_conversation_and_hits_the_cache(
         return "sunny"
 
     settings = agents.ModelSettings(
-        tool_choice="required", parallel_tool_calls=False, max_tokens=128
+        tool_choice="required", parallel_tool_calls=False, max_tokens=256
     )
-    agent = _agent(
+    return _agent(
         compat_server,
         tools=[get_weather],
         model_settings=settings,
         tool_use_behavior="stop_on_first_tool",
     )
+
+
+def test_an_agent_calls_its_function_tool(compat_server: Server) -> None:
+    cities: list[str] = []
+    agent = _forecaster(compat_server, cities)
+    result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?"))
+    assert len(cities) == 1 and cities[0] in {"Paris", "Oslo"}
+    assert result.final_output == "sunny"
+
+
+def test_a_session_resends_the_whole_conversation_and_hits_the_cache(
+    compat_server: Server,
+) -> None:
+    """The SDK's own session memory sends every earlier item back (the tool's call with its
+    id and status, its output, the user's turns): accepted as given, and rendered to the same
+    prefix, so the second turn's prompt is a radix hit."""
+    cities: list[str] = []
+    agent = _forecaster(compat_server, cities)
     session = agents.SQLiteSession(uuid.uuid4().hex)
 
     async def two_turns() -> tuple[Any, Any, list[Any]]:
@@ -104,31 +92,16 @@ def test_a_session_resends_the_whole_conversation_and_hits_the_cache(
 
 
 def test_a_streamed_run_with_a_tool(compat_server: Server) -> None:
-    calls: list[str] = []
-
-    @agents.function_tool
-    def get_time(zone: Literal["UTC", "CET"]) -> str:
-        """The time in a zone."""
-        calls.append(zone)
-        return "noon"
-
-    settings = agents.ModelSettings(
-        tool_choice="required", parallel_tool_calls=False, max_tokens=128
-    )
-    agent = _agent(
-        compat_server,
-        tools=[get_time],
-        model_settings=settings,
-        tool_use_behavior="stop_on_first_tool",
-    )
+    cities: list[str] = []
+    agent = _forecaster(compat_server, cities)
 
     async def run() -> tuple[Any, list[str]]:
-        result = agents.Runner.run_streamed(agent, "What time is it?")
+        result = agents.Runner.run_streamed(agent, "Weather in Oslo?")
         kinds = [event.type async for event in result.stream_events()]
         return result, kinds
 
     result, kinds = asyncio.run(run())
-    assert calls and result.final_output == "noon"
+    assert cities and result.final_output == "sunny"
     assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
 
 
@@ -168,22 +141,7 @@ def test_a_conversation_session_and_a_run_in_a_conversation(compat_server: Serve
     from openai import AsyncOpenAI
 
     cities: list[str] = []
-
-    @agents.function_tool
-    def get_weather(city: Literal["Paris", "Oslo"]) -> str:
-        """The weather of a city."""
-        cities.append(city)
-        return "sunny"
-
-    settings = agents.ModelSettings(
-        tool_choice="required", parallel_tool_calls=False, max_tokens=128
-    )
-    agent = _agent(
-        compat_server,
-        tools=[get_weather],
-        model_settings=settings,
-        tool_use_behavior="stop_on_first_tool",
-    )
+    agent = _forecaster(compat_server, cities)
     client = AsyncOpenAI(base_url=f"{compat_server.url}/v1", api_key="unused", max_retries=0)
 
     async def runs() -> tuple[list[Any], Any, Any]:

@@ -16,9 +16,9 @@ when they are added, and listed as ``GET /v1/responses/{id}/input_items`` lists 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from radixserve.api.access.routes import Access, declare
@@ -71,10 +71,7 @@ def conversations_router(tenants: Tenants, store: ConversationStore) -> APIRoute
     router = APIRouter()
 
     def found(raw: Request, conversation_id: str) -> Conversation:
-        conversation = store.get(tenants.scope(raw.state), conversation_id)
-        if conversation is None:
-            raise APIError(f"no conversation {conversation_id!r}", 404, code="not_found")
-        return conversation
+        return store.find(tenants.scope(raw.state), conversation_id)
 
     def grow(conversation: Conversation, given: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``given`` items added to ``conversation`` as listed; a 400 for an item no response
@@ -131,14 +128,9 @@ def conversations_router(tenants: Tenants, store: ConversationStore) -> APIRoute
 
     @router.get("/v1/conversations/{conversation_id}/items", responses=NOT_FOUND)
     async def list_items(
-        conversation_id: str,
-        raw: Request,
-        after: str | None = None,
-        limit: int = Query(20, ge=1, le=100),
-        order: Literal["asc", "desc"] = "desc",
-        include: list[str] | None = Query(None),  # nothing more to include here
+        conversation_id: str, raw: Request, query: Annotated[items.PageQuery, Depends()]
     ) -> dict[str, Any]:
-        return items.page(found(raw, conversation_id).items, after, limit, order)
+        return query.page(found(raw, conversation_id).items)
 
     @router.get("/v1/conversations/{conversation_id}/items/{item_id}", responses=NOT_FOUND)
     async def retrieve_item(conversation_id: str, item_id: str, raw: Request) -> dict[str, Any]:

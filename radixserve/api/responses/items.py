@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from fastapi import Query
+
 from radixserve.api.errors import APIError
 from radixserve.api.responses.render import new_id
 
@@ -64,3 +66,20 @@ def page(
         "last_id": data[-1]["id"] if data else None,
         "has_more": start + limit < len(ordered),
     }
+
+
+class PageQuery:
+    """OpenAI's cursor-list query, a route's dependency (``include`` is taken: there is nothing
+    more to include here)."""
+
+    def __init__(
+        self,
+        after: str | None = None,
+        limit: int = Query(20, ge=1, le=100),
+        order: Literal["asc", "desc"] = "desc",
+        include: list[str] | None = Query(None),
+    ) -> None:
+        self.after, self.limit, self.order = after, limit, order
+
+    def page(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        return page(items, self.after, self.limit, self.order)

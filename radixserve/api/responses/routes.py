@@ -7,9 +7,9 @@ after the one it is chained to (``previous_response_id``) or a conversation's it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.api.access.routes import Access, declare
@@ -41,10 +41,7 @@ def responses_router(
     router = APIRouter()
 
     def stored(raw: Request, response_id: str) -> StoredResponse:
-        found = store.get(tenants.scope(raw.state), response_id)
-        if found is None:
-            raise APIError(f"no response {response_id!r} is stored", 404, code="not_found")
-        return found
+        return store.find(tenants.scope(raw.state), response_id)
 
     def context(raw: Request, body: ResponsesRequest) -> _Context:
         """What ``body`` renders before its input: the response it is chained to, or the
@@ -56,9 +53,7 @@ def responses_router(
         cid = body.conversation_id
         if cid is None:
             return _Context([], [], None)
-        conversation = conversations.get(tenants.scope(raw.state), cid)
-        if conversation is None:
-            raise APIError(f"no conversation {cid!r}", 404, param="conversation", code="not_found")
+        conversation = conversations.find(tenants.scope(raw.state), cid, "conversation")
         given = list(conversation.items)
         return _Context(items_messages(given), given, conversation)
 
@@ -108,14 +103,9 @@ def responses_router(
 
     @router.get("/v1/responses/{response_id}/input_items", responses=NOT_FOUND)
     async def list_input_items(
-        response_id: str,
-        raw: Request,
-        after: str | None = None,
-        limit: int = Query(20, ge=1, le=100),
-        order: Literal["asc", "desc"] = "desc",
-        include: list[str] | None = Query(None),  # nothing more to include here
+        response_id: str, raw: Request, query: Annotated[items.PageQuery, Depends()]
     ) -> dict[str, Any]:
-        return items.page(stored(raw, response_id).items, after, limit, order)
+        return query.page(stored(raw, response_id).items)
 
     @router.post("/v1/responses/input_tokens", responses=NOT_FOUND)
     async def count_input_tokens(body: InputTokensRequest, raw: Request) -> dict[str, Any]:

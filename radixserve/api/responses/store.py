@@ -17,6 +17,8 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from radixserve.api.errors import APIError
+
 T = TypeVar("T")
 MAX_CONVERSATION_ITEMS = 10_000
 
@@ -49,6 +51,8 @@ class TenantStore(Generic[T]):
     used out. Each tenant's bound is its own, so what one tenant stores never evicts another's
     (which would let it see another's activity in what of its own is left)."""
 
+    kind = "object"  # what a 404 calls it
+
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._tenants: dict[str | None, collections.OrderedDict[str, T]] = {}
@@ -67,18 +71,27 @@ class TenantStore(Generic[T]):
         own.move_to_end(key)
         return own[key]
 
+    def find(self, tenant: str | None, key: str, param: str | None = None) -> T:
+        """:meth:`get`, or a 404 naming ``param``: another tenant's is as unknown as none."""
+        found = self.get(tenant, key)
+        if found is None:
+            raise APIError(f"no {self.kind} {key!r}", 404, param=param, code="not_found")
+        return found
+
     def delete(self, tenant: str | None, key: str) -> bool:
         own = self._tenants.get(tenant)
         return own is not None and own.pop(key, None) is not None
 
 
 class ResponseStore(TenantStore[StoredResponse]):
-    pass
+    kind = "stored response"
 
 
 class ConversationStore(TenantStore[Conversation]):
     """Conversations, each of at most ``max_items`` items: adding past it is refused (a
     conversation grows in place, so the count bound alone would not bound it)."""
+
+    kind = "conversation"
 
     def __init__(self, capacity: int, max_items: int = MAX_CONVERSATION_ITEMS) -> None:
         super().__init__(capacity)
