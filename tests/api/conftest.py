@@ -52,9 +52,11 @@ def tools_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: ob
 def compat_server(
     tools_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
-    """A server on :func:`tools_model_dir` (SGLang compatibility, tools, structured output)."""
+    """A server on :func:`tools_model_dir` (SGLang compatibility, tools, structured output;
+    ``--allow-auto-truncate``, as agents' servers run)."""
     log = tmp_path_factory.mktemp("compat-log") / "server.log"
-    with serving(["--model", str(tools_model_dir), "--max-total-tokens", "32768"], log) as srv:
+    args = ["--model", str(tools_model_dir), "--max-total-tokens", "32768", "--allow-auto-truncate"]
+    with serving(args, log) as srv:
         yield srv
 
 

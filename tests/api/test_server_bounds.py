@@ -1,25 +1,21 @@
 """A server with small bounds. ``--max-queued-requests``: beyond the bound a new request gets 429
 with ``Retry-After`` in OpenAI's error shape, the official client sees its ``RateLimitError``, the
-queued requests run in their order, and the pool is whole afterwards. ``--allow-auto-truncate``:
-a request for more new tokens than the context leaves gets what it leaves."""
+queued requests run in their order, and the pool is whole afterwards."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
-import anthropic
 import httpx
 import openai
 import pytest
-from serving_harness import Server, serving
+from serving_harness import serving
 
 pytestmark = pytest.mark.timeout(180)
 
 BOUND = 2  # the scheduler's side: tests/runtime/test_scheduler_bounds.py
-POOL = 200  # KV slots, under the model's context
-CONTEXT = 1024  # the model's
+POOL = 200  # KV slots, under the model's context of 1024
 
 
 async def _post_all(url: str, n: int, max_tokens: int = 48) -> list[httpx.Response]:
@@ -107,41 +103,3 @@ async def _flood_then(url: str, oai: openai.OpenAI) -> None:
     raise AssertionError(
         f"in 5 rounds: a streamed 429 {seen_stream}, a RateLimitError {seen_client}"
     )
-
-
-def test_auto_truncate_gives_what_the_context_leaves(
-    api_model_dir: Path, tmp_path: Path, server: Server
-) -> None:
-    """SGLang's ``--allow-auto-truncate``: a request for more new tokens than the context
-    leaves (agents' clients send 32k and more) gets what it leaves, through Anthropic's client
-    and the chat route; without it the same request is a 400, and a prompt past the context is
-    refused either way."""
-    question: Any = [{"role": "user", "content": "Count."}]
-    plain = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
-    with pytest.raises(anthropic.BadRequestError, match="maximum context length"):
-        plain.messages.create(
-            model=model_name_of(server.url), messages=question, max_tokens=32000, timeout=60
-        )
-    args = ["--model", str(api_model_dir), "--allow-auto-truncate"]
-    with serving(args, tmp_path / "server.log") as truncating:
-        model = model_name_of(truncating.url)
-        claude = anthropic.Anthropic(base_url=truncating.url, api_key="none", max_retries=0)
-        with claude.messages.stream(  # as agents' clients send it (a non-streamed request
-            # for this many tokens the client itself refuses)
-            model=model,
-            messages=question,
-            max_tokens=32000,
-        ) as stream:
-            msg = stream.get_final_message()
-        used = msg.usage.input_tokens + msg.usage.output_tokens
-        assert used == CONTEXT if msg.stop_reason == "max_tokens" else used < CONTEXT, msg
-        # past the random model's EOS: exactly what the context leaves
-        chat = {"model": model, "messages": question, "max_tokens": 5000, "ignore_eos": True}
-        resp = httpx.post(f"{truncating.url}/v1/chat/completions", json=chat, timeout=120)
-        assert resp.status_code == 200, resp.text
-        usage = resp.json()["usage"]
-        assert usage["prompt_tokens"] + usage["completion_tokens"] == CONTEXT
-        assert resp.json()["choices"][0]["finish_reason"] == "length"
-        long = {"model": model, "prompt": "hi " * 2000, "max_tokens": 1}
-        refused = httpx.post(f"{truncating.url}/v1/completions", json=long, timeout=60)
-        assert refused.status_code == 400 and "maximum context length" in refused.text

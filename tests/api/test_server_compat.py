@@ -1,6 +1,7 @@
 """SGLang compatibility of the HTTP routes against a real server whose tokenizer renders
 tools (a Qwen2.5-style template): what SGLang's clients send, its newer routes, the model id,
-and the OpenAI routes' strictness, tools and structured output through the official client."""
+the OpenAI routes' strictness, tools and structured output through the official client, and
+``--allow-auto-truncate``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from serving_harness import MAX_CONTEXT_LEN as CONTEXT
+from serving_harness import Server
 
 WEATHER = {
     "type": "object",
@@ -307,3 +310,39 @@ def test_return_prompt_token_ids(http: httpx.Client) -> None:
     ) as resp:
         events = [line for line in resp.iter_lines() if line.startswith("data: {")]
     assert events and all('"prompt_token_ids": [4, 5, 6]' in e for e in events)
+
+
+def test_auto_truncate_gives_what_the_context_leaves(
+    compat_server: Server, server: Server, http: httpx.Client
+) -> None:
+    """SGLang's ``--allow-auto-truncate`` (``compat_server`` runs with it): a request for more
+    new tokens than the context leaves (agents' clients send 32k and more) gets what it
+    leaves, through Anthropic's client and the chat route; without it (``server``) the same
+    request is a 400, and a prompt past the context is refused either way."""
+    import anthropic
+
+    question: Any = [{"role": "user", "content": "Count."}]
+    plain = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+    model = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
+    with pytest.raises(anthropic.BadRequestError, match="maximum context length"):
+        plain.messages.create(model=model, messages=question, max_tokens=32000, timeout=60)
+    claude = anthropic.Anthropic(base_url=compat_server.url, api_key="none", max_retries=0)
+    with claude.messages.stream(  # as agents' clients send it (a non-streamed request for
+        # this many tokens the client itself refuses)
+        model="tiny-tools",
+        messages=question,
+        max_tokens=32000,
+    ) as stream:
+        msg = stream.get_final_message()
+    used = msg.usage.input_tokens + msg.usage.output_tokens
+    assert used == CONTEXT if msg.stop_reason == "max_tokens" else used < CONTEXT, msg
+    # past the random model's EOS: exactly what the context leaves
+    chat = {"model": "tiny-tools", "messages": question, "max_tokens": 5000, "ignore_eos": True}
+    resp = http.post("/v1/chat/completions", json=chat, timeout=120)
+    assert resp.status_code == 200, resp.text
+    usage = resp.json()["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == CONTEXT
+    assert resp.json()["choices"][0]["finish_reason"] == "length"
+    long = {"model": "tiny-tools", "prompt": "hi " * 2000, "max_tokens": 1}
+    refused = http.post("/v1/completions", json=long)
+    assert refused.status_code == 400 and "maximum context length" in refused.text

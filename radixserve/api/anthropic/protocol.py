@@ -16,7 +16,8 @@ their conversion into the chat route's request: the one pipeline renders, runs a
   and a tool's ``strict`` its function's;
 - ``thinking`` is the template's ``enable_thinking`` (false when ``disabled``: Qwen3's and
   other hybrid templates');
-- ``output_config.effort`` and Anthropic's service hints are accepted without effect; ``container`` is refused. Unknown fields are a 400 naming them, as on every route.
+- ``output_config.effort`` and Anthropic's service hints are accepted without effect;
+  ``container`` is refused. Unknown fields are a 400 naming them, as on every route.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""A stored response's input items (``GET /v1/responses/{id}/input_items``): each item of its
-``input`` as OpenAI lists it (with an id, a status, a message's content as parts), after the
-items and output of the responses it was chained to, in pages.
+"""Items as OpenAI lists them (with an id, a status, a message's content as parts), and its
+cursor pages: a stored response's input items (``GET /v1/responses/{id}/input_items``, after
+the items and output of what it was chained to) and a conversation's
+(``GET /v1/conversations/{id}/items``).
 
 OpenAI's ids are kept where the client gave them; the others are made here, once, when the
-response is stored, so paging with ``after`` finds the same ids on every call.
+items are stored, so paging with ``after`` finds the same ids on every call.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def page(
     if after is not None:
         ids = [item["id"] for item in ordered]
         if after not in ids:
-            raise APIError(f"no input item {after!r} in this response", 404, param="after")
+            raise APIError(f"no item {after!r} in this list", 404, param="after")
         start = ids.index(after) + 1
     data = ordered[start : start + limit]
     return {
