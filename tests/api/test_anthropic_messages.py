@@ -1,8 +1,8 @@
 """Anthropic's Messages API through the official ``anthropic`` client, unchanged, against a real
 server (``compat_server``: a template that renders tools): one pipeline with the chat route
 (the same prompt and text), tools forced and streamed, a tool result's turn hitting the cache,
-``count_tokens``, structured output through ``messages.parse`` and the fields agents send,
-errors in Anthropic's shape, ``x-api-key`` on a keyed server."""
+``count_tokens``, structured output through ``messages.parse`` and the fields agents send, the
+beta client as coding agents call it, errors in Anthropic's shape, ``x-api-key`` on a keyed server."""
 
 from __future__ import annotations
 
@@ -126,7 +126,10 @@ def test_structured_output_and_the_fields_agents_send(claude: anthropic.Anthropi
     extra: Any = dict(
         tools=[tool], cache_control={"type": "ephemeral"}, output_config={"effort": "low"}
     )
-    msg = claude.messages.create(**kwargs, **extra, tool_choice=FORCED, max_tokens=128)
+    one: Any = {**FORCED, "disable_parallel_tool_use": True}  # greedy, one call: a bound
+    msg = claude.messages.create(
+        **kwargs, **extra, tool_choice=one, max_tokens=128, extra_body={"temperature": 0}
+    )
     assert msg.stop_reason == "tool_use", msg
     counted = claude.messages.count_tokens(**kwargs, **extra)
     assert counted.input_tokens == msg.usage.input_tokens + msg.usage.cache_read_input_tokens
@@ -136,6 +139,37 @@ def test_structured_output_and_the_fields_agents_send(claude: anthropic.Anthropi
     xml: Any = {"format": {"type": "xml"}}
     with pytest.raises(anthropic.BadRequestError):
         claude.messages.create(**kwargs, max_tokens=4, output_config=xml)
+
+
+def test_the_beta_client_as_coding_agents_call_it(claude: anthropic.Anthropic) -> None:
+    """``client.beta.messages`` (what coding agents call): the betas as a header, context
+    editing and service hints taken, streamed and counted; server-side MCP servers,
+    compaction and threads refused by name."""
+    system: Any = [{"type": "text", "text": _system(), "cache_control": {"type": "ephemeral"}}]
+    kwargs: Any = dict(
+        model=MODEL,
+        system=system,
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=TOOLS,
+        betas=["context-management-2025-06-27"],
+        context_management={"edits": [{"type": "clear_tool_uses_20250919"}]},
+    )
+    # greedy, one call: a bound on the output's length (as in the tests above)
+    one: Any = {**FORCED, "disable_parallel_tool_use": True}
+    hints: Any = {"fallbacks": [{"model": "other"}], "extra_body": {"temperature": 0}}
+    with claude.beta.messages.stream(**kwargs, tool_choice=one, max_tokens=128, **hints) as stream:
+        msg = stream.get_final_message()
+    assert msg.stop_reason == "tool_use", msg
+    counted = claude.beta.messages.count_tokens(**kwargs)
+    assert counted.input_tokens == msg.usage.input_tokens + msg.usage.cache_read_input_tokens
+    refused: Any = [
+        ("mcp_servers", [{"type": "url", "url": "https://mcp.example", "name": "x"}]),
+        ("compaction", {"type": "enabled"}),
+        ("thread", {"type": "create"}),
+    ]
+    for name, value in refused:
+        with pytest.raises(anthropic.BadRequestError, match=f"{name} is not supported"):
+            claude.beta.messages.create(**kwargs, max_tokens=4, extra_body={name: value})
 
 
 def test_errors_take_anthropics_shape(claude: anthropic.Anthropic, compat_server: Server) -> None:

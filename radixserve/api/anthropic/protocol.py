@@ -16,8 +16,10 @@ their conversion into the chat route's request: the one pipeline renders, runs a
   and a tool's ``strict`` its function's;
 - ``thinking`` is the template's ``enable_thinking`` (false when ``disabled``: Qwen3's and
   other hybrid templates');
-- ``output_config.effort`` and Anthropic's service hints are accepted without effect;
-  ``container`` is refused. Unknown fields are a 400 naming them, as on every route.
+- ``output_config.effort``, Anthropic's service hints and the beta's ``context_management``
+  (no context is edited) are accepted without effect; ``container``, ``mcp_servers``,
+  ``compaction`` and ``thread`` are refused. Unknown fields are a 400 naming them, as on every
+  route.
 """
 
 from __future__ import annotations
@@ -126,6 +128,13 @@ class CountTokensRequest(_Strict):
     speed: str | None = None
     user_profile_id: str | None = None
     workspace_id: str | None = None
+    billing_policy: dict[str, Any] | None = None
+    # the beta's context editing (clearing old tool results or thinking) is not done: the
+    # whole conversation is rendered, and one past the context is a 400 as any
+    context_management: dict[str, Any] | None = None
+    # refused when set (MessagesRequest): server-side MCP tools, compaction requests
+    mcp_servers: list[dict[str, Any]] | None = None
+    compaction: dict[str, Any] | None = None
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """The conversation as the chat route's messages."""
@@ -179,13 +188,20 @@ class MessagesRequest(CountTokensRequest):
     service_tier: str | None = None
     inference_geo: str | None = None
     diagnostics: Any = None
-    # refused when set: a server-side code container
+    fallbacks: list[Any] | None = None  # this server does not decline: nothing to fall back on
+    fallback_credit_token: Any = None
+    # refused when set: a server-side code container, server-held threads (and, above, MCP
+    # servers and compaction)
     container: Any = None
+    thread: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> MessagesRequest:
-        if self.container is not None:
-            raise ValueError("container is not supported by this server")
+        for name in ("container", "thread", "compaction"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} is not supported by this server")
+        if self.mcp_servers:
+            raise ValueError("mcp_servers is not supported by this server: tools run client-side")
         return self
 
     def to_chat(self) -> ChatCompletionRequest:
