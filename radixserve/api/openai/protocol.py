@@ -65,6 +65,10 @@ class OpenAISamplingFields(BaseModel):
     lora_path: str | None = None
     safety_identifier: str | None = None
     service_tier: str | None = None
+    # prompt caching's and moderation's hints (every prompt is cached by prefix here)
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: Any = None
+    moderation: Any = None
     # a 400 when set (OPENAI_UNSUPPORTED)
     logit_bias: dict[TokenIdKey, float] | None = None  # token id (a string in JSON) -> bias
     store: bool | None = None
