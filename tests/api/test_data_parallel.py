@@ -17,6 +17,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -225,3 +226,29 @@ def test_a_router_that_cannot_start_ends_the_server_with_its_reason(
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "the router did not start" in proc.stderr and "--no-such-flag" in proc.stderr
     assert time.monotonic() - started < 120  # the workers' start, then seconds
+
+
+def test_the_agent_apis_through_the_router(dp_server: Server) -> None:
+    """OpenAI's Responses API through either router and Anthropic's Messages through smg,
+    each turn sent whole (``store: false``: a stored response lives in the worker that made
+    it; see docs/data_parallel.md). The routers add SGLang's sampling fields and explicit
+    nulls to what they forward."""
+    import anthropic
+    import openai
+
+    model = model_name(dp_server)
+    client = openai.OpenAI(base_url=f"{dp_server.url}/v1", api_key="unused", max_retries=0)
+    first = client.responses.create(model=model, input="hello", max_output_tokens=4, store=False)
+    assert first.status in ("completed", "incomplete") and first.usage.output_tokens <= 4
+    output = [item.model_dump(exclude_none=True) for item in first.output]
+    items: Any = [{"role": "user", "content": "hello"}, *output]
+    items.append({"role": "user", "content": "and again"})
+    second = client.responses.create(model=model, input=items, max_output_tokens=2, store=False)
+    assert second.usage.input_tokens > first.usage.input_tokens
+    if router_of(dp_server) != "smg":
+        return  # sglang-router routes no /v1/messages (a 404 from the router itself)
+    claude = anthropic.Anthropic(base_url=dp_server.url, api_key="unused", max_retries=0)
+    msg = claude.messages.create(
+        model=model, max_tokens=3, messages=[{"role": "user", "content": "hello"}]
+    )
+    assert msg.usage.output_tokens <= 3 and msg.stop_reason in ("max_tokens", "end_turn")

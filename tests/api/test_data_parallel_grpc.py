@@ -117,3 +117,25 @@ def test_openai_and_native_routes_through_the_gateway(grpc_dp: tuple[Server, int
             json={"model": model, "text": "x", "sampling_params": {**params, "temperature": -1}},
         )
         assert 400 <= bad.status_code < 500, bad.text
+
+
+def test_responses_and_conversations_held_by_the_gateway(grpc_dp: tuple[Server, int]) -> None:
+    """In its gRPC mode smg holds stored responses and conversations itself: a chain by
+    ``previous_response_id`` and the turns of a conversation go on whichever worker serves
+    them."""
+    import openai
+
+    server, _ = grpc_dp
+    model = model_name(server)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    first = client.responses.create(model=model, input="hello", max_output_tokens=3)
+    for _ in range(4):
+        chained = client.responses.create(
+            model=model, input="again", previous_response_id=first.id, max_output_tokens=2
+        )
+        assert chained.usage.input_tokens > first.usage.input_tokens
+    conv = client.conversations.create()
+    for _ in range(3):
+        client.responses.create(model=model, input="x", conversation=conv.id, max_output_tokens=2)
+    listed = client.conversations.items.list(conv.id, limit=100).data
+    assert [item.role for item in listed if item.type == "message"].count("user") == 3

@@ -180,3 +180,16 @@ def test_parallel_calls_given_as_items_render_as_one_turn(
 
     counted = oai.responses.input_tokens.count(model=MODEL, input=items).input_tokens
     assert counted == rendered(one_turn) != rendered(two_turns)
+
+
+def test_what_sglangs_gateways_add_is_taken(http: httpx.Client) -> None:
+    """smg and sglang-router forward a Responses body with SGLang's sampling fields at their
+    defaults and explicit nulls (docs/data_parallel.md): the same response as without them."""
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 2, "temperature": 0}
+    added = {"stream": None, "store": None, "parallel_tool_calls": None, "top_k": -1}
+    added |= {"min_p": 0.0, "repetition_penalty": 1.0, "priority": 0}
+    plain, routed = (http.post("/v1/responses", json=b) for b in (body, {**body, **added}))
+    assert plain.status_code == routed.status_code == 200, routed.text
+    assert routed.json()["store"] is True and routed.json()["parallel_tool_calls"] is True
+    said = [[item["content"] for item in r.json()["output"]] for r in (plain, routed)]
+    assert said[0] == said[1]

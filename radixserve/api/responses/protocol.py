@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from radixserve.api.openai.protocol import ChatCompletionRequest
 
@@ -54,8 +54,13 @@ class ResponsesRequest(BaseModel):
     stream: bool = False
     store: bool = True
     metadata: dict[str, str] | None = None
-    # SGLang's extension, as on the chat route: the whole output constrained by a regex
+    # SGLang's extensions, as on the chat route: the whole output constrained by a regex, and
+    # the sampling fields SGLang's gateway (smg) sends with every request it forwards
     regex: str | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    priority: int | None = None
     # accepted without effect here
     include: list[str] | None = None
     user: str | None = None
@@ -76,6 +81,13 @@ class ResponsesRequest(BaseModel):
     image: Any = None
     context_management: Any = None
     max_tool_calls: int | None = None
+
+    @field_validator("stream", "store", "parallel_tool_calls", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
+        """An explicit null (OpenAI's spec allows it; SGLang's router sends it) is the
+        default."""
+        return cls.model_fields[str(info.field_name)].default if value is None else value
 
     @model_validator(mode="after")
     def _refuse(self) -> ResponsesRequest:
@@ -116,6 +128,10 @@ class ResponsesRequest(BaseModel):
             ("temperature", self.temperature),
             ("top_p", self.top_p),
             ("regex", self.regex),
+            ("top_k", self.top_k),
+            ("min_p", self.min_p),
+            ("repetition_penalty", self.repetition_penalty),
+            ("priority", self.priority),
         ):
             if value is not None:
                 body[name] = value
