@@ -19,23 +19,25 @@ pytestmark = pytest.mark.timeout(180)
 agents = pytest.importorskip("agents", reason="needs openai-agents (the test extra)")
 
 
-def _agent(compat_server: Server, **kwargs: Any) -> Any:
-    """An agent of its own prompt on the server through the Responses API."""
+def _agent(compat_server: Server, chat: bool = False, **kwargs: Any) -> Any:
+    """An agent of its own prompt on the server through the Responses API (``chat``: the
+    chat route, the SDK's other model)."""
     from openai import AsyncOpenAI
 
     agents.set_tracing_disabled(True)  # no export to OpenAI's service
     client = AsyncOpenAI(base_url=f"{compat_server.url}/v1", api_key="unused", max_retries=0)
     settings = kwargs.pop("model_settings", agents.ModelSettings(max_tokens=8))
+    kind = agents.OpenAIChatCompletionsModel if chat else agents.OpenAIResponsesModel
     return agents.Agent(
         name="agent",
         instructions=f"You are agent {uuid.uuid4().hex}.",  # a prompt of its own
-        model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
+        model=kind(model=MODEL, openai_client=client),
         model_settings=settings,
         **kwargs,
     )
 
 
-def _forecaster(compat_server: Server, cities: list[str]) -> Any:
+def _forecaster(compat_server: Server, cities: list[str], chat: bool = False, **more: Any) -> Any:
     """An agent that must call its weather tool (``cities`` records each call) and ends on
     the tool's output. Sampled at temperature 1: one call at most, so the output's length has
     a bound (a random model's text would run to ``max_tokens``, an incomplete response the SDK
@@ -48,10 +50,11 @@ def _forecaster(compat_server: Server, cities: list[str]) -> Any:
         return "sunny"
 
     settings = agents.ModelSettings(
-        tool_choice="required", parallel_tool_calls=False, max_tokens=256
+        tool_choice="required", parallel_tool_calls=False, max_tokens=256, **more
     )
     return _agent(
         compat_server,
+        chat,
         tools=[get_weather],
         model_settings=settings,
         tool_use_behavior="stop_on_first_tool",
@@ -64,6 +67,35 @@ def test_an_agent_calls_its_function_tool(compat_server: Server) -> None:
     result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?"))
     assert len(cities) == 1 and cities[0] in {"Paris", "Oslo"}
     assert result.final_output == "sunny"
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["responses", "chat"])
+def test_the_settings_agents_set_on_either_model(compat_server: Server, chat: bool) -> None:
+    """The settings an agent commonly sets (a reasoning effort, verbosity, metadata, no
+    storing, usage) are taken through either of the SDK's models, run and streamed."""
+    from openai.types.shared import Reasoning
+
+    cities: list[str] = []
+    settings: Any = dict(
+        reasoning=Reasoning(effort="low"),
+        verbosity="low",
+        metadata={"team": "a"},
+        store=False,
+        include_usage=True,
+        temperature=0.7,
+        top_p=0.9,
+    )
+    agent = _forecaster(compat_server, cities, chat, **settings)
+
+    async def run_and_stream() -> tuple[Any, Any]:
+        ran = await agents.Runner.run(agent, "Weather in Oslo?")
+        streamed = agents.Runner.run_streamed(agent, "Weather in Paris?")
+        async for _ in streamed.stream_events():
+            pass
+        return ran, streamed
+
+    ran, streamed = asyncio.run(run_and_stream())
+    assert ran.final_output == streamed.final_output == "sunny" and len(cities) == 2
 
 
 def test_a_session_resends_the_whole_conversation_and_hits_the_cache(

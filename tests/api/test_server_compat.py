@@ -189,7 +189,7 @@ def test_openai_unknown_field_is_a_400_in_openai_shape(oai: openai.OpenAI) -> No
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        ({"verbosity": "low"}, "verbosity"),
+        ({"web_search_options": {"search_context_size": "low"}}, "web_search_options"),
         ({"reasoning_effort": "ultra"}, "reasoning_effort"),  # served, but not this value
         ({"extra_body": {"min_tokens": 3}}, "min_tokens"),
         ({"store": True}, "store"),

@@ -266,8 +266,10 @@ class ChatCompletionRequest(OpenAISamplingFields):
     audio: dict[str, Any] | None = None
     prediction: dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
-    verbosity: str | None = None
     function_call: Any = None
+    # accepted without effect: a hint at the answer's length (as the Responses API's
+    # text.verbosity)
+    verbosity: Literal["low", "medium", "high"] | None = None
 
     @model_validator(mode="after")
     def _refuse_unsupported_chat(self) -> ChatCompletionRequest:
@@ -304,7 +306,6 @@ CHAT_UNSUPPORTED: dict[str, Any] = {
     "audio": None,
     "prediction": None,
     "web_search_options": None,
-    "verbosity": None,
     "function_call": None,
 }
 
