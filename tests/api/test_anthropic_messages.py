@@ -2,7 +2,8 @@
 server (``compat_server``: a template that renders tools): one pipeline with the chat route
 (the same prompt and text), tools forced and streamed, a tool result's turn hitting the cache,
 ``count_tokens``, structured output through ``messages.parse`` and the fields agents send, the
-beta client as coding agents call it, errors in Anthropic's shape, ``x-api-key`` on a keyed server."""
+beta client as coding agents call it, a system message inside the conversation, errors in
+Anthropic's shape, ``x-api-key`` on a keyed server."""
 
 from __future__ import annotations
 
@@ -170,6 +171,21 @@ def test_the_beta_client_as_coding_agents_call_it(claude: anthropic.Anthropic) -
     for name, value in refused:
         with pytest.raises(anthropic.BadRequestError, match=f"{name} is not supported"):
             claude.beta.messages.create(**kwargs, max_tokens=4, extra_body={name: value})
+
+
+def test_a_system_message_inside_the_conversation(
+    claude: anthropic.Anthropic, oai: openai.OpenAI
+) -> None:
+    """Claude Code sends context as a message of role ``system`` after the user's first: it
+    renders where it stands, as the chat route renders the same messages."""
+    system, note = _system(), "Available agent types: none."
+    messages: Any = [{"role": "user", "content": "Say hi."}, {"role": "system", "content": note}]
+    counted = claude.messages.count_tokens(model=MODEL, system=system, messages=messages)
+    chat: Any = [{"role": "system", "content": system}, *messages]
+    answer = oai.chat.completions.create(model=MODEL, messages=chat, max_tokens=1)
+    assert counted.input_tokens == answer.usage.prompt_tokens
+    msg = claude.messages.create(model=MODEL, system=system, messages=messages, max_tokens=2)
+    assert msg.usage.input_tokens + msg.usage.cache_read_input_tokens == counted.input_tokens
 
 
 def test_errors_take_anthropics_shape(claude: anthropic.Anthropic, compat_server: Server) -> None:

@@ -1,7 +1,8 @@
 """Anthropic's Messages API bodies (``POST /v1/messages``, ``/v1/messages/count_tokens``), and
 their conversion into the chat route's request: the one pipeline renders, runs and parses.
 
-- ``system`` (a string or text blocks) is the chat's system message;
+- ``system`` (a string or text blocks) is the chat's system message; a message of role
+  ``system`` inside ``messages`` (Claude Code sends one) a system message where it stands;
 - a message's content is a string or blocks: ``text``; ``tool_use`` (an assistant's call,
   its ``input`` the arguments); ``tool_result`` (a user's answer to a call: a ``tool`` message
   of that call's id); ``thinking`` / ``redacted_thinking`` (an assistant's earlier thinking,
@@ -77,7 +78,9 @@ Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
 
 
 class Message(_Strict):
-    role: Literal["user", "assistant"]
+    # "system": a system message inside the conversation, where Claude Code sends context
+    # (rendered where it stands, as the chat route renders one)
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
 
