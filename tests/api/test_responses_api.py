@@ -1,7 +1,8 @@
 """OpenAI's Responses API through the official ``openai`` client, unchanged, against a real
 server (``compat_server``: a template that renders tools): text, a forced function call and a
 chained ``previous_response_id`` turn whose prompt is a cache hit, streaming, a JSON schema,
-the stored response's GET and DELETE, one tenant's id a 404 to another."""
+the stored response's GET and DELETE, one tenant's id a 404 to another, tools as Codex sends
+them (a namespace, a hosted web search)."""
 
 from __future__ import annotations
 
@@ -140,3 +141,30 @@ def test_a_streamed_function_call(oai: openai.OpenAI) -> None:
     calls = [item for item in final.output if item.type == "function_call"]
     assert len(calls) == 1, final
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER)
+
+
+def test_namespaced_and_hosted_tools_as_codex_sends_them(oai: openai.OpenAI) -> None:
+    """Codex groups functions in a ``namespace`` and lists a hosted web search: the model is
+    offered the namespace's functions (a call names its namespace, as OpenAI's do) and not the
+    hosted tool (this server runs none); a tool the client would have to run as a built-in
+    (``local_shell``) is a 400 naming it."""
+    weather: Any = {"type": "function", "name": "get_weather", "parameters": WEATHER}
+    tools: Any = [
+        {"type": "namespace", "name": "forecasts", "description": "weather", "tools": [weather]},
+        {"type": "web_search", "external_web_access": False},
+    ]
+    resp = oai.responses.create(
+        model=MODEL,
+        instructions=_instructions(),
+        input="Weather in Paris?",
+        tools=tools,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=128,
+        extra_body={"client_metadata": {"turn_id": "t1"}},  # Codex's
+    )
+    calls = [item for item in resp.output if item.type == "function_call"]
+    assert len(calls) == 1, resp
+    assert (calls[0].name, calls[0].namespace) == ("get_weather", "forecasts")
+    with pytest.raises(openai.BadRequestError, match="local_shell"):
+        oai.responses.create(model=MODEL, input="ls", tools=[{"type": "local_shell"}])

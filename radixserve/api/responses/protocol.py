@@ -8,7 +8,8 @@ request: the one pipeline renders, runs and parses.
 - ``instructions``: the system message (not carried to a chained response, as OpenAI does);
 - ``previous_response_id``: the stored conversation before ``input`` (``store.py``), or
   ``conversation``: a conversation's items (``conversations.py``), not both;
-- function ``tools`` and ``tool_choice``; ``text.format`` (``json_schema``, ``json_object``,
+- function ``tools`` (also grouped in a ``namespace``; hosted tools are not offered: this
+  server runs none) and ``tool_choice``; ``text.format`` (``json_schema``, ``json_object``,
   ``text``) as chat's ``response_format``; ``reasoning.effort`` as chat's
   ``reasoning_effort``; ``max_output_tokens``, ``temperature``, ``top_p``.
 
@@ -25,6 +26,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from radixserve.api.openai.protocol import ChatCompletionRequest
 
+# tools OpenAI's service runs itself: not offered to the model (this server runs none), so a
+# client that lists one among its function tools (Codex lists web search) is served the rest
+HOSTED_TOOLS = (
+    "web_search",
+    "web_search_preview",
+    "web_search_preview_2025_03_11",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "computer_use_preview",
+    "mcp",
+    "tool_search",
+)
 REFUSED = (
     "background",
     "background_options",
@@ -74,6 +88,7 @@ class ResponsesRequest(BaseModel):
     top_logprobs: int | None = None
     moderation: Any = None
     access_programs: Any = None
+    client_metadata: dict[str, Any] | None = None  # Codex's
     # refused when set (REFUSED)
     background: bool | None = None
     background_options: Any = None
@@ -99,9 +114,28 @@ class ResponsesRequest(BaseModel):
         if isinstance(self.conversation, dict) and not isinstance(self.conversation.get("id"), str):
             raise ValueError("conversation must be an id or an object with its id")
         for tool in self.tools or []:
-            if tool.get("type") != "function":
-                raise ValueError(f"only function tools are served, not {tool.get('type')!r}")
+            kind = tool.get("type")
+            inner = tool.get("tools", []) if kind == "namespace" else []
+            if kind not in ("function", "namespace", *HOSTED_TOOLS) or any(
+                t.get("type") != "function" for t in inner
+            ):
+                raise ValueError(f"tools of type {kind!r} are not served (function tools are)")
         return self
+
+    def function_tools(self) -> list[dict[str, Any]]:
+        """The tools the model is offered: each function tool, those of each ``namespace`` (a
+        named group, as Codex sends), not the hosted ones (:data:`HOSTED_TOOLS`)."""
+        out: list[dict[str, Any]] = []
+        for tool in self.tools or []:
+            if tool.get("type") == "function":
+                out.append(tool)
+            elif tool.get("type") == "namespace":
+                out += [{**t, "namespace": tool["name"]} for t in tool.get("tools", [])]
+        return out
+
+    def namespaces(self) -> dict[str, str]:
+        """A namespace's function's name -> the namespace (its calls name it, as OpenAI's)."""
+        return {t["name"]: t["namespace"] for t in self.function_tools() if "namespace" in t}
 
     @property
     def conversation_id(self) -> str | None:
@@ -135,8 +169,8 @@ class ResponsesRequest(BaseModel):
         ):
             if value is not None:
                 body[name] = value
-        if self.tools:
-            body["tools"] = [_chat_tool(tool) for tool in self.tools]
+        if tools := self.function_tools():
+            body["tools"] = [_chat_tool(tool) for tool in tools]
             if self.tool_choice is not None:
                 body["tool_choice"] = _tool_choice(self.tool_choice)
             body["parallel_tool_calls"] = self.parallel_tool_calls

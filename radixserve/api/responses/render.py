@@ -39,15 +39,19 @@ def message_item(text: str, item_id: str, status: str = "completed") -> dict[str
     }
 
 
-def call_item(call: ParsedCall, item_id: str | None = None) -> dict[str, Any]:
-    return {
+def call_item(call: ParsedCall, namespaces: dict[str, str]) -> dict[str, Any]:
+    """A call's item; one of a namespace's functions names its namespace, as OpenAI's do."""
+    item = {
         "type": "function_call",
-        "id": item_id or new_id("fc"),
+        "id": new_id("fc"),
         "call_id": new_id("call"),
         "name": call.name,
         "arguments": call.arguments,
         "status": "completed",
     }
+    if call.name in namespaces:
+        item["namespace"] = namespaces[call.name]
+    return item
 
 
 def reasoning_item(text: str) -> dict[str, Any]:
@@ -102,12 +106,13 @@ def usage(result: RequestResult) -> dict[str, Any]:
 
 
 def output_items(
-    reasoning: str | None, content: str | None, calls: list[ParsedCall]
+    reasoning: str | None, content: str | None, calls: list[ParsedCall], body: ResponsesRequest
 ) -> list[dict[str, Any]]:
     out = [reasoning_item(reasoning)] if reasoning else []
     if content:
         out.append(message_item(content, new_id("msg")))
-    return out + [call_item(call) for call in calls]
+    namespaces = body.namespaces()
+    return out + [call_item(call, namespaces) for call in calls]
 
 
 class _Stream:
@@ -195,8 +200,9 @@ async def stream(
             yield event
     rest, calls = tools.finish()
     events = (out.text_delta(rest) if rest else []) + out.close_message()
+    namespaces = body.namespaces()
     for parsed in calls:
-        events += out.item(call_item(parsed), arguments=True)
+        events += out.item(call_item(parsed, namespaces), arguments=True)
     for event in events:
         yield event
     final = response_body(body, response_id, model, out.output, result)

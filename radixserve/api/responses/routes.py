@@ -92,7 +92,7 @@ def responses_router(
             ParsedCall(c["function"]["name"], c["function"]["arguments"])
             for c in message.tool_calls or []
         ]
-        output = render.output_items(message.reasoning_content, message.content, calls)
+        output = render.output_items(message.reasoning_content, message.content, calls, body)
         final = render.response_body(body, response_id, model, output, results[0])
         keep(final)
         return JSONResponse(final)
