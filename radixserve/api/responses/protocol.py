@@ -13,8 +13,8 @@ request: the one pipeline renders, runs and parses.
   ``text``) as chat's ``response_format``; ``reasoning.effort`` as chat's
   ``reasoning_effort``; ``max_output_tokens``, ``temperature``, ``top_p``.
 
-Fields OpenAI's service alone can honour (hosted tools, background runs, stored prompts) are
-a 400 naming them; hints without effect here are accepted.
+Fields OpenAI's service alone can honour (background runs, stored prompts, its context
+management) are a 400 naming them; hints without effect here are accepted.
 """
 
 from __future__ import annotations
