@@ -2,13 +2,13 @@
 server (``compat_server``: a template that renders tools): text, a forced function call and a
 chained ``previous_response_id`` turn whose prompt is a cache hit, streaming, a JSON schema,
 the stored response's GET and DELETE, one tenant's id a 404 to another, tools as Codex sends
-them (a namespace, a hosted web search)."""
+them (a namespace, a hosted web search), the client's ``parse`` helper."""
 
 from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 import jsonschema
 import openai
@@ -168,3 +168,22 @@ def test_namespaced_and_hosted_tools_as_codex_sends_them(oai: openai.OpenAI) -> 
     assert (calls[0].name, calls[0].namespace) == ("get_weather", "forecasts")
     with pytest.raises(openai.BadRequestError, match="local_shell"):
         oai.responses.create(model=MODEL, input="ls", tools=[{"type": "local_shell"}])
+
+
+def test_the_clients_parse_helper(oai: openai.OpenAI) -> None:
+    """``responses.parse(text_format=Model)``: the client's strict JSON schema of the model
+    through the grammar, parsed back into it."""
+    from pydantic import BaseModel
+
+    class Forecast(BaseModel):
+        city: Literal["Paris", "Oslo"]
+        sunny: bool
+
+    parsed = oai.responses.parse(
+        model=MODEL,
+        instructions=_instructions(),
+        input="Forecast for Oslo.",
+        text_format=Forecast,
+        max_output_tokens=64,
+    )
+    assert isinstance(parsed.output_parsed, Forecast), parsed
