@@ -100,7 +100,7 @@ class ResponsesRequest(BaseModel):
     @field_validator("stream", "store", "parallel_tool_calls", mode="before")
     @classmethod
     def _null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
-        """An explicit null (OpenAI's spec allows it; SGLang's router sends it) is the
+        """An explicit null (OpenAI's spec allows it; SGLang's gateways forward one) is the
         default."""
         return cls.model_fields[str(info.field_name)].default if value is None else value
 
