@@ -1,9 +1,9 @@
 """What OpenAI's and Anthropic's clients read beside a response, through the official clients,
 unchanged, against a real server (``compat_server``): a stored response's input items (the
-chain's, newest first, in pages), the input-token count of a response not yet made (equal to
-the usage of the same body's response; a turn's calls given as separate items render as the
-one turn), and one model's card (``models.retrieve``, both
-clients; ``models.list`` read by Anthropic's)."""
+chain's, newest first, in pages); the input-token count of a response not yet made (equal to
+the usage of the same body's response); a turn's calls given as separate items rendered as the
+one turn; one model's card (``models.retrieve`` of both clients, Anthropic's ``models.list``);
+the body SGLang's gateways forward."""
 
 from __future__ import annotations
 
