@@ -131,3 +131,16 @@ def test_a_tenants_conversations_are_its_own(keyed_server: KeyedServer) -> None:
         with pytest.raises(openai.NotFoundError):
             attempt()
     assert len(mine.conversations.items.list(conv.id).data) >= 3
+
+
+def test_a_streamed_response_adds_its_items_too(oai: openai.OpenAI) -> None:
+    conv = oai.conversations.create(items=[{"role": "system", "content": uuid.uuid4().hex}])
+    with oai.responses.stream(
+        model=MODEL, conversation=conv.id, input="Say something.", max_output_tokens=3
+    ) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_response()
+    listed = oai.conversations.items.list(conv.id, order="asc").data
+    assert [item.id for item in listed[2:]] == [item.id for item in final.output]
+    assert _said(listed[1]) == ("message", "user", "Say something.")
