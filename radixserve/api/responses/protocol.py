@@ -11,7 +11,8 @@ request: the one pipeline renders, runs and parses.
 - function ``tools`` (also grouped in a ``namespace``; hosted tools are not offered: this
   server runs none) and ``tool_choice``; ``text.format`` (``json_schema``, ``json_object``,
   ``text``) as chat's ``response_format``; ``reasoning.effort`` as chat's
-  ``reasoning_effort``; ``max_output_tokens``, ``temperature``, ``top_p``.
+  ``reasoning_effort``; ``max_output_tokens``, ``temperature``, ``top_p``; ``truncation``
+  (``auto``: the middle of a conversation too long for the context goes, ``truncation.py``).
 
 Fields OpenAI's service alone can honour (background runs, stored prompts, its context
 management) are a 400 naming them; hints without effect here are accepted.
@@ -68,6 +69,7 @@ class ResponsesRequest(BaseModel):
     stream: bool = False
     store: bool = True
     metadata: dict[str, str] | None = None
+    truncation: Literal["auto", "disabled"] | None = None  # truncation.py
     # SGLang's extensions, as on the chat route: the whole output constrained by a regex, and
     # the sampling fields SGLang's gateway (smg) sends with every request it forwards
     regex: str | None = None
@@ -83,7 +85,6 @@ class ResponsesRequest(BaseModel):
     prompt_cache_options: Any = None
     prompt_cache_retention: str | None = None
     service_tier: str | None = None
-    truncation: str | None = None
     stream_options: dict[str, Any] | None = None
     top_logprobs: int | None = None
     moderation: Any = None
@@ -149,10 +150,11 @@ class ResponsesRequest(BaseModel):
             return [{"role": "user", "content": self.input}]
         return items_messages(self.input)
 
-    def to_chat(self, history: list[dict[str, Any]]) -> ChatCompletionRequest:
-        """The request in the chat route's words, after ``history`` (a stored conversation)."""
+    def to_chat(self, messages: list[dict[str, Any]]) -> ChatCompletionRequest:
+        """The request in the chat route's words: ``messages`` (the stored conversation and
+        the input, as chat messages: ``truncation.py``) after the instructions."""
         system = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        body: dict[str, Any] = {"messages": system + history + self.input_messages()}
+        body: dict[str, Any] = {"messages": system + messages}
         if self.model is not None:
             body["model"] = self.model
         effort = (self.reasoning or {}).get("effort")

@@ -14,13 +14,12 @@ from fastapi.responses import JSONResponse, Response
 
 from radixserve.api.access.routes import Access, declare
 from radixserve.api.access.tenants import Tenants
-from radixserve.api.errors import APIError, conversion_error
+from radixserve.api.errors import APIError
 from radixserve.api.formats.reasoning import ReasoningStream
 from radixserve.api.formats.tool_calls import ParsedCall
 from radixserve.api.openai.chat import ChatServing
-from radixserve.api.openai.protocol import ChatCompletionRequest
 from radixserve.api.openapi import NOT_FOUND
-from radixserve.api.responses import items, render
+from radixserve.api.responses import items, render, truncation
 from radixserve.api.responses.protocol import (
     InputTokensRequest,
     ResponsesRequest,
@@ -61,7 +60,7 @@ def responses_router(
     async def create_response(body: ResponsesRequest, raw: Request) -> Response:
         before = context(raw, body)
         history = before.messages
-        request = _to_chat(body, history)  # a 400 for input no chat can render
+        request = await truncation.chat_request(chat, body, history)
         own = items.input_items(body.input)
         if before.conversation is not None:
             try:  # room for its input and an output item
@@ -110,7 +109,7 @@ def responses_router(
     @router.post("/v1/responses/input_tokens", responses=NOT_FOUND)
     async def count_input_tokens(body: InputTokensRequest, raw: Request) -> dict[str, Any]:
         """The prompt's tokens, as ``POST /v1/responses`` would render the same body."""
-        request = _to_chat(body, context(raw, body).messages)
+        request = await truncation.chat_request(chat, body, context(raw, body).messages)
         chat.adapter_of(request, request.model)  # a model not served: 404, as the create
         ids = await chat.render(request, chat.plan(request))
         return {"object": "response.input_tokens", "input_tokens": len(ids)}
@@ -142,10 +141,3 @@ def _assistant_turn(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A response's output as the chat messages a chained request renders after it: one
     assistant turn (empty where the output was)."""
     return items_messages(output) or [{"role": "assistant", "content": None}]
-
-
-def _to_chat(body: ResponsesRequest, history: list[dict[str, Any]]) -> ChatCompletionRequest:
-    try:
-        return body.to_chat(history)
-    except (ValueError, KeyError) as exc:  # pydantic's ValidationError included
-        raise conversion_error(exc, "input: ") from None

@@ -1,0 +1,60 @@
+"""A Responses body as the chat route's request, and OpenAI's ``truncation: auto``: a
+conversation whose prompt leaves its output no room in the context loses turns from its middle
+until it does, so a long-running agent goes on instead of getting a 400.
+
+What is kept: ``instructions``, the messages up to the first user message (the task) and the
+latest turns, a turn starting at a user or an assistant message (so a tool's result stays
+with its call); the last turn is never dropped. The fewest turns are dropped (a binary search
+over where the kept turns start: each try renders the prompt through the template). A conversation that does not fit even as its last turn is left
+whole, to be refused with its length as any other. ``disabled`` (OpenAI's default) changes
+nothing. The stored conversation stays whole: each request truncates for itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from radixserve.api.errors import conversion_error
+from radixserve.api.openai.chat import ChatServing
+from radixserve.api.openai.protocol import ChatCompletionRequest
+from radixserve.api.responses.protocol import ResponsesRequest
+
+T = TypeVar("T")
+_TURN_ROLES = ("user", "assistant")  # where a turn may start: a tool result stays with its call
+
+
+async def chat_request(
+    chat: ChatServing, body: ResponsesRequest, history: list[dict[str, Any]]
+) -> ChatCompletionRequest:
+    """``body`` after ``history`` (chat messages) as the chat route's request, truncated as
+    ``body.truncation`` says; a 400 for input no chat can render."""
+    messages = [*history, *_convert(body.input_messages)]
+    request = _convert(body.to_chat, messages)
+    if body.truncation != "auto" or await _fits(chat, body, request):
+        return request
+    first = next((i for i, m in enumerate(messages) if m["role"] == "user"), len(messages))
+    head = first + 1  # the leading system messages and the first user message (the task)
+    starts = [i for i in range(head + 1, len(messages)) if messages[i]["role"] in _TURN_ROLES]
+    found, low, high = request, 0, len(starts) - 1
+    while low <= high:  # the first start whose turns fit: dropping more only shortens
+        mid = (low + high) // 2
+        shorter = _convert(body.to_chat, [*messages[:head], *messages[starts[mid] :]])
+        if await _fits(chat, body, shorter):
+            found, high = shorter, mid - 1
+        else:
+            low = mid + 1
+    return found
+
+
+async def _fits(chat: ChatServing, body: ResponsesRequest, request: ChatCompletionRequest) -> bool:
+    ids = await chat.render(request, chat.plan(request))
+    return len(ids) + (body.max_output_tokens or 1) <= chat.tm.info.max_context_len
+
+
+def _convert(make: Callable[..., T], *args: Any) -> T:
+    """``make(*args)``; a 400 naming the input where it cannot be converted."""
+    try:
+        return make(*args)
+    except (ValueError, KeyError) as exc:  # pydantic's ValidationError included
+        raise conversion_error(exc, "input: ") from None
