@@ -5,9 +5,10 @@ until it does, so a long-running agent goes on instead of getting a 400.
 What is kept: ``instructions``, the messages up to the first user message (the task) and the
 latest turns, a turn starting at a user or an assistant message (so a tool's result stays
 with its call); the last turn is never dropped. The fewest turns are dropped (a binary search
-over where the kept turns start: each try renders the prompt through the template). A conversation that does not fit even as its last turn is left
-whole, to be refused with its length as any other. ``disabled`` (OpenAI's default) changes
-nothing. The stored conversation stays whole: each request truncates for itself.
+over where the kept turns start: each try renders the prompt through the template). A
+conversation that does not fit even as its last turn is left whole, to be refused with its
+length as any other. ``disabled`` (OpenAI's default) changes nothing. The stored conversation
+stays whole: each request truncates for itself.
 """
 
 from __future__ import annotations
