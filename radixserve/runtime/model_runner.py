@@ -23,7 +23,7 @@ from radixserve.models.attention.flashinfer_backend import FlashInferBackend
 from radixserve.models.attention.registry import create_attention_backend
 from radixserve.models.forward_batch import ForwardBatch
 from radixserve.models.kernels import CpuKernels
-from radixserve.models.loader import load_model, stage_weights
+from radixserve.models.loader import load_model, reload_weights
 from radixserve.models.lora import LoraAdapter, load_adapter
 from radixserve.models.numerics import cpu_kernels_for, model_dtype
 from radixserve.models.parallel import SINGLE, TPGroup
@@ -174,7 +174,7 @@ class ModelRunner:
         on every tensor-parallel rank once all have staged it; ``ValueError`` where it cannot
         serve as this model (on any rank), whose weights then stay."""
         if self._sender is None:
-            stage_weights(self.model, model_path).commit()
+            reload_weights(self.model, model_path)
             return
         assert self.tp_ranks is not None
         self.tp_ranks.check_alive()

@@ -38,12 +38,6 @@ def server(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) 
         yield srv
 
 
-@pytest.fixture
-def client(server: Server) -> Iterator[httpx.Client]:
-    with server.client() as c:
-        yield c
-
-
 def hf_greedy(model_dir: Path, n: int = 8) -> list[int]:
     return greedy(load_hf(model_dir), PROMPT, n)
 
