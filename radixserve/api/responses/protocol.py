@@ -12,7 +12,10 @@ request: the one pipeline renders, runs and parses.
   server runs none) and ``tool_choice``; ``text.format`` (``json_schema``, ``json_object``,
   ``text``) as chat's ``response_format``; ``reasoning.effort`` as chat's
   ``reasoning_effort``; ``max_output_tokens``, ``temperature``, ``top_p``; ``truncation``
-  (``auto``: the middle of a conversation too long for the context goes, ``truncation.py``).
+  (``auto``: the middle of a conversation too long for the context goes, ``truncation.py``);
+- ``include: ["message.output_text.logprobs"]`` (or ``top_logprobs`` set) and ``top_logprobs``:
+  the message's text carries its tokens' logprobs, as chat's ``logprobs`` (the other
+  ``include`` values name what hosted tools and encrypted reasoning would add: nothing here).
 
 Fields OpenAI's service alone can honour (background runs, stored prompts, its context
 management) are a 400 naming them; hints without effect here are accepted.
@@ -40,6 +43,7 @@ HOSTED_TOOLS = (
     "mcp",
     "tool_search",
 )
+LOGPROBS = "message.output_text.logprobs"  # the ``include`` value that asks for them
 REFUSED = (
     "background",
     "background_options",
@@ -77,8 +81,9 @@ class ResponsesRequest(BaseModel):
     min_p: float | None = None
     repetition_penalty: float | None = None
     priority: int | None = None
+    include: list[str] | None = None  # LOGPROBS alone has an effect here
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     # accepted without effect here
-    include: list[str] | None = None
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
@@ -86,7 +91,6 @@ class ResponsesRequest(BaseModel):
     prompt_cache_retention: str | None = None
     service_tier: str | None = None
     stream_options: dict[str, Any] | None = None
-    top_logprobs: int | None = None
     moderation: Any = None
     access_programs: Any = None
     client_metadata: dict[str, Any] | None = None  # Codex's
@@ -144,6 +148,13 @@ class ResponsesRequest(BaseModel):
             return str(self.conversation["id"])
         return self.conversation
 
+    def logprobs(self) -> int | None:
+        """How many top logprobs each output token carries (None: no logprobs): asked for by
+        ``include`` or by ``top_logprobs`` set above 0."""
+        if LOGPROBS in (self.include or []) or self.top_logprobs:
+            return self.top_logprobs or 0
+        return None
+
     def input_messages(self) -> list[dict[str, Any]]:
         """``input`` as the chat route's messages."""
         if isinstance(self.input, str):
@@ -168,9 +179,11 @@ class ResponsesRequest(BaseModel):
             ("min_p", self.min_p),
             ("repetition_penalty", self.repetition_penalty),
             ("priority", self.priority),
+            ("top_logprobs", self.logprobs()),
         ):
             if value is not None:
                 body[name] = value
+        body["logprobs"] = self.logprobs() is not None
         if tools := self.function_tools():
             body["tools"] = [_chat_tool(tool) for tool in tools]
             if self.tool_choice is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from radixserve.api.formats.reasoning import ReasoningStream
@@ -23,13 +23,17 @@ from radixserve.api.responses.protocol import ResponsesRequest
 from radixserve.server.result import RequestResult
 from radixserve.types import FinishKind
 
+Logprobs = Sequence[dict[str, Any]]  # OpenAI's per token: token, logprob, bytes, top_logprobs
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-def message_item(text: str, item_id: str, status: str = "completed") -> dict[str, Any]:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def message_item(
+    text: str, item_id: str, status: str = "completed", logprobs: Logprobs = ()
+) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs)}
     return {
         "type": "message",
         "id": item_id,
@@ -85,6 +89,7 @@ def response_body(
         "parallel_tool_calls": body.parallel_tool_calls,
         "temperature": body.temperature,
         "top_p": body.top_p,
+        "top_logprobs": body.top_logprobs,
         "max_output_tokens": body.max_output_tokens,
         "text": body.text or {"format": {"type": "text"}},
         "store": body.store,
@@ -106,11 +111,17 @@ def usage(result: RequestResult) -> dict[str, Any]:
 
 
 def output_items(
-    reasoning: str | None, content: str | None, calls: list[ParsedCall], body: ResponsesRequest
+    reasoning: str | None,
+    content: str | None,
+    calls: list[ParsedCall],
+    body: ResponsesRequest,
+    logprobs: Logprobs = (),
 ) -> list[dict[str, Any]]:
+    """The output items; the message's text carries ``logprobs`` (the output's tokens, as
+    chat's ``logprobs.content`` has them: a thinking or a call's tokens too)."""
     out = [reasoning_item(reasoning)] if reasoning else []
     if content:
-        out.append(message_item(content, new_id("msg")))
+        out.append(message_item(content, new_id("msg"), logprobs=logprobs))
     namespaces = body.namespaces()
     return out + [call_item(call, namespaces) for call in calls]
 
@@ -123,6 +134,8 @@ class _Stream:
         self.output: list[dict[str, Any]] = []
         self.message: dict[str, Any] | None = None  # the open message item
         self.text = ""
+        self.logprobs: list[dict[str, Any]] = []  # the output's tokens' so far
+        self.sent = 0  # how many of them a text delta has carried
 
     def emit(self, kind: str, **data: Any) -> str:
         self.number += 1
@@ -153,17 +166,19 @@ class _Stream:
             out.append(self.emit("response.output_item.added", output_index=index, item=added))
             out.append(self.emit("response.content_part.added", **self._at(), part=part))
         self.text += delta
+        fresh, self.sent = self.logprobs[self.sent :], len(self.logprobs)
         return out + [
-            self.emit("response.output_text.delta", **self._at(), delta=delta, logprobs=[])
+            self.emit("response.output_text.delta", **self._at(), delta=delta, logprobs=fresh)
         ]
 
     def close_message(self) -> list[str]:
         if self.message is None:
             return []
-        done, at = message_item(self.text, self.message["id"]), self._at()
+        done = message_item(self.text, self.message["id"], logprobs=self.logprobs)
+        at = self._at()
         self.output[at["output_index"]] = done
         return [
-            self.emit("response.output_text.done", **at, text=self.text, logprobs=[]),
+            self.emit("response.output_text.done", **at, text=self.text, logprobs=self.logprobs),
             self.emit("response.content_part.done", **at, part=done["content"][0]),
             self.emit("response.output_item.done", output_index=at["output_index"], item=done),
         ]
@@ -181,16 +196,20 @@ async def stream(
     model: str,
     response_id: str,
     done: list[dict[str, Any]],
+    logprobs: Callable[[RequestResult, int], Logprobs],
 ) -> AsyncIterator[str]:
     """The events of one streamed response; the finished response object is appended to
-    ``done`` (for the store)."""
+    ``done`` (for the store). ``logprobs(result, start)``: the result's tokens' from output
+    position ``start`` on (empty when the body asks for none)."""
     out, result, tools = _Stream(), RequestResult(call.requests[0]), call.plan.stream()
     started = response_body(body, response_id, model, [], None)
     yield out.emit("response.created", response=started)
     yield out.emit("response.in_progress", response=started)
     thought = False
     async for _, output in call.group.events():
+        start = len(result.output_ids)
         result.add(output)
+        out.logprobs += logprobs(result, start)
         _, answer = split.feed(output.text, output.output.finish_reason is not None)
         if not thought and split.had_thinking and (answer or output.output.finish_reason):
             thought = True  # the thinking is whole: its item comes first

@@ -18,6 +18,7 @@ from radixserve.api.errors import APIError
 from radixserve.api.formats.reasoning import ReasoningStream
 from radixserve.api.formats.tool_calls import ParsedCall
 from radixserve.api.openai.chat import ChatServing
+from radixserve.api.openai.common import choice_logprob_slices
 from radixserve.api.openapi import NOT_FOUND
 from radixserve.api.responses import items, render, truncation
 from radixserve.api.responses.protocol import (
@@ -32,6 +33,7 @@ from radixserve.api.responses.store import (
     StoredResponse,
 )
 from radixserve.api.streaming import collect_all, event_stream, openai_error_event
+from radixserve.server.result import RequestResult
 
 
 def responses_router(
@@ -80,9 +82,16 @@ def responses_router(
                 stored_response = StoredResponse(final, conversation, [*before.items, *own])
                 store.put(tenants.scope(raw.state), response_id, stored_response)
 
+        def logprobs(result: RequestResult, start: int) -> list[dict[str, Any]]:
+            """The output's tokens' from ``start`` on, as the chat route gives them."""
+            if body.logprobs() is None:
+                return []
+            tokens = chat.chat_logprobs(**choice_logprob_slices(result, start))
+            return [token.model_dump() for token in tokens.content]
+
         if body.stream:
             done: list[dict[str, Any]] = []
-            events = render.stream(call, body, split, model, response_id, done)
+            events = render.stream(call, body, split, model, response_id, done, logprobs)
             return event_stream(call.group, _after(events, done, keep), openai_error_event, None)
         results = await collect_all(call.group, call.requests)
         answer = chat.response(call.base_id, request, call.plan, call.requests, results)
@@ -91,7 +100,9 @@ def responses_router(
             ParsedCall(c["function"]["name"], c["function"]["arguments"])
             for c in message.tool_calls or []
         ]
-        output = render.output_items(message.reasoning_content, message.content, calls, body)
+        output = render.output_items(
+            message.reasoning_content, message.content, calls, body, logprobs(results[0], 0)
+        )
         final = render.response_body(body, response_id, model, output, results[0])
         keep(final)
         return JSONResponse(final)
