@@ -79,15 +79,15 @@ def create_app(
     tenants = Tenants.of(config)
     native = NativeServing(RequestBuilder(tm, tenants, config), config.reasoning_parser)
     chat = ChatServing(tm, config)
-    capacity = config.max_stored_responses  # responses, and conversations
-    conversations = ConversationStore(capacity)
+    bounds = (config.max_stored_responses, config.max_stored_bytes)  # responses; conversations
+    conversations = ConversationStore(*bounds)
     for router in (
         health_router(tm),
         native_router(tm, tenants, native),
         tokenize_router(tm),
         openai_router(tm, config, chat),
         anthropic_router(chat),
-        responses_router(chat, tenants, ResponseStore(capacity), conversations),
+        responses_router(chat, tenants, ResponseStore(*bounds), conversations),
         conversations_router(tenants, conversations),
         info_router(tm, config, tenants, metrics),
         flush_router(tm),

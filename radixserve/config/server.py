@@ -77,6 +77,9 @@ class ServerConfig:
     max_batch_sub_requests: int = 1024  # prompts x n of one request; 400 past it
     max_stop_strings: int = 256  # OpenAI allows 4; SGLang users send more; 400 past it
     max_stored_responses: int = 4096  # Responses API responses (and conversations) a tenant; LRU
+    max_stored_bytes: int = (
+        256 << 20
+    )  # their bytes (JSON) a tenant, responses and conversations each
     disable_docs: bool = False  # no /docs, /redoc, /openapi.json
     # on SIGTERM: in-flight requests may finish for this long, then are aborted (closing event)
     graceful_shutdown_timeout_s: float = 5.0
@@ -112,6 +115,7 @@ class ServerConfig:
             "max_batch_sub_requests",
             "max_stop_strings",
             "max_stored_responses",
+            "max_stored_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -216,6 +216,13 @@ def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
         "its least recently used out",
     )
     add(
+        "--max-stored-bytes",
+        type=int,
+        default=defaults.max_stored_bytes,
+        help="bytes (as JSON) of each tenant's stored responses, and as many of its "
+        "conversations; its least recently used out",
+    )
+    add(
         "--graceful-shutdown-timeout",
         type=float,
         default=defaults.graceful_shutdown_timeout_s,
@@ -283,6 +290,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         max_batch_sub_requests=args.max_batch_sub_requests,
         max_stop_strings=args.max_stop_strings,
         max_stored_responses=args.max_stored_responses,
+        max_stored_bytes=args.max_stored_bytes,
         allow_auto_truncate=args.allow_auto_truncate,
         graceful_shutdown_timeout_s=args.graceful_shutdown_timeout,
         disable_docs=args.disable_docs,

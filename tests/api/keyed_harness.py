@@ -1,5 +1,6 @@
 """A server with keys: two tenants (``A``, ``B``), an admin, gRPC and KV events, for the
-authorization and isolation tests."""
+authorization and isolation tests; each tenant may store :data:`STORED_BYTES` of responses and
+as many of conversations."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from radixserve.api.access.tenants import tenant_of_key
 A, B, ADMIN = "tenant-a-key-7f3a", "tenant-b-key-91c2", "admin-key-5d0e"
 KEYS = {"a": A, "b": B, "admin": ADMIN}
 PADDING = 64  # vocabulary rows past the tokenizer's
+STORED_BYTES = 256 << 10
 
 
 @dataclass
@@ -52,5 +54,6 @@ def keyed_serving(tmp: Path, tokenizer: object) -> Iterator[KeyedServer]:
     args = ["--model", str(model), "--api-key", A, "--api-key", B, "--admin-api-key", ADMIN]
     args += ["--grpc-port", str(port), "--kv-events-config", json.dumps(events)]
     args += ["--max-queued-requests", "4", "--max-total-tokens", "8192"]
+    args += ["--max-stored-bytes", str(STORED_BYTES)]
     with serving(args, tmp / "server.log") as server:
         yield KeyedServer(server, port, num_text_tokens)

@@ -11,7 +11,7 @@ from typing import Any
 
 import openai
 import pytest
-from keyed_harness import A, B, KeyedServer
+from keyed_harness import STORED_BYTES, A, B, KeyedServer
 from test_server_tools import MODEL
 
 pytestmark = pytest.mark.timeout(180)
@@ -131,6 +131,37 @@ def test_a_tenants_conversations_are_its_own(keyed_server: KeyedServer) -> None:
         with pytest.raises(openai.NotFoundError):
             attempt()
     assert len(mine.conversations.items.list(conv.id).data) >= 3
+
+
+def test_a_tenants_stored_bytes_are_bounded(keyed_server: KeyedServer) -> None:
+    """A tenant stores at most ``--max-stored-bytes`` of conversations: one cannot grow past
+    it, and more of them push out the tenant's oldest, never another tenant's; a response whose
+    input alone is past the bound is a 400 unless it is not stored."""
+    mine = openai.OpenAI(base_url=f"{keyed_server.url}/v1", api_key=A, max_retries=0)
+    theirs = openai.OpenAI(base_url=f"{keyed_server.url}/v1", api_key=B, max_retries=0)
+    model = mine.models.list().data[0].id
+    third: Any = [{"role": "user", "content": "x" * (STORED_BYTES // 3)}]
+    kept = theirs.conversations.create(items=[{"role": "user", "content": "theirs"}])
+    big = mine.conversations.create(items=third)
+    mine.conversations.items.create(big.id, items=third)
+    with pytest.raises(openai.BadRequestError, match="bytes of items"):
+        mine.conversations.items.create(big.id, items=third)
+    with pytest.raises(openai.BadRequestError, match="bytes of items"):
+        mine.responses.create(model=model, conversation=big.id, input=third)
+    assert len(mine.conversations.items.list(big.id).data) == 2  # as it was
+    newer = [mine.conversations.create(items=third) for _ in range(2)]
+    with pytest.raises(openai.NotFoundError):  # the oldest went: its tenant's bytes were full
+        mine.conversations.retrieve(big.id)
+    assert [c.id for c in newer] == [mine.conversations.retrieve(c.id).id for c in newer]
+    assert theirs.conversations.retrieve(kept.id).id == kept.id
+    half: Any = [{"role": "user", "content": "x" * (STORED_BYTES // 2)}]
+    with pytest.raises(openai.BadRequestError, match="store: false") as caught:
+        mine.responses.create(model=model, input=half, max_output_tokens=1)
+    assert caught.value.body["param"] == "store"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError, match="context"):  # not stored: its tokens count
+        mine.responses.create(model=model, input=half, max_output_tokens=1, store=False)
+    for conversation in [*newer, kept]:
+        (theirs if conversation is kept else mine).conversations.delete(conversation.id)
 
 
 def test_a_streamed_response_adds_its_items_too(oai: openai.OpenAI) -> None:

@@ -73,16 +73,18 @@ def conversations_router(tenants: Tenants, store: ConversationStore) -> APIRoute
     def found(raw: Request, conversation_id: str) -> Conversation:
         return store.find(tenants.scope(raw.state), conversation_id)
 
-    def grow(conversation: Conversation, given: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def grow(
+        raw: Request, conversation: Conversation, given: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
         """``given`` items added to ``conversation`` as listed; a 400 for an item no response
-        could render, or past the conversation's bound."""
+        could render, or past the conversation's bounds."""
         try:
-            store.check_room(conversation, len(given))
             items_messages(given)
             added = items.input_items(given)
+            store.check_room(conversation, added)
         except (ValueError, KeyError) as exc:
             raise conversion_error(exc, "items: ") from None
-        conversation.items += added
+        store.grow(tenants.scope(raw.state), conversation, added)
         return added
 
     def item_at(conversation: Conversation, item_id: str) -> int:
@@ -94,8 +96,8 @@ def conversations_router(tenants: Tenants, store: ConversationStore) -> APIRoute
     @router.post("/v1/conversations")
     async def create(body: CreateConversation, raw: Request) -> dict[str, Any]:
         conversation = Conversation(new_id("conv"), int(time.time()), body.metadata or {})
-        grow(conversation, body.items or [])
-        store.put(tenants.scope(raw.state), conversation.id, conversation)
+        grow(raw, conversation, body.items or [])
+        store.put(tenants.scope(raw.state), conversation.id, conversation, conversation.size)
         return conversation.resource()
 
     @router.get("/v1/conversations/{conversation_id}", responses=NOT_FOUND)
@@ -123,7 +125,7 @@ def conversations_router(tenants: Tenants, store: ConversationStore) -> APIRoute
         raw: Request,
         include: list[str] | None = Query(None),  # nothing more to include here
     ) -> dict[str, Any]:
-        added = grow(found(raw, conversation_id), body.items)
+        added = grow(raw, found(raw, conversation_id), body.items)
         return items.page(added, None, len(added), "asc")
 
     @router.get("/v1/conversations/{conversation_id}/items", responses=NOT_FOUND)
@@ -140,7 +142,7 @@ def conversations_router(tenants: Tenants, store: ConversationStore) -> APIRoute
     @router.delete("/v1/conversations/{conversation_id}/items/{item_id}", responses=NOT_FOUND)
     async def delete_item(conversation_id: str, item_id: str, raw: Request) -> dict[str, Any]:
         conversation = found(raw, conversation_id)
-        del conversation.items[item_at(conversation, item_id)]
+        store.remove(tenants.scope(raw.state), conversation, item_at(conversation, item_id))
         return conversation.resource()
 
     return declare(router, Access.TENANT)

@@ -6,6 +6,7 @@ after the one it is chained to (``previous_response_id``) or a conversation's it
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -31,9 +32,12 @@ from radixserve.api.responses.store import (
     ConversationStore,
     ResponseStore,
     StoredResponse,
+    json_bytes,
 )
 from radixserve.api.streaming import collect_all, event_stream, openai_error_event
 from radixserve.server.result import RequestResult
+
+logger = logging.getLogger(__name__)
 
 
 def responses_router(
@@ -62,25 +66,35 @@ def responses_router(
     async def create_response(body: ResponsesRequest, raw: Request) -> Response:
         before = context(raw, body)
         history = before.messages
-        request = await truncation.chat_request(chat, body, history)
+        request = await truncation.chat_request(chat, body, history)  # a 400 for bad input
         own = items.input_items(body.input)
+        tenant = tenants.scope(raw.state)
         if before.conversation is not None:
             try:  # room for its input and an output item
-                conversations.check_room(before.conversation, len(own) + 1)
+                conversations.check_room(before.conversation, own, more=1)
             except ValueError as exc:
                 raise APIError(str(exc), param="conversation") from None
+        if body.store and not store.fits(2 * json_bytes(own)):  # as StoredResponse counts it
+            raise APIError(
+                f"a tenant's stored responses hold at most {store.max_bytes} bytes and this "
+                "input alone is more: send it with store: false",
+                param="store",
+            )
         call = await chat.open(request, raw)
         model, response_id = chat.served_name(call.requests), render.new_id("resp")
         split = ReasoningStream(chat.reasoner(request))
 
         def keep(final: dict[str, Any]) -> None:
             if before.conversation is not None:
-                before.conversation.items += [*own, *final["output"]]
+                conversations.grow(tenant, before.conversation, [*own, *final["output"]])
             if body.store:
                 turn = _assistant_turn(final["output"])
                 conversation = [*history, *body.input_messages(), *turn]
                 stored_response = StoredResponse(final, conversation, [*before.items, *own])
-                store.put(tenants.scope(raw.state), response_id, stored_response)
+                if not store.put(
+                    tenant, response_id, stored_response, stored_response.own_bytes(own)
+                ):
+                    logger.warning("a response past --max-stored-bytes with its output: not stored")
 
         def logprobs(result: RequestResult, start: int) -> list[dict[str, Any]]:
             """The output's tokens' from ``start`` on, as the chat route gives them."""
