@@ -90,6 +90,19 @@ class PromptTokenizer:
         self._check_length(num_chars)
         return await asyncio.to_thread(guard.encode, text)  # its first call copies the tokenizer
 
+    def render_text(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        **template_kwargs: Any,
+    ) -> str:
+        """The chat template's text of ``messages`` (untokenized; no guard: for text the server
+        writes itself, as ``call_form.py``'s probes)."""
+        for owned in ("add_generation_prompt", "continue_final_message", "tokenize"):
+            template_kwargs.pop(owned, None)
+        return self._render(messages, tools, template_kwargs, add_generation_prompt, False)
+
     def _render(
         self,
         messages: list[dict[str, Any]],

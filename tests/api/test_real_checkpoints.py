@@ -178,6 +178,45 @@ def test_thinking_and_tool_calls_in_one_answer(oai) -> None:  # type: ignore[no-
     assert streamed == calls
 
 
+UTC_TIME = {
+    "type": "function",
+    "function": {
+        "name": "utc_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"tz": {"const": "UTC"}},
+            "required": ["tz"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_a_required_call_after_the_thinking_is_in_qwen3s_own_words(oai) -> None:  # type: ignore[no-untyped-def]
+    """With ``--reasoning-parser``, a required call's grammar starts after ``</think>`` (a
+    logit bias makes the random model write it first), and the call is written as Qwen3's
+    template renders one (``call_form.py``), then read back into ``tool_calls``."""
+    think_end = 151668
+    choice = oai.chat.completions.create(
+        model="qwen3",
+        messages=[{"role": "user", "content": "What time is it?"}],
+        tools=[UTC_TIME],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=64,
+        temperature=0,
+        logit_bias={str(think_end): 100},
+        logprobs=True,
+    ).choices[0]
+    written = "".join(t.token for t in choice.logprobs.content)
+    assert choice.finish_reason == "tool_calls", (written, choice.message.content)
+    assert choice.message.content is None
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+    assert calls == [("utc_time", {"tz": "UTC"})]
+    call = '<tool_call>\n{"name": "utc_time", "arguments": {"tz": "UTC"}}\n</tool_call>'
+    assert written.startswith("</think>\n\n" + call), written
+
+
 def test_the_thinking_is_a_block_and_an_item_on_the_other_doors(qwen3_server: Server) -> None:
     """Anthropic's ``thinking`` block and the Responses API's ``reasoning`` item come from the
     chat route's reasoning parser (the format forced by SGLang's ``regex``)."""

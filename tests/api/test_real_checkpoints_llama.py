@@ -92,3 +92,24 @@ def test_llama3_tool_calls_whole_and_streamed(oai) -> None:  # type: ignore[no-u
         (c.function.name, json.loads(c.function.arguments)) for c in final.message.tool_calls
     ]
     assert streamed == calls and finish == "tool_calls"
+
+
+def test_a_required_call_is_in_llamas_own_words(oai) -> None:  # type: ignore[no-untyped-def]
+    """A required call is written as the Llama 3.1 template renders one (``call_form.py``)."""
+    tool = {"type": "object", "properties": {"tz": {"const": "UTC"}}, "required": ["tz"]}
+    tool["additionalProperties"] = False
+    choice = oai.chat.completions.create(
+        model="llama3",
+        messages=MESSAGES,
+        tools=[{"type": "function", "function": {"name": "utc_time", "parameters": tool}}],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=64,
+        temperature=0,
+        logprobs=True,
+    ).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+    assert calls == [("utc_time", {"tz": "UTC"})]
+    written = "".join(t.token for t in choice.logprobs.content)
+    assert written.startswith('{"name": "utc_time", "parameters": {"tz": "UTC"}}'), written

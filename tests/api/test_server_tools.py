@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -116,6 +117,70 @@ def test_tool_choice_required_and_named_return_valid_calls(oai: openai.OpenAI, c
         final = stream.get_final_completion()
     assert final.choices[0].finish_reason == "tool_calls"
     _check_calls(final.choices[0].message.tool_calls, only)
+
+
+FIXED = {
+    "type": "object",
+    "properties": {"tz": {"const": "UTC"}},
+    "required": ["tz"],
+    "additionalProperties": False,
+}
+
+
+def test_a_forced_call_is_written_in_the_templates_own_tokens(
+    oai: openai.OpenAI, tools_model_dir: Path
+) -> None:
+    """A forced call is written in the template's own words (``call_form.py``): token for
+    token what the template renders back in the next turn's prompt, against the template and
+    tokenizer themselves (a call written as a JSON array is rendered otherwise)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tools_model_dir)
+    tools: Any = [{"type": "function", "function": {"name": "utc_time", "parameters": FIXED}}]
+    named: Any = {"type": "function", "function": {"name": "utc_time"}}
+    messages = _messages()
+    first = oai.chat.completions.create(
+        model=MODEL, messages=messages, tools=tools, tool_choice=named, logprobs=True
+    )
+    written = [t.token for t in first.choices[0].logprobs.content]
+    (call,) = first.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"tz": "UTC"}
+    turn = {"name": "utc_time", "arguments": {"tz": "UTC"}}
+    after = [{"role": "assistant", "content": "", "tool_calls": [{"function": turn}]}]
+    after.append({"role": "tool", "content": "sunny"})
+    prompt, again = (
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                m, tools=tools, add_generation_prompt=True, tokenize=False
+            ),
+            add_special_tokens=False,
+        )
+        for m in (messages, messages + after)
+    )
+    assert again[: len(prompt)] == prompt
+    rendered = [tokenizer.decode([t]) for t in again[len(prompt) :]]
+    assert written == rendered[: len(written)], (written, rendered)
+    assert "</tool_call>" in "".join(written)  # the whole call
+
+
+def test_a_required_calls_opening_is_found_cached_in_the_next_turn(oai: openai.OpenAI) -> None:
+    """The next turn renders a required call back: its prompt finds the call's opening cached
+    (the grammar fixes it; a random model's choices after it may be tokens the tokenizer would
+    not write, and what the grammar forces at the end was never computed)."""
+    messages = _messages()
+    kwargs: Any = dict(model=MODEL, tools=TOOLS, parallel_tool_calls=False)
+    first = oai.chat.completions.create(
+        **kwargs, messages=messages, tool_choice="required", max_tokens=256, temperature=0
+    )
+    calls = first.choices[0].message.tool_calls
+    assert first.choices[0].finish_reason == "tool_calls", first
+    _check_calls(calls, None)
+    messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+    messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": "sunny"})
+    second = oai.chat.completions.create(**kwargs, messages=messages, max_tokens=1)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    # '\n<tool_call>\n{"name": "' is 13 tokens of this tokenizer
+    assert cached >= first.usage.prompt_tokens + 10, (first.usage, second.usage)
 
 
 @pytest.mark.parametrize("stream", [False, True])

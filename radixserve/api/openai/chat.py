@@ -26,6 +26,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.api.errors import APIError
+from radixserve.api.formats.call_form import CallForms
 from radixserve.api.formats.reasoning import THINK_END, ReasoningParser, ReasoningStream
 from radixserve.api.formats.tool_calls import detect_parser
 from radixserve.api.openai.bodies import (
@@ -39,7 +40,7 @@ from radixserve.api.openai.bodies import (
     UsageInfo,
     dump,
 )
-from radixserve.api.openai.chat_tools import ToolPlan, plan_tools
+from radixserve.api.openai.chat_tools import ToolPlan, forces_calls, plan_tools
 from radixserve.api.openai.common import OpenAIServing, choice_logprob_slices, grammar_param
 from radixserve.api.openai.protocol import ChatCompletionRequest
 from radixserve.api.streaming import OpenRequests, collect_all, event_stream, open_requests, sse
@@ -59,6 +60,12 @@ class ChatServing(OpenAIServing):
         self.reasoning_parser = config.reasoning_parser
         ids = tm.prompts.tokenizer.encode(THINK_END, add_special_tokens=False)
         self.think_end_id = ids[0] if len(ids) == 1 else None  # where a grammar starts
+        tokenizer = tm.prompts.tokenizer
+        self.call_forms = CallForms(
+            tm.prompts.render_text,
+            [tm.prompts.decode_token(t) for t in tm.info.eos_token_ids],
+            [t.content for t in tokenizer.added_tokens_decoder.values() if t.special],
+        )
 
     def _thinks(self, body: ChatCompletionRequest) -> bool:
         """Whether the output starts with thinking that a reasoning parser separates."""
@@ -125,7 +132,10 @@ class ChatServing(OpenAIServing):
     def plan(self, body: ChatCompletionRequest) -> ToolPlan:
         """The request's tools: what the template renders, the grammar, the parser."""
         try:
-            return plan_tools(body, self.tool_call_parser)
+            form = self.call_forms.of(body.chat_template_kwargs) if forces_calls(body) else None
+            if form is not None and self._grammar_after(body) is not None:
+                form = form.after(THINK_END)  # its grammar starts after the thinking
+            return plan_tools(body, self.tool_call_parser, form)
         except ValueError as exc:
             where = "tool_choice" if body.tools else grammar_param(body)
             raise APIError(str(exc), param=where) from None

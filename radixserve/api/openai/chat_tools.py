@@ -5,8 +5,10 @@ output, and how the output turns back into ``tool_calls`` (whole, or as a stream
 
 - ``none``: the tools are not rendered (as SGLang); plain text;
 - ``auto``: rendered; the model's own tool-call format is parsed (:class:`ToolCallParser`);
-- ``required`` / a named function: rendered, and the output is constrained by a JSON schema
-  over the tools' parameters (:func:`tool_choice_schema`), then parsed back.
+- ``required`` / a named function: rendered, and the output is constrained to the calls in
+  the template's own words where the template has them (:class:`CallForm`: the next turn's
+  prompt then matches the answer's cached tokens), else to a JSON array over the tools'
+  parameters (:func:`tool_choice_schema`, as SGLang does); then parsed back.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from radixserve.api.formats.call_form import CallForm
 from radixserve.api.formats.tool_calls import (
     ParsedCall,
     ToolCallParser,
@@ -30,16 +33,24 @@ class ToolPlan:
     tools: list[dict[str, Any]] | None  # what the chat template renders (None: no tools)
     grammar: dict[str, str]  # the SamplingParams grammar fields
     parser: ToolCallParser | None = None  # auto: the model family's format
-    constrained: bool = False  # required / named: the output is the schema's array
+    constrained: bool = False  # required / named: the output is only calls
+    form: CallForm | None = None  # ... in the template's words (None: the schema's array)
+    names: tuple[str, ...] = ()  # the functions a constrained output may call
 
     @property
     def parses_calls(self) -> bool:
         return self.constrained or self.parser is not None
 
+    def forced_calls(self, text: str) -> list[ParsedCall] | None:
+        """The calls of a constrained output (None: not calls, e.g. cut by the length)."""
+        if self.form is not None:
+            return self.form.parse(text, self.names)
+        return parse_constrained(text)
+
     def parse(self, text: str) -> tuple[str | None, list[ParsedCall]]:
         """``(content, calls)`` of a whole output; content None when only calls came."""
         if self.constrained:
-            calls = parse_constrained(text)
+            calls = self.forced_calls(text)
             return (text, []) if calls is None else (None, calls)
         if self.parser is None:
             return text, []
@@ -87,7 +98,7 @@ class ToolStream:
     def finish(self) -> tuple[str, list[ParsedCall]]:
         """``(content still to send, calls)`` at the end of the choice."""
         if self.plan.constrained:
-            calls = parse_constrained(self.held)
+            calls = self.plan.forced_calls(self.held)
             return (self.held, []) if calls is None else ("", calls)
         if not self.started:
             return self.pending, []
@@ -98,8 +109,16 @@ class ToolStream:
         return content, calls
 
 
-def plan_tools(body: ChatCompletionRequest, parser_kind: str) -> ToolPlan:
-    """The plan of ``body``'s tools. ``ValueError`` names what is wrong."""
+def forces_calls(body: ChatCompletionRequest) -> bool:
+    """Whether ``body`` forces tool calls (``required`` or a named function)."""
+    return bool(body.tools) and body.tool_choice not in (None, "none", "auto")
+
+
+def plan_tools(
+    body: ChatCompletionRequest, parser_kind: str, form: CallForm | None = None
+) -> ToolPlan:
+    """The plan of ``body``'s tools; ``form``: the template's words for forced calls (None:
+    the JSON array). ``ValueError`` names what is wrong."""
     choice = body.tool_choice
     if not body.tools:
         if choice not in (None, "none"):
@@ -123,9 +142,9 @@ def plan_tools(body: ChatCompletionRequest, parser_kind: str) -> ToolPlan:
     named = choice.function.name if isinstance(choice, NamedToolChoice) else None
     if named is not None and named not in names:
         raise ValueError(f"tool_choice names the function `{named}`, which is not in tools")
-    schema = tool_choice_schema(
-        [(t.function.name, t.function.parameters) for t in body.tools],
-        named,
-        body.parallel_tool_calls,
-    )
+    tools = [(t.function.name, t.function.parameters) for t in body.tools]
+    if form is not None:
+        grammar = grammar_fields(ebnf=form.grammar(tools, named, body.parallel_tool_calls))
+        return ToolPlan(rendered, grammar, constrained=True, form=form, names=tuple(names))
+    schema = tool_choice_schema(tools, named, body.parallel_tool_calls)
     return ToolPlan(rendered, grammar_fields(json_schema=json.dumps(schema)), constrained=True)
