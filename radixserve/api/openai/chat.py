@@ -26,7 +26,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.api.errors import APIError
-from radixserve.api.formats.call_form import CallForms
+from radixserve.api.formats.call_form import CallForm, CallForms
 from radixserve.api.formats.reasoning import THINK_END, ReasoningParser, ReasoningStream
 from radixserve.api.formats.tool_calls import detect_parser
 from radixserve.api.openai.bodies import (
@@ -60,12 +60,7 @@ class ChatServing(OpenAIServing):
         self.reasoning_parser = config.reasoning_parser
         ids = tm.prompts.tokenizer.encode(THINK_END, add_special_tokens=False)
         self.think_end_id = ids[0] if len(ids) == 1 else None  # where a grammar starts
-        tokenizer = tm.prompts.tokenizer
-        self.call_forms = CallForms(
-            tm.prompts.render_text,
-            [tm.prompts.decode_token(t) for t in tm.info.eos_token_ids],
-            [t.content for t in tokenizer.added_tokens_decoder.values() if t.special],
-        )
+        self._call_forms: CallForms | None = None  # learned at the first forced call
 
     def _thinks(self, body: ChatCompletionRequest) -> bool:
         """Whether the output starts with thinking that a reasoning parser separates."""
@@ -132,13 +127,26 @@ class ChatServing(OpenAIServing):
     def plan(self, body: ChatCompletionRequest) -> ToolPlan:
         """The request's tools: what the template renders, the grammar, the parser."""
         try:
-            form = self.call_forms.of(body.chat_template_kwargs) if forces_calls(body) else None
-            if form is not None and self._grammar_after(body) is not None:
-                form = form.after(THINK_END)  # its grammar starts after the thinking
+            form = self._call_form(body) if forces_calls(body) else None
             return plan_tools(body, self.tool_call_parser, form)
         except ValueError as exc:
             where = "tool_choice" if body.tools else grammar_param(body)
             raise APIError(str(exc), param=where) from None
+
+    def _call_form(self, body: ChatCompletionRequest) -> CallForm | None:
+        """The template's words for ``body``'s forced calls (None: the JSON array)."""
+        if self._call_forms is None:
+            prompts = self.tm.prompts
+            specials = prompts.tokenizer.added_tokens_decoder.values()
+            self._call_forms = CallForms(
+                prompts.render_text,
+                [prompts.decode_token(t) for t in self.tm.info.eos_token_ids],
+                [t.content for t in specials if t.special],
+            )
+        form = self._call_forms.of(body.chat_template_kwargs)
+        if form is not None and self._grammar_after(body) is not None:
+            form = form.after(THINK_END)  # its grammar starts after the thinking
+        return form
 
     async def render(self, body: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
         """The prompt's ids: the messages and tools through the chat template."""
