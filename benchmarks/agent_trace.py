@@ -14,7 +14,10 @@ words, and the next turn goes on from there:
 - ``conversation``: the same with ``conversation`` (``/v1/conversations``), which the server
   adds each turn's items to (the Agents SDK's ``Runner.run(conversation_id=...)``);
 - ``items``: each turn re-sends every item so far to ``/v1/responses`` (``store: false``), the
-  output items as the server returned them (the Agents SDK's own session memory).
+  output items as the server returned them (the Agents SDK's own session memory);
+- ``messages``: each turn re-sends the whole conversation to Anthropic's ``/v1/messages``, the
+  calls as ``tool_use`` blocks and their results as ``tool_result`` blocks, a tool forced with
+  ``tool_choice: any`` (Claude Code's loop, which sends the whole conversation each turn).
 
 Either way a turn's prompt is the previous turn's prompt and answer plus the new result, so the
 most the cache can serve is everything but the new result (and the first turn, cold): the
@@ -124,6 +127,38 @@ def items_agent(client: httpx.Client, model: str, args: argparse.Namespace, tall
     _responses_trace(client, model, args, tally, {"store": False, "input": history}, resend)
 
 
+def messages_agent(
+    client: httpx.Client, model: str, args: argparse.Namespace, tally: Tally
+) -> None:
+    """The whole conversation each turn, through Anthropic's Messages API."""
+    rng = random.Random(args.seed)
+    tools = [{"name": "get_weather", "input_schema": WEATHER}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
+    body = {
+        "model": model,
+        "system": f"You are agent {uuid.uuid4().hex}.",
+        "tools": tools,
+        "tool_choice": {"type": "any"},
+        "max_tokens": args.max_tokens,
+    }
+    seen = 0
+    for turn in range(args.turns):
+        reply = _post(client, "/v1/messages", {**body, "messages": messages})
+        usage = reply["usage"]
+        cached = usage.get("cache_read_input_tokens") or 0
+        prompt = usage["input_tokens"] + cached
+        tally.add(prompt, cached, min(seen, prompt) if turn else 0)
+        seen = prompt + usage["output_tokens"]
+        messages.append({"role": "assistant", "content": reply["content"]})
+        text = result_text(rng, args.result_words)
+        use = next((b for b in reply["content"] if b["type"] == "tool_use"), None)
+        if use is None:  # cut by --max-tokens: the answer is plain text
+            messages.append({"role": "user", "content": text})
+            continue
+        result = {"type": "tool_result", "tool_use_id": use["id"], "content": text}
+        messages.append({"role": "user", "content": [result]})
+
+
 def _responses_trace(
     client: httpx.Client,
     model: str,
@@ -189,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             ("responses", responses_agent),
             ("conversation", conversation_agent),
             ("items", items_agent),
+            ("messages", messages_agent),
         ):
             tally = Tally()
             for _ in range(args.agents):

@@ -206,7 +206,10 @@ EXPECTED: dict[str, list[str]] = {
     "llamacpp.py": [r"\{convert,serve,check\}"],
     "agent_trace.py": [
         r"^chat\s+\d+\s+\d\.\d{3}\s+\d\.\d{3}",
-        *(rf"^{route}\s+\d+\s+\d\.\d{{3}}" for route in ("responses", "conversation", "items")),
+        *(
+            rf"^{route}\s+\d+\s+\d\.\d{{3}}"
+            for route in ("responses", "conversation", "items", "messages")
+        ),
     ],
     "load.py": [r"^requests\s+[1-9]", r"^errors\s+0$", r"^integrity_ok\s+True$"],
     "prompt_logprobs.py": [r"hit \+ prompt logprobs:\s+\d"],
