@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -241,6 +242,64 @@ def test_the_thinking_is_a_block_and_an_item_on_the_other_doors(qwen3_server: Se
     )
     assert [item.type for item in resp.output] == ["reasoning", "message"]
     assert re.fullmatch("[a-z ]{1,12}", resp.output_text.strip() or "x"), resp.output_text
+
+
+# a fixed thinking and call opening (jump-forward writes them in the tokenizer's own tokens),
+# then a city the model picks: what comes before it was run through the model, so it is cached
+THINK_THEN_CITY = (
+    '<think>\nsunny\n</think>\n\n<tool_call>\n\\{"name": "get_weather", "arguments": '
+    '\\{"city": "[A-Z][a-z]{2,6}"\\}\\}\n</tool_call>'
+)
+
+
+def test_a_tool_loops_thinking_is_rendered_again_a_cache_hit(qwen3_server: Server) -> None:
+    """Qwen3's template keeps the thinking of the turns since the last user message. Sent back
+    (a Responses ``reasoning`` item, chained or re-sent; an Anthropic ``thinking`` block), the
+    next turn renders the answer as the model wrote it, thinking included, so its prompt finds
+    the answer cached past the thinking (dropped, the prompt would part from it at once)."""
+    import anthropic
+    import openai
+
+    oai = openai.OpenAI(base_url=f"{qwen3_server.url}/v1", api_key="unused", max_retries=0)
+    tool: Any = {"type": "function", **WEATHER["function"]}
+    task: Any = {"role": "user", "content": f"Weather, agent {uuid.uuid4().hex}?"}
+    kwargs: Any = dict(model="qwen3", tools=[tool], temperature=0)
+    first = oai.responses.create(
+        **kwargs, input=[task], max_output_tokens=64, extra_body={"regex": THINK_THEN_CITY}
+    )
+    assert [item.type for item in first.output] == ["reasoning", "function_call"], first.output
+    call = first.output[1]
+    result: Any = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    past = first.usage.input_tokens + 12  # the thinking and the call's opening are more
+    chained = oai.responses.create(
+        **kwargs, previous_response_id=first.id, input=[result], max_output_tokens=1
+    )
+    assert chained.usage.input_tokens_details.cached_tokens >= past, (first.usage, chained.usage)
+    items = [task, *(item.model_dump(exclude_none=True) for item in first.output), result]
+    resent = oai.responses.create(**kwargs, input=items, store=False, max_output_tokens=1)
+    assert resent.usage.input_tokens_details.cached_tokens >= past, resent.usage
+
+    claude = anthropic.Anthropic(base_url=qwen3_server.url, api_key="unused", max_retries=0)
+    ask: Any = {"role": "user", "content": f"Weather, agent {uuid.uuid4().hex}?"}
+    tools: Any = [{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}]
+    answer = claude.messages.create(
+        model="qwen3",
+        messages=[ask],
+        tools=tools,
+        max_tokens=64,
+        extra_body={"regex": THINK_THEN_CITY, "temperature": 0},
+    )
+    assert [block.type for block in answer.content] == ["thinking", "tool_use"], answer.content
+    turn: Any = {"role": "assistant", "content": [b.model_dump() for b in answer.content]}
+    back: Any = {"type": "tool_result", "tool_use_id": answer.content[1].id, "content": "sunny"}
+    again = claude.messages.create(
+        model="qwen3",
+        messages=[ask, turn, {"role": "user", "content": [back]}],
+        tools=tools,
+        max_tokens=1,
+    )
+    total = answer.usage.input_tokens + (answer.usage.cache_read_input_tokens or 0)
+    assert (again.usage.cache_read_input_tokens or 0) >= total + 12, (answer.usage, again.usage)
 
 
 def test_each_doors_reasoning_switch_reaches_the_template(oai, qwen3_server: Server) -> None:  # type: ignore[no-untyped-def]

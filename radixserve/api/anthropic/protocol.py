@@ -5,9 +5,10 @@ their conversion into the chat route's request: the one pipeline renders, runs a
   ``system`` inside ``messages`` (Claude Code sends one) a system message where it stands;
 - a message's content is a string or blocks: ``text``; ``tool_use`` (an assistant's call,
   its ``input`` the arguments); ``tool_result`` (a user's answer to a call: a ``tool`` message
-  of that call's id); ``thinking`` / ``redacted_thinking`` (an assistant's earlier thinking,
-  dropped as Anthropic does when it renders a past turn); ``image`` and ``document`` blocks are
-  refused (a text model);
+  of that call's id); ``thinking`` (an assistant's earlier thinking: its turn's
+  ``reasoning_content``, which the template renders or drops as it was trained to, as Claude
+  keeps a tool loop's thinking) and ``redacted_thinking`` (dropped); ``image`` and ``document``
+  blocks are refused (a text model);
 - ``tools`` (``name``, ``description``, ``input_schema``) are chat's function tools;
   ``tool_choice`` ``auto``, ``any`` (chat's ``required``), ``tool`` (a named function) and
   ``none``;
@@ -233,15 +234,19 @@ def _text(content: str | list[TextBlock]) -> str:
 
 def _chat_messages(message: Message) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: tool results become ``tool`` messages (in
-    their order), an assistant's calls its ``tool_calls``; thinking is dropped."""
+    their order), an assistant's calls its ``tool_calls``, its thinking its
+    ``reasoning_content``."""
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
     out: list[dict[str, Any]] = []
     text: list[str] = []
+    thinking: list[str] = []
     calls: list[dict[str, Any]] = []
     for block in message.content:
         if isinstance(block, TextBlock):
             text.append(block.text)
+        elif isinstance(block, ThinkingBlock) and block.type == "thinking":
+            thinking.append(block.thinking or "")
         elif isinstance(block, ToolUseBlock):
             arguments = json.dumps(block.input, ensure_ascii=False)
             function = {"name": block.name, "arguments": arguments}
@@ -253,6 +258,8 @@ def _chat_messages(message: Message) -> list[dict[str, Any]]:
         own: dict[str, Any] = {"role": message.role, "content": "".join(text)}
         if calls:
             own["tool_calls"] = calls
+        if message.role == "assistant" and "".join(thinking):
+            own["reasoning_content"] = "".join(thinking)
         out.append(own)
     return out
 

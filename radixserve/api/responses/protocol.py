@@ -3,8 +3,8 @@ request: the one pipeline renders, runs and parses.
 
 - ``input``: a string (one user message) or items: messages (``role`` and ``content``, a
   string or ``input_text`` / ``output_text`` parts), ``function_call`` (an earlier call of the
-  model's) and ``function_call_output`` (its result: a ``tool`` message of that call id);
-  ``reasoning`` items are dropped, as the chat route drops earlier thinking;
+  model's), ``function_call_output`` (its result: a ``tool`` message of that call id) and
+  ``reasoning`` (the next assistant turn's ``reasoning_content``: :func:`items_messages`);
 - ``instructions``: the system message (not carried to a chained response, as OpenAI does);
 - ``previous_response_id``: the stored conversation before ``input`` (``store.py``), or
   ``conversation``: a conversation's items (``conversations.py``), not both;
@@ -199,15 +199,32 @@ def items_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Items as the chat route's messages. The calls that follow an assistant's text or call
     join its message: one turn, as the model wrote it and the template renders it again (an
     agent that re-sends a turn's text and parallel calls as separate items would otherwise
-    render them as turns of their own, and miss the cache from the second on)."""
+    render them as turns of their own, and miss the cache from the second on). A ``reasoning``
+    item is the ``reasoning_content`` of the assistant turn that follows it, which the template
+    renders or drops as it was trained to (Qwen3's keeps the thinking of the turns since the
+    last user message: an agent's tool loop then renders what the model wrote, a radix hit)."""
     out: list[dict[str, Any]] = []
-    for message in (m for item in items for m in _item_messages(item)):
-        last = out[-1] if out else None
-        if last and last["role"] == "assistant" and message.get("tool_calls"):
-            last["tool_calls"] = [*last.get("tool_calls", []), *message["tool_calls"]]
-        else:
-            out.append(message)
+    thinking: str | None = None  # a reasoning item's, for the next assistant turn
+    for item in items:
+        if item.get("type") == "reasoning":
+            thinking = _reasoning_text(item) or None
+            continue
+        for message in _item_messages(item):
+            last = out[-1] if out else None
+            if last and last["role"] == "assistant" and message.get("tool_calls"):
+                last["tool_calls"] = [*last.get("tool_calls", []), *message["tool_calls"]]
+            else:
+                if thinking is not None and message["role"] == "assistant":
+                    message["reasoning_content"] = thinking
+                out.append(message)
+        thinking = None
     return out
+
+
+def _reasoning_text(item: dict[str, Any]) -> str:
+    """A reasoning item's text: its ``reasoning_text`` content, else its summary."""
+    parts = item.get("content") or item.get("summary") or []
+    return "".join(p.get("text", "") for p in parts if isinstance(p, dict))
 
 
 class InputTokensRequest(ResponsesRequest):
