@@ -47,6 +47,7 @@ from radixserve.api.operator.server_info import speculating
 from radixserve.api.operator.tenant_metrics import MetricsByTenant
 from radixserve.api.request_builder import RequestBuilder
 from radixserve.api.responses.conversations import conversations_router
+from radixserve.api.responses.peers import ForwardToOwner, StatePeers
 from radixserve.api.responses.routes import responses_router
 from radixserve.api.responses.store import ConversationStore, ResponseStore
 from radixserve.config import ServerConfig
@@ -81,14 +82,15 @@ def create_app(
     chat = ChatServing(tm, config)
     bounds = (config.max_stored_responses, config.max_stored_bytes)  # responses; conversations
     conversations = ConversationStore(*bounds)
+    peers = StatePeers(config.state_peers, config.engine.parallel.dp_rank)
     for router in (
         health_router(tm),
         native_router(tm, tenants, native),
         tokenize_router(tm),
         openai_router(tm, config, chat),
         anthropic_router(chat),
-        responses_router(chat, tenants, ResponseStore(*bounds), conversations),
-        conversations_router(tenants, conversations),
+        responses_router(chat, tenants, ResponseStore(*bounds), conversations, peers),
+        conversations_router(tenants, conversations, peers),
         info_router(tm, config, tenants, metrics),
         flush_router(tm),
         generation_router(tm),
@@ -100,6 +102,7 @@ def create_app(
     install_error_handlers(app, {ANTHROPIC_PREFIX: anthropic_error})
     install_openapi(app)
     app.add_middleware(JSONBodyMiddleware)
+    app.add_middleware(ForwardToOwner, peers=peers)  # inside the guard: callers checked first
     routes, limit = RouteTable.of(app), config.max_request_bytes
     app.add_middleware(RequestGuard, tenants=tenants, routes=routes, max_request_bytes=limit)
     app.add_middleware(UnhandledErrors)  # added last: the outermost layer, so it runs first

@@ -77,9 +77,12 @@ class ServerConfig:
     max_batch_sub_requests: int = 1024  # prompts x n of one request; 400 past it
     max_stop_strings: int = 256  # OpenAI allows 4; SGLang users send more; 400 past it
     max_stored_responses: int = 4096  # Responses API responses (and conversations) a tenant; LRU
-    max_stored_bytes: int = (
-        256 << 20
-    )  # their bytes (JSON) a tenant, responses and conversations each
+    # every data-parallel worker's URL (set by serve --dp-size with HTTP workers; this one's at
+    # engine.parallel.dp_rank): a stored object's id names its worker, where requests naming
+    # it go (api/responses/peers.py)
+    state_peers: tuple[str, ...] = ()
+    # their bytes (as JSON) a tenant, responses and conversations each; LRU
+    max_stored_bytes: int = 256 << 20
     disable_docs: bool = False  # no /docs, /redoc, /openapi.json
     # on SIGTERM: in-flight requests may finish for this long, then are aborted (closing event)
     graceful_shutdown_timeout_s: float = 5.0

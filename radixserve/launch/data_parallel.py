@@ -149,7 +149,9 @@ def worker_server_configs(
     other's KV; each gets a tier of ``--kv-tier-size``), and its rank: its KV events carry it and
     go out on the ``--kv-events-config`` ports plus the rank, as SGLang's do. With
     ``grpc_ports`` each also serves gRPC there and, unless ``--kv-events-config`` says
-    otherwise, publishes its KV events on a free loopback port (smg's gRPC relay reads them)."""
+    otherwise, publishes its KV events on a free loopback port (smg's gRPC relay reads them);
+    without, each knows every worker's URL, where the Responses API's stored objects are
+    (``api/responses/peers.py``; over gRPC smg holds them itself)."""
     out = []
     if grpc_ports is not None and config.engine.kv_events_config is None:
         loopback = [f"tcp://127.0.0.1:{p}" for p in free_ports(len(ports))]
@@ -167,9 +169,15 @@ def worker_server_configs(
         if configs is not None:  # (a port each: nothing to offset)
             engine = engine.replace(kv_events_config=configs[i])
         grpc_port = grpc_ports[i] if grpc_ports is not None else None
+        peers = () if grpc_ports is not None else tuple(f"http://127.0.0.1:{p}" for p in ports)
         out.append(
             dataclasses.replace(
-                config, engine=engine, host="127.0.0.1", port=port, grpc_port=grpc_port
+                config,
+                engine=engine,
+                host="127.0.0.1",
+                port=port,
+                grpc_port=grpc_port,
+                state_peers=peers,
             )
         )
     return out

@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,51 @@ def test_native_generate_through_the_router(dp_server: Server) -> None:
         assert bad.status_code == 400 and "top_p" in bad.json()["error"]["message"], bad.text
 
 
+def test_stored_state_goes_on_from_any_worker(dp_server: Server) -> None:
+    """A response or conversation one worker stored goes on from the other: the request is
+    forwarded to the worker its id names, whose cache holds the turn's prefix (chained turns,
+    streamed, GET, input items, DELETE; a conversation's items and responses). Through the
+    router a chain goes on whichever worker each turn reaches (before a worker is killed
+    below)."""
+    import openai
+
+    model = model_name(dp_server)
+    on = [
+        openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        for url in worker_urls(dp_server)
+    ]
+    kwargs: Any = dict(model=model, instructions=f"You are agent {uuid.uuid4().hex}.")
+    first = on[0].responses.create(**kwargs, input="hello", max_output_tokens=4)
+    assert first.id.startswith("resp_w0_")
+    chained = on[1].responses.create(
+        **kwargs, previous_response_id=first.id, input="again", max_output_tokens=2
+    )
+    assert chained.id.startswith("resp_w0_")  # the owner answered, and stored it
+    assert chained.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 3
+    with on[1].responses.stream(
+        **kwargs, previous_response_id=chained.id, input="more", max_output_tokens=2
+    ) as stream:
+        final = stream.get_final_response()
+    assert final.id.startswith("resp_w0_") and final.previous_response_id == chained.id
+    assert on[1].responses.retrieve(first.id).id == first.id
+    assert len(on[1].responses.input_items.list(final.id).data) >= 4
+    on[1].responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        on[0].responses.retrieve(first.id)
+    conv = on[1].conversations.create(items=[{"role": "user", "content": "hi"}])
+    assert conv.id.startswith("conv_w1_")
+    on[0].conversations.items.create(conv.id, items=[{"role": "user", "content": "and"}])
+    on[0].responses.create(model=model, conversation=conv.id, input="go", max_output_tokens=1)
+    assert len(on[1].conversations.items.list(conv.id).data) == 4  # 3 inputs, 1 output
+    client = openai.OpenAI(base_url=f"{dp_server.url}/v1", api_key="unused", max_retries=0)
+    previous = None
+    for turn in range(4):
+        reply = client.responses.create(
+            **kwargs, previous_response_id=previous, input=f"turn {turn}", max_output_tokens=2
+        )
+        previous = reply.id
+
+
 def test_a_killed_worker_leaves_the_other_serving(dp_server: Server) -> None:
     urls = worker_urls(dp_server)
     victim = httpx.get(f"{urls[1]}/get_server_info", timeout=30).json()["pids"]["http"]
@@ -230,9 +276,8 @@ def test_a_router_that_cannot_start_ends_the_server_with_its_reason(
 
 def test_the_agent_apis_through_the_router(dp_server: Server) -> None:
     """OpenAI's Responses API through either router and Anthropic's Messages through smg,
-    each turn sent whole (``store: false``: a stored response lives in the worker that made
-    it; see docs/data_parallel.md). The routers add SGLang's sampling fields and explicit
-    nulls to what they forward."""
+    each turn sent whole (``store: false``, the Agents SDK's own session memory). The routers
+    add SGLang's sampling fields and explicit nulls to what they forward."""
     import anthropic
     import openai
 

@@ -26,8 +26,8 @@ from radixserve.api.access.tenants import Tenants
 from radixserve.api.errors import APIError, conversion_error
 from radixserve.api.openapi import NOT_FOUND
 from radixserve.api.responses import items
+from radixserve.api.responses.peers import StatePeers
 from radixserve.api.responses.protocol import items_messages
-from radixserve.api.responses.render import new_id
 from radixserve.api.responses.store import Conversation, ConversationStore
 
 MAX_ITEMS_PER_CALL = 20  # OpenAI's
@@ -67,7 +67,9 @@ class CreateItems(BaseModel):
     items: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_ITEMS_PER_CALL)
 
 
-def conversations_router(tenants: Tenants, store: ConversationStore) -> APIRouter:
+def conversations_router(
+    tenants: Tenants, store: ConversationStore, peers: StatePeers
+) -> APIRouter:
     router = APIRouter()
 
     def found(raw: Request, conversation_id: str) -> Conversation:
@@ -95,7 +97,7 @@ def conversations_router(tenants: Tenants, store: ConversationStore) -> APIRoute
 
     @router.post("/v1/conversations")
     async def create(body: CreateConversation, raw: Request) -> dict[str, Any]:
-        conversation = Conversation(new_id("conv"), int(time.time()), body.metadata or {})
+        conversation = Conversation(peers.new_id("conv"), int(time.time()), body.metadata or {})
         grow(raw, conversation, body.items or [])
         store.put(tenants.scope(raw.state), conversation.id, conversation, conversation.size)
         return conversation.resource()

@@ -22,6 +22,7 @@ from radixserve.api.openai.chat import ChatServing
 from radixserve.api.openai.common import choice_logprob_slices
 from radixserve.api.openapi import NOT_FOUND
 from radixserve.api.responses import items, render, truncation
+from radixserve.api.responses.peers import StatePeers
 from radixserve.api.responses.protocol import (
     InputTokensRequest,
     ResponsesRequest,
@@ -41,7 +42,11 @@ logger = logging.getLogger(__name__)
 
 
 def responses_router(
-    chat: ChatServing, tenants: Tenants, store: ResponseStore, conversations: ConversationStore
+    chat: ChatServing,
+    tenants: Tenants,
+    store: ResponseStore,
+    conversations: ConversationStore,
+    peers: StatePeers,
 ) -> APIRouter:
     router = APIRouter()
 
@@ -81,7 +86,7 @@ def responses_router(
                 param="store",
             )
         call = await chat.open(request, raw)
-        model, response_id = chat.served_name(call.requests), render.new_id("resp")
+        model, response_id = chat.served_name(call.requests), peers.new_id("resp")
         split = ReasoningStream(chat.reasoner(request))
 
         def keep(final: dict[str, Any]) -> None:
