@@ -103,3 +103,75 @@ def test_an_unreachable_owner_is_a_503() -> None:
     answer = client.get("/v1/responses/resp_w1_abc")
     assert answer.status_code == 503
     assert "not reachable" in answer.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("pause", [0.01, 600.0], ids=["streaming", "silent"])
+def test_a_client_that_leaves_a_forwarded_stream_leaves_the_owners_too(pause: float) -> None:
+    """The owner's stream is closed when the client goes (its request is then aborted there,
+    as a client of its own that left), not run on to its end: an owner on a real socket
+    streaming without end (or silent after its first piece, as in a long prefill), a client
+    that disconnects after its first piece."""
+    import asyncio
+    import threading
+
+    import uvicorn
+    from serving_harness import free_port
+
+    closed = threading.Event()
+    owner = FastAPI()
+
+    @owner.get("/v1/responses/{rid}")
+    async def forever(rid: str) -> StreamingResponse:
+        async def pieces() -> Any:
+            try:
+                while True:
+                    yield b"data: piece\n\n"
+                    await asyncio.sleep(pause)
+            finally:
+                closed.set()
+
+        return StreamingResponse(pieces(), media_type="text/event-stream")
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(owner, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            threading.Event().wait(0.01)
+        peers = StatePeers(("http://127.0.0.1:1", f"http://127.0.0.1:{port}"), rank=0)
+        forward = ForwardToOwner(_echo("here"), peers)
+        asyncio.run(_leave_after_one_piece(forward))
+        assert closed.wait(10), "the owner's stream ran on after the client left"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+async def _leave_after_one_piece(forward: ForwardToOwner) -> None:
+    import asyncio
+
+    got_piece = asyncio.Event()
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/v1/responses/resp_w1_abc",
+        "query_string": b"",
+        "headers": [],
+    }
+
+    requested = False
+
+    async def receive() -> dict[str, Any]:  # the (empty) request, then the client leaving
+        nonlocal requested
+        if not requested:
+            requested = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await got_piece.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            got_piece.set()
+
+    await asyncio.wait_for(forward(scope, receive, send), timeout=10)

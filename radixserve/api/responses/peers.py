@@ -99,21 +99,27 @@ class ForwardToOwner:
         except httpx.HTTPError:
             await _reply(send, 503, "the worker that holds this object is not reachable")
             return
-        watcher = asyncio.ensure_future(_disconnected(receive))
+        left = asyncio.ensure_future(_disconnected(receive))
         try:
             kept = [(k, v) for k, v in upstream.headers.raw if k.lower() not in _HOP]
             await send(
                 {"type": "http.response.start", "status": upstream.status_code, "headers": kept}
             )
-            async for chunk in upstream.aiter_raw():
-                if watcher.done():  # the client left: closing the stream aborts it at the owner
+            chunks = upstream.aiter_raw()
+            while True:  # each piece as it comes, unless the client leaves first
+                piece = asyncio.ensure_future(anext(chunks, None))
+                await asyncio.wait((piece, left), return_when=asyncio.FIRST_COMPLETED)
+                if not piece.done():  # the client left: closing the stream aborts it there
+                    piece.cancel()
+                    break
+                if (chunk := piece.result()) is None:
                     break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except httpx.HTTPError:  # the owner went away mid-answer: the client's stream ends
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            watcher.cancel()
+            left.cancel()
             await upstream.aclose()
 
 
