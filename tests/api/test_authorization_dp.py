@@ -84,6 +84,29 @@ def test_each_tenant_keeps_its_cache_through_the_gateway(dp_keyed: Server) -> No
     assert totals and not any(totals)  # no tenant's traffic in what smg shows without a key
 
 
+@pytest.mark.slow
+def test_a_tenants_stored_response_is_its_own_on_every_worker(dp_keyed: Server) -> None:
+    """A chained turn, sent through the gateway to whichever worker, is forwarded to the one
+    that holds the response with the caller's own key: it goes on for its tenant and is a 404
+    to the other. (smg answers ``GET /v1/responses/{id}`` itself, from a store of its own.)"""
+    name = model_name(Server(dp_keyed.url, dp_keyed.proc, dp_keyed.log_path, A))
+    fresh = httpx.Limits(max_keepalive_connections=0)  # as above: smg and kept-alive connections
+    with httpx.Client(base_url=dp_keyed.url, timeout=60, limits=fresh) as client:
+        body = {"model": name, "input": "a memo of tenant a", "max_output_tokens": 2}
+        made = client.post("/v1/responses", json=body, headers=bearer("a"))
+        assert made.status_code == 200, made.text
+        rid = made.json()["id"]
+        assert rid.startswith(("resp_w0_", "resp_w1_"))
+        for turn in range(4):  # the gateway sends each to either worker
+            chained = {**body, "previous_response_id": rid, "input": f"turn {turn}"}
+            refused = client.post("/v1/responses", json=chained, headers=bearer("b"))
+            assert refused.status_code == 404, refused.text
+            assert_no_secret(refused.text, "another tenant's chained turn")
+            kept = client.post("/v1/responses", json=chained, headers=bearer("a"))
+            assert kept.status_code == 200, kept.text
+            assert kept.json()["id"][:8] == rid[:8]  # made by the worker that holds the chain
+
+
 def test_the_gateway_gets_every_key_or_refuses() -> None:
     from radixserve.config import EngineConfig, ServerConfig
     from radixserve.launch.gateway_keys import gateway_access
