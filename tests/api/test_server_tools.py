@@ -281,3 +281,28 @@ def test_invalid_regex_or_schema_is_a_400_and_the_server_keeps_serving(
     assert word in resp.json()["error"]["message"]
     ok = http.post("/v1/chat/completions", json={**body, **{k: None for k in extra}})
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] is not None
+
+
+def test_tokenize_renders_tools_as_the_chat_route_does(
+    http: httpx.Client, oai: openai.OpenAI, tools_model_dir: Path
+) -> None:
+    """vLLM's ``/tokenize`` with ``messages``, ``tools`` and ``chat_template_kwargs``: the ids
+    the template and tokenizer give (transformers' own render), as many as the chat route's
+    prompt; ``tools`` without ``messages`` is a 400."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tools_model_dir)
+    messages = _messages()
+    body = {"messages": messages, "tools": TOOLS, "chat_template_kwargs": {"unused_flag": 1}}
+    got = http.post("/tokenize", json=body)
+    assert got.status_code == 200, got.text
+    text = tokenizer.apply_chat_template(
+        messages, tools=TOOLS, add_generation_prompt=True, tokenize=False
+    )
+    assert got.json()["tokens"] == tokenizer.encode(text, add_special_tokens=False)
+    chat = oai.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=1)
+    assert got.json()["count"] == chat.usage.prompt_tokens
+    plain = http.post("/tokenize", json={"messages": messages}).json()["count"]
+    assert plain < chat.usage.prompt_tokens  # the tools are rendered
+    refused = http.post("/tokenize", json={"prompt": "hi", "tools": TOOLS})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"

@@ -2,7 +2,8 @@
 
 ``POST /tokenize``: ``{"prompt": str | [str]}`` (SGLang and vLLM; a list is SGLang's batch) or
 ``{"messages": [...]}`` (vLLM: through the chat template, ``add_generation_prompt`` true by
-default), with ``add_special_tokens`` (default true for a prompt; with messages only false: the
+default; vLLM's ``tools`` and ``chat_template_kwargs`` rendered as the chat route renders
+them), with ``add_special_tokens`` (default true for a prompt; with messages only false: the
 template writes any BOS) -> ``{"tokens", "count", "max_model_len"}``; a batch's ``tokens`` and
 ``count`` are lists. ``POST /detokenize``: ``{"tokens": [int] | [[int]]}`` -> ``{"prompt",
 "text"}``, the same string under vLLM's name and SGLang's. No model runs: both are the HTTP
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from radixserve.api.access.routes import Access, declare
 from radixserve.api.errors import APIError
 from radixserve.api.openai.chat import render_messages
-from radixserve.api.openai.protocol import ChatMessage
+from radixserve.api.openai.protocol import ChatMessage, Tool
 from radixserve.server.tokenizer_manager import TokenizerManager
 
 
@@ -33,6 +34,8 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     return_token_strs: bool = False
+    tools: list[Tool] | None = None  # with messages: rendered by the template
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(BaseModel):
@@ -49,6 +52,8 @@ def tokenize_router(tm: TokenizerManager) -> APIRouter:
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         if (body.prompt is None) == (body.messages is None):
             raise APIError("give exactly one of prompt and messages", param="prompt")
+        if body.messages is None and (body.tools or body.chat_template_kwargs):
+            raise APIError("tools and chat_template_kwargs go with messages", param="tools")
         if body.messages is not None:
             rows = [await _messages_ids(tm, body)]
         else:
@@ -94,4 +99,5 @@ async def _messages_ids(tm: TokenizerManager, body: TokenizeRequest) -> list[int
             "add_special_tokens with messages is not supported (the chat template writes them)",
             param="add_special_tokens",
         )
-    return list(await render_messages(tm, body))
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    return list(await render_messages(tm, body, tools, body.chat_template_kwargs))
