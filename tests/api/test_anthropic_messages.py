@@ -64,7 +64,9 @@ def test_one_pipeline_with_the_chat_route(claude: anthropic.Anthropic, oai: open
 
 def test_a_forced_tool_call_and_its_result(claude: anthropic.Anthropic) -> None:
     messages: list[Any] = [{"role": "user", "content": "Weather in Paris for 2 days?"}]
-    kwargs: Any = dict(model=MODEL, system=_system(), tools=TOOLS, tool_choice=FORCED)
+    # one call: a random model let to add calls may go on adding them up to max_tokens
+    once = {**FORCED, "disable_parallel_tool_use": True}
+    kwargs: Any = dict(model=MODEL, system=_system(), tools=TOOLS, tool_choice=once)
     # greedy: a random model sampling at temperature 1 may add JSON whitespace up to max_tokens
     greedy: Any = {"extra_body": {"temperature": 0}}
     msg = claude.messages.create(**kwargs, **greedy, messages=messages, max_tokens=128)
