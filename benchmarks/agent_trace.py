@@ -151,12 +151,14 @@ def messages_agent(
         seen = prompt + usage["output_tokens"]
         messages.append({"role": "assistant", "content": reply["content"]})
         text = result_text(rng, args.result_words)
-        use = next((b for b in reply["content"] if b["type"] == "tool_use"), None)
-        if use is None:  # cut by --max-tokens: the answer is plain text
+        uses = [b for b in reply["content"] if b["type"] == "tool_use"]
+        if not uses:  # cut by --max-tokens: the answer is plain text
             messages.append({"role": "user", "content": text})
             continue
-        result = {"type": "tool_result", "tool_use_id": use["id"], "content": text}
-        messages.append({"role": "user", "content": [result]})
+        # every call answered (Anthropic's rule; smg checks it), the first with the result
+        results = [{"type": "tool_result", "tool_use_id": u["id"], "content": "ok"} for u in uses]
+        results[0]["content"] = text
+        messages.append({"role": "user", "content": results})
 
 
 def _responses_trace(
@@ -203,6 +205,15 @@ def _post(client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, An
     return dict(resp.json())
 
 
+AGENTS = {
+    "chat": chat_agent,
+    "responses": responses_agent,
+    "conversation": conversation_agent,
+    "items": items_agent,
+    "messages": messages_agent,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:30000")
@@ -213,19 +224,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the rates here")
+    parser.add_argument(
+        "--routes",
+        default=",".join(AGENTS),
+        help=f"which of {','.join(AGENTS)} to run (comma-separated)",
+    )
     args = parser.parse_args(argv)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     rows: dict[str, dict[str, float]] = {}
     started = time.time()
     with httpx.Client(base_url=args.url, headers=headers, timeout=600) as client:
         model = client.get("/v1/models").json()["data"][0]["id"]
-        for name, agent in (
-            ("chat", chat_agent),
-            ("responses", responses_agent),
-            ("conversation", conversation_agent),
-            ("items", items_agent),
-            ("messages", messages_agent),
-        ):
+        for name in args.routes.split(","):
+            agent = AGENTS[name]
             tally = Tally()
             for _ in range(args.agents):
                 agent(client, model, args, tally)

@@ -600,6 +600,29 @@ def agent_trace() -> str:
     return table(["route", "prompt tokens", "hit rate", "optimal"], rows, [path])
 
 
+def agent_trace_dp() -> str:
+    """The same agents over two data-parallel workers behind smg, under each router policy."""
+    paths = {
+        policy: f"benchmarks/results/zen4-2026-11-29/agent-trace-dp-{policy}.json"
+        for policy in ("round_robin", "cache_aware")
+    }
+    runs = {policy: load(path)["routes"] for policy, path in paths.items()}
+    rows = []
+    for name in runs["round_robin"]:
+        r, c = runs["round_robin"][name], runs["cache_aware"][name]
+        rows.append(
+            [
+                f"`{name}`",
+                f"{r['hit_rate']:.3f}",
+                f"{r['optimal']:.3f}",
+                f"{c['hit_rate']:.3f}",
+                f"{c['optimal']:.3f}",
+            ]
+        )
+    head = ["route", "round_robin: hit rate", "optimal", "cache_aware: hit rate", "optimal"]
+    return table(head, rows, list(paths.values()))
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "multiturn": multiturn,
     "llama-cpp": llama_cpp,
@@ -623,6 +646,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "spec-llamacpp": spec_llamacpp,
     "spec-llamacpp-ngram": spec_llamacpp_ngram,
     "agent-trace": agent_trace,
+    "agent-trace-dp": agent_trace_dp,
 }
 
 
