@@ -40,7 +40,12 @@ def _kept(context: int, items: list[dict[str, Any]], truncation: str = "auto") -
     body = ResponsesRequest.model_validate(
         {"instructions": "I", "input": items, "truncation": truncation, "max_output_tokens": 1}
     )
-    request = asyncio.run(chat_request(_Chat(context), body, []))  # type: ignore[arg-type]
+    chat = _Chat(context)
+    request, ids = asyncio.run(chat_request(chat, body, []))  # type: ignore[arg-type]
+    if truncation == "auto":  # the kept prompt's ids, rendered once: open takes them
+        assert ids == asyncio.run(chat.render(request, None))
+    else:
+        assert ids is None
     return [m.content or "" for m in request.messages]  # type: ignore[misc]
 
 

@@ -88,10 +88,13 @@ class ChatServing(OpenAIServing):
         response = self.response(call.base_id, body, call.plan, call.requests, results)
         return JSONResponse(dump(response))
 
-    async def open(self, body: ChatCompletionRequest, raw: Request) -> ChatCall:
+    async def open(
+        self, body: ChatCompletionRequest, raw: Request, prompt: list[int] | None = None
+    ) -> ChatCall:
         """The chat pipeline up to its running requests: the adapter, the bounds, the tools'
-        plan, the prompt through the template, the requests (each door that speaks chat in
-        other words, such as Anthropic's Messages, converts its body and calls this)."""
+        plan, the prompt through the template (``prompt``: its ids, where a door rendered
+        them already), the requests (each door that speaks chat in other words, such as
+        Anthropic's Messages, converts its body and calls this)."""
         adapter = self.adapter_of(body, body.model)
         self.check_common(body, 1, "n")
         if body.max_tokens is not None and body.max_completion_tokens is not None:
@@ -100,7 +103,8 @@ class ChatServing(OpenAIServing):
         if max_tokens is None:
             max_tokens, param = body.max_tokens, "max_tokens"
         plan = self.plan(body)
-        prompt = await self.render(body, plan)
+        if prompt is None:
+            prompt = await self.render(body, plan)
         base_id = f"chatcmpl-{self.tm.new_rid()}"
         top = None
         if body.logprobs:

@@ -71,7 +71,7 @@ def responses_router(
     async def create_response(body: ResponsesRequest, raw: Request) -> Response:
         before = context(raw, body)
         history = before.messages
-        request = await truncation.chat_request(chat, body, history)  # a 400 for bad input
+        request, prompt = await truncation.chat_request(chat, body, history)  # 400: bad input
         own = items.input_items(body.input)
         tenant = tenants.scope(raw.state)
         if before.conversation is not None:
@@ -85,7 +85,7 @@ def responses_router(
                 "input alone is more: send it with store: false",
                 param="store",
             )
-        call = await chat.open(request, raw)
+        call = await chat.open(request, raw, prompt)
         model, response_id = chat.served_name(call.requests), peers.new_id("resp")
         split = ReasoningStream(chat.reasoner(request))
 
@@ -139,9 +139,10 @@ def responses_router(
     @router.post("/v1/responses/input_tokens", responses=NOT_FOUND)
     async def count_input_tokens(body: InputTokensRequest, raw: Request) -> dict[str, Any]:
         """The prompt's tokens, as ``POST /v1/responses`` would render the same body."""
-        request = await truncation.chat_request(chat, body, context(raw, body).messages)
+        request, ids = await truncation.chat_request(chat, body, context(raw, body).messages)
         chat.adapter_of(request, request.model)  # a model not served: 404, as the create
-        ids = await chat.render(request, chat.plan(request))
+        if ids is None:
+            ids = await chat.render(request, chat.plan(request))
         return {"object": "response.input_tokens", "input_tokens": len(ids)}
 
     @router.delete("/v1/responses/{response_id}", responses=NOT_FOUND)

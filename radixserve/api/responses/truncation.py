@@ -27,29 +27,37 @@ _TURN_ROLES = ("user", "assistant")  # where a turn may start: a tool result sta
 
 async def chat_request(
     chat: ChatServing, body: ResponsesRequest, history: list[dict[str, Any]]
-) -> ChatCompletionRequest:
+) -> tuple[ChatCompletionRequest, list[int] | None]:
     """``body`` after ``history`` (chat messages) as the chat route's request, truncated as
-    ``body.truncation`` says; a 400 for input no chat can render."""
+    ``body.truncation`` says, and its prompt's ids where truncating rendered them (None: not
+    rendered yet; ``ChatServing.open`` takes them, so no prompt is rendered twice); a 400 for
+    input no chat can render."""
     messages = [*history, *_convert(body.input_messages)]
     request = _convert(body.to_chat, messages)
-    if body.truncation != "auto" or await _fits(chat, body, request):
-        return request
+    if body.truncation != "auto":
+        return request, None
+    ids = await _render(chat, request)
+    if _fits(chat, body, ids):
+        return request, ids
     first = next((i for i, m in enumerate(messages) if m["role"] == "user"), len(messages))
     head = first + 1  # the leading system messages and the first user message (the task)
     starts = [i for i in range(head + 1, len(messages)) if messages[i]["role"] in _TURN_ROLES]
-    found, low, high = request, 0, len(starts) - 1
+    found, low, high = (request, ids), 0, len(starts) - 1
     while low <= high:  # the first start whose turns fit: dropping more only shortens
         mid = (low + high) // 2
         shorter = _convert(body.to_chat, [*messages[:head], *messages[starts[mid] :]])
-        if await _fits(chat, body, shorter):
-            found, high = shorter, mid - 1
+        if _fits(chat, body, shorter_ids := await _render(chat, shorter)):
+            found, high = (shorter, shorter_ids), mid - 1
         else:
             low = mid + 1
     return found
 
 
-async def _fits(chat: ChatServing, body: ResponsesRequest, request: ChatCompletionRequest) -> bool:
-    ids = await chat.render(request, chat.plan(request))
+async def _render(chat: ChatServing, request: ChatCompletionRequest) -> list[int]:
+    return await chat.render(request, chat.plan(request))
+
+
+def _fits(chat: ChatServing, body: ResponsesRequest, ids: list[int]) -> bool:
     return len(ids) + (body.max_output_tokens or 1) <= chat.tm.info.max_context_len
 
 
