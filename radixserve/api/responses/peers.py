@@ -88,7 +88,12 @@ class ForwardToOwner:
     ) -> None:
         if self._client is None:
             timeout = httpx.Timeout(None, connect=5.0)  # an answer may take minutes
-            self._client = httpx.AsyncClient(timeout=timeout, transport=self._transport)
+            # as many at once as clients send (the server's own connection bound holds them;
+            # httpx's default of 100 would queue the rest behind long streams)
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
+            self._client = httpx.AsyncClient(
+                timeout=timeout, limits=limits, transport=self._transport
+            )
         query = scope.get("query_string", b"").decode("latin-1")
         url = owner + scope["path"] + (f"?{query}" if query else "")
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
