@@ -74,13 +74,13 @@ END = ["<|im_end|>"]
 
 
 def test_the_test_servers_template(tiny_tokenizer: Any) -> None:
-    form = _form(_with_template(tiny_tokenizer, "", ""), END)
+    form = _form(_with_template(tiny_tokenizer), END)
     call = '<tool_call>\n{"name": "'
     # its assistant turn writes a newline before each call, its content (none) before that
     assert form == CallForm(
         "\n" + call, '", "arguments": ', "}\n</tool_call>\n" + call, "}\n</tool_call>", ": ", ", "
     )
-    assert _form(_with_template(tiny_tokenizer, "", ""), []) is None  # no end of the turn
+    assert _form(_with_template(tiny_tokenizer), []) is None  # no end of the turn
 
 
 @pytest.mark.parametrize(
@@ -88,7 +88,7 @@ def test_the_test_servers_template(tiny_tokenizer: Any) -> None:
     [
         "call.function.arguments | tojson(indent=2)",  # laid out on lines
         "call.function.arguments | string",  # Python's repr of a dict
-        "call.function.arguments | dictsort | tojson",  # its keys sorted
+        "call.function.arguments | tojson(sort_keys=True)",  # its keys sorted
     ],
 )
 def test_a_template_that_writes_arguments_otherwise_has_no_form(
@@ -107,7 +107,9 @@ def test_a_template_without_calls_or_spelling_a_special_token_in_them_has_none(
     assert _form(special, END) is None
 
 
-def _with_template(tokenizer: Any, old: str, new: str) -> Any:
+def _with_template(tokenizer: Any, old: str = "", new: str = "") -> Any:
+    """A copy of ``tokenizer`` with the test servers' tools template, ``old`` in it made
+    ``new``."""
     tok = copy.deepcopy(tokenizer)
     tok.chat_template = QWEN_TOOLS_TEMPLATE.replace(old, new)
     return tok
