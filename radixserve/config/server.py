@@ -126,6 +126,13 @@ class ServerConfig:
             raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}")
         if self.reasoning_parser not in (None, *REASONING_PARSERS):
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}")
+        if self.state_peers and not 0 <= self.engine.parallel.dp_rank < len(self.state_peers):
+            raise ValueError(
+                f"dp_rank {self.engine.parallel.dp_rank} is not a place among "
+                f"{len(self.state_peers)} data-parallel peers"
+            )
+        if any(not url.startswith(("http://", "https://")) for url in self.state_peers):
+            raise ValueError("data-parallel peers are http:// or https:// URLs")
         if self.graceful_shutdown_timeout_s < 0:
             raise ValueError("graceful_shutdown_timeout_s must be >= 0")
 

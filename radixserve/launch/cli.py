@@ -223,6 +223,15 @@ def _add_limit_flags(serve: argparse.ArgumentParser) -> None:
         "conversations; its least recently used out",
     )
     add(
+        "--dp-peers",
+        nargs="+",
+        default=None,
+        metavar="URL",
+        help="every data-parallel worker's URL in --dp-rank order, the same on each: a stored "
+        "response's or conversation's id names its worker, and requests naming another's go "
+        "there; --dp-size sets it itself",
+    )
+    add(
         "--graceful-shutdown-timeout",
         type=float,
         default=defaults.graceful_shutdown_timeout_s,
@@ -291,6 +300,7 @@ def make_server_config(args: argparse.Namespace) -> ServerConfig:
         max_stop_strings=args.max_stop_strings,
         max_stored_responses=args.max_stored_responses,
         max_stored_bytes=args.max_stored_bytes,
+        state_peers=tuple(args.dp_peers or ()),
         allow_auto_truncate=args.allow_auto_truncate,
         graceful_shutdown_timeout_s=args.graceful_shutdown_timeout,
         disable_docs=args.disable_docs,

@@ -58,6 +58,13 @@ def add_parallel_flags(serve: argparse.ArgumentParser) -> None:
     add("--nnodes", type=int, default=1, help="machines the --tp-size ranks are spread over")
     add("--node-rank", type=int, default=0, help="this machine's index (0 serves)")
     add("--dist-init-addr", default=None, metavar="HOST:PORT", help="node 0's address, all nodes")
+    add(
+        "--dp-rank",
+        type=int,
+        default=ParallelConfig().dp_rank,
+        help="this worker's place among data-parallel workers started by hand (its KV events "
+        "carry it; --dp-peers); --dp-size sets it itself",
+    )
 
 
 def execution_part(args: argparse.Namespace) -> ExecutionConfig:

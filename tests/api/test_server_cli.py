@@ -194,3 +194,22 @@ main(["serve", "--model", {str(api_model_dir)!r}])
         "scheduler [] IpcEndpoints",
         "detokenizer ['torch', 'transformers'] str",
     ], out.stdout + out.stderr
+
+
+def test_data_parallel_peers_started_by_hand(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--dp-peers`` and ``--dp-rank`` for workers started by hand behind one gateway: each
+    knows where the others' stored objects are (``api/responses/peers.py``)."""
+    monkeypatch.setenv("RADIXSERVE_DEFAULT_MODEL_DIR", str(tmp_path / "model"))
+    peers = ["http://10.0.0.11:30001", "http://10.0.0.12:30001"]
+    argv = ["serve", "--dp-rank", "1", "--dp-peers", *peers]
+    config = make_server_config(build_parser().parse_args(argv))
+    assert config.state_peers == tuple(peers) and config.engine.parallel.dp_rank == 1
+    assert make_server_config(build_parser().parse_args(["serve"])).state_peers == ()
+    for bad, why in (
+        (["--dp-rank", "2", "--dp-peers", *peers], "not a place among 2"),
+        (["--dp-peers", "10.0.0.11:30001"], "http:// or https://"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            make_server_config(build_parser().parse_args(["serve", *bad]))
