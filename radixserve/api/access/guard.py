@@ -24,10 +24,11 @@ import json
 import re
 from urllib.parse import parse_qs
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixserve.api.access.routes import Access, RouteFacts, RouteTable
 from radixserve.api.access.tenants import Caller, Tenants
+from radixserve.api.asgi import replay_body, send_json
 from radixserve.api.errors import error_body
 
 _DISCONNECTED = b"\x00disconnected"  # _read_body's answer for a body cut off (compared by identity)
@@ -94,7 +95,7 @@ class RequestGuard:
                 "invalid_unicode",
             )
             return
-        await self.app(scope, _replay(body, receive), send)
+        await self.app(scope, replay_body(body, receive), send)
 
     def _may_operate(self, state: dict[str, object], facts: RouteFacts) -> bool:
         view = Caller(state.get("tenant"), bool(state.get("admin")))  # type: ignore[arg-type]
@@ -161,19 +162,6 @@ def _has_lone_surrogate(body: bytes) -> bool:
     return False
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
 async def _reply(
     send: Send,
     status: int,
@@ -181,11 +169,4 @@ async def _reply(
     code: str,
     extra_headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
-    payload = json.dumps(error_body(message, code=code)).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(payload)).encode()),
-        *(extra_headers or []),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
+    await send_json(send, status, error_body(message, code=code), extra_headers)

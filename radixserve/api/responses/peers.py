@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from radixserve.api.asgi import replay_body, send_json
 from radixserve.api.errors import error_body
 
 FORWARDED = b"x-radixserve-forwarded"  # a request a worker forwarded: not forwarded again
@@ -79,7 +80,7 @@ class ForwardToOwner:
             await self.app(scope, receive, send)
             return
         if owner is None:
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay_body(body, receive), send)
             return
         await self._forward(owner, scope, body, receive, send)
 
@@ -102,7 +103,8 @@ class ForwardToOwner:
         try:
             upstream = await self._client.send(request, stream=True)
         except httpx.HTTPError:
-            await _reply(send, 503, "the worker that holds this object is not reachable")
+            why = "the worker that holds this object is not reachable"
+            await send_json(send, 503, error_body(why, "service_unavailable", code=503))
             return
         left = asyncio.ensure_future(_disconnected(receive))
         try:
@@ -158,29 +160,6 @@ async def _read(receive: Receive) -> bytes:
     return b"".join(chunks)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
 async def _disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-async def _reply(send: Send, status: int, message: str) -> None:
-    payload = json.dumps(error_body(message, "service_unavailable", code=status)).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(payload)).encode()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
