@@ -89,9 +89,9 @@ def test_a_conversation_has_room_for_at_most_its_bounds() -> None:
     store.grow("t", conversation, [item, item])
     store.put("t", conversation.id, conversation, conversation.size)
     assert store.stored_bytes("t") == conversation.size == json_bytes([item, item])
-    store.check_room(conversation, [item])
+    store.check_room(conversation, 1, json_bytes([item]))
     with pytest.raises(ValueError, match="at most 3 items; this one holds 2"):
-        store.check_room(conversation, [item], more=1)
+        store.check_room(conversation, 2, json_bytes([item]))
     store.grow("t", conversation, [item])
     assert store.stored_bytes("t") == conversation.size
     store.remove("t", conversation, 0)
@@ -99,7 +99,7 @@ def test_a_conversation_has_room_for_at_most_its_bounds() -> None:
     assert store.stored_bytes("t") == conversation.size == json_bytes([item])
     big = {**item, "content": "x" * 400}
     with pytest.raises(ValueError, match="holds at most .* bytes of items"):
-        store.check_room(conversation, [big])
+        store.check_room(conversation, 1, json_bytes([big]))
 
 
 def test_a_growing_conversation_pushes_out_the_tenants_oldest_alone() -> None:

@@ -28,7 +28,7 @@ from radixserve.api.openapi import NOT_FOUND
 from radixserve.api.responses import items
 from radixserve.api.responses.peers import StatePeers
 from radixserve.api.responses.protocol import items_messages
-from radixserve.api.responses.store import Conversation, ConversationStore
+from radixserve.api.responses.store import Conversation, ConversationStore, json_bytes
 
 MAX_ITEMS_PER_CALL = 20  # OpenAI's
 MAX_METADATA = (16, 64, 512)  # OpenAI's: pairs, a key's characters, a value's
@@ -83,10 +83,11 @@ def conversations_router(
         try:
             items_messages(given)
             added = items.input_items(given)
-            store.check_room(conversation, added)
+            size = json_bytes(added)
+            store.check_room(conversation, len(added), size)
         except (ValueError, KeyError) as exc:
             raise conversion_error(exc, "items: ") from None
-        store.grow(tenants.scope(raw.state), conversation, added)
+        store.grow(tenants.scope(raw.state), conversation, added, size)
         return added
 
     def item_at(conversation: Conversation, item_id: str) -> int:

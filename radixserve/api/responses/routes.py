@@ -73,13 +73,14 @@ def responses_router(
         history = before.messages
         request, prompt = await truncation.chat_request(chat, body, history)  # 400: bad input
         own = items.input_items(body.input)
+        own_size = json_bytes(own)  # measured once: up to a whole request body
         tenant = tenants.scope(raw.state)
         if before.conversation is not None:
             try:  # room for its input and an output item
-                conversations.check_room(before.conversation, own, more=1)
+                conversations.check_room(before.conversation, len(own) + 1, own_size)
             except ValueError as exc:
                 raise APIError(str(exc), param="conversation") from None
-        if body.store and not store.fits(2 * json_bytes(own)):  # as StoredResponse counts it
+        if body.store and not store.fits(2 * own_size):  # as StoredResponse counts it
             raise APIError(
                 f"a tenant's stored responses hold at most {store.max_bytes} bytes and this "
                 "input alone is more: send it with store: false",
@@ -97,7 +98,7 @@ def responses_router(
                 conversation = [*history, *body.input_messages(), *turn]
                 stored_response = StoredResponse(final, conversation, [*before.items, *own])
                 if not store.put(
-                    tenant, response_id, stored_response, stored_response.own_bytes(own)
+                    tenant, response_id, stored_response, stored_response.own_bytes(own_size)
                 ):
                     logger.warning("a response past --max-stored-bytes with its output: not stored")
 

@@ -38,12 +38,12 @@ class StoredResponse:
     conversation: list[dict[str, Any]]  # chat messages up to and including its output
     items: list[dict[str, Any]]  # its input items as listed, the context's before them
 
-    def own_bytes(self, new: list[dict[str, Any]]) -> int:
-        """What it adds to the store, ``new`` its own input items (the rest it shares with the
-        response it is chained to): those twice (as items and as messages), the response
-        object (its output, and the tools it echoes) and its lists' entries."""
+    def own_bytes(self, new: int) -> int:
+        """What it adds to the store, ``new`` the bytes of its own input items (the rest it
+        shares with the response it is chained to): those twice (as items and as messages),
+        the response object (its output, and the tools it echoes) and its lists' entries."""
         entries = len(self.conversation) + len(self.items)
-        return 2 * json_bytes(new) + json_bytes(self.body) + REFERENCE_BYTES * entries
+        return 2 * new + json_bytes(self.body) + REFERENCE_BYTES * entries
 
 
 @dataclass
@@ -145,17 +145,14 @@ class ConversationStore(TenantStore[Conversation]):
         super().__init__(capacity, max_bytes)
         self.max_items = max_items
 
-    def check_room(
-        self, conversation: Conversation, items: list[dict[str, Any]], more: int = 0
-    ) -> None:
-        """``ValueError`` unless ``items`` and ``more`` items besides (a response's output)
-        fit into ``conversation``."""
-        if len(conversation.items) + len(items) + more > self.max_items:
+    def check_room(self, conversation: Conversation, count: int, size: int) -> None:
+        """``ValueError`` unless ``count`` more items of ``size`` bytes (``json_bytes``) fit
+        into ``conversation``."""
+        if len(conversation.items) + count > self.max_items:
             raise ValueError(
                 f"a conversation holds at most {self.max_items} items; this one holds "
                 f"{len(conversation.items)}: start another"
             )
-        size = json_bytes(items)
         if not self.fits(conversation.size + size):
             raise ValueError(
                 f"a conversation holds at most {self.max_bytes} bytes of items; this one holds "
@@ -163,13 +160,17 @@ class ConversationStore(TenantStore[Conversation]):
             )
 
     def grow(
-        self, tenant: str | None, conversation: Conversation, items: list[dict[str, Any]]
+        self,
+        tenant: str | None,
+        conversation: Conversation,
+        items: list[dict[str, Any]],
+        size: int | None = None,
     ) -> None:
-        """``items`` added to ``conversation`` (checked by :meth:`check_room`), its size and
-        its tenant's with them while it is stored."""
-        size = json_bytes(items)
+        """``items`` (of ``size`` bytes, measured here if not given) added to ``conversation``
+        (checked by :meth:`check_room`), its size and its tenant's with them while it is
+        stored."""
         conversation.items += items
-        self._count(tenant, conversation, size)
+        self._count(tenant, conversation, json_bytes(items) if size is None else size)
 
     def remove(self, tenant: str | None, conversation: Conversation, at: int) -> None:
         """The item at ``at`` out of ``conversation``, its bytes with it."""
