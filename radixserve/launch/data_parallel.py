@@ -169,7 +169,7 @@ def worker_server_configs(
         if configs is not None:  # (a port each: nothing to offset)
             engine = engine.replace(kv_events_config=configs[i])
         grpc_port = grpc_ports[i] if grpc_ports is not None else None
-        peers = () if grpc_ports is not None else tuple(f"http://127.0.0.1:{p}" for p in ports)
+        peers = () if grpc_ports is not None else tuple(worker_urls(ports))
         out.append(
             dataclasses.replace(
                 config,
@@ -181,6 +181,11 @@ def worker_server_configs(
             )
         )
     return out
+
+
+def worker_urls(ports: list[int]) -> list[str]:
+    """The workers' HTTP URLs: loopback, one port each."""
+    return [f"http://127.0.0.1:{p}" for p in ports]
 
 
 def serve_data_parallel(config: ServerConfig, dp: DataParallelConfig) -> int:
@@ -195,7 +200,7 @@ def serve_data_parallel(config: ServerConfig, dp: DataParallelConfig) -> int:
         logger.error("%s", exc)
         return 2
     worker_configs = worker_server_configs(access.workers, threads, ports, grpc_ports)
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    urls = worker_urls(ports)
     router_urls = urls if grpc_ports is None else [f"grpc://127.0.0.1:{p}" for p in grpc_ports]
     ctx = multiprocessing.get_context("spawn")
     workers: list[BaseProcess] = []
