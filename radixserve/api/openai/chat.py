@@ -40,7 +40,7 @@ from radixserve.api.openai.bodies import (
     UsageInfo,
     dump,
 )
-from radixserve.api.openai.chat_tools import ToolPlan, forces_calls, plan_tools
+from radixserve.api.openai.chat_tools import ToolPlan, plan_tools
 from radixserve.api.openai.common import OpenAIServing, choice_logprob_slices, grammar_param
 from radixserve.api.openai.protocol import ChatCompletionRequest
 from radixserve.api.streaming import OpenRequests, collect_all, event_stream, open_requests, sse
@@ -131,8 +131,7 @@ class ChatServing(OpenAIServing):
     def plan(self, body: ChatCompletionRequest) -> ToolPlan:
         """The request's tools: what the template renders, the grammar, the parser."""
         try:
-            form = self._call_form(body) if forces_calls(body) else None
-            return plan_tools(body, self.tool_call_parser, form)
+            return plan_tools(body, self.tool_call_parser, lambda: self._call_form(body))
         except ValueError as exc:
             where = "tool_choice" if body.tools else grammar_param(body)
             raise APIError(str(exc), param=where) from None

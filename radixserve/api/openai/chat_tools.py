@@ -14,6 +14,7 @@ output, and how the output turns back into ``tool_calls`` (whole, or as a stream
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,16 +110,14 @@ class ToolStream:
         return content, calls
 
 
-def forces_calls(body: ChatCompletionRequest) -> bool:
-    """Whether ``body`` forces tool calls (``required`` or a named function)."""
-    return bool(body.tools) and body.tool_choice not in (None, "none", "auto")
-
-
 def plan_tools(
-    body: ChatCompletionRequest, parser_kind: str, form: CallForm | None = None
+    body: ChatCompletionRequest,
+    parser_kind: str,
+    call_form: Callable[[], CallForm | None] = lambda: None,
 ) -> ToolPlan:
-    """The plan of ``body``'s tools; ``form``: the template's words for forced calls (None:
-    the JSON array). ``ValueError`` names what is wrong."""
+    """The plan of ``body``'s tools; ``call_form``: the template's words for forced calls
+    (None: the JSON array), asked for only when calls are forced. ``ValueError`` names what is
+    wrong."""
     choice = body.tool_choice
     if not body.tools:
         if choice not in (None, "none"):
@@ -143,7 +142,7 @@ def plan_tools(
     if named is not None and named not in names:
         raise ValueError(f"tool_choice names the function `{named}`, which is not in tools")
     tools = [(t.function.name, t.function.parameters) for t in body.tools]
-    if form is not None:
+    if (form := call_form()) is not None:
         grammar = grammar_fields(ebnf=form.grammar(tools, named, body.parallel_tool_calls))
         return ToolPlan(rendered, grammar, constrained=True, form=form, names=tuple(names))
     schema = tool_choice_schema(tools, named, body.parallel_tool_calls)
