@@ -12,6 +12,18 @@ from typing import Any
 
 from radixserve.types import FinishReason, Req, SamplingParams
 
+# a radix-cache namespace's first part names its tenant (``api/access/tenants.py`` writes it)
+TENANT_PART = "tenant:"
+
+
+def cache_scope(namespace: str | None) -> str | None:
+    """Whose caches a request in the radix-cache ``namespace`` may hit, and whose it may time:
+    its tenant's part of the namespace (``None``: no tenant, or tenants sharing the cache). A
+    compiled grammar, a learned template form, is cached per scope."""
+    if namespace is None or not namespace.startswith(TENANT_PART):
+        return None
+    return namespace.split("|", 1)[0]
+
 
 class QueueFull(ValueError):
     """``Scheduler.add_request``: ``max_queued_requests`` requests already wait; try later."""

@@ -101,11 +101,10 @@ class Scheduler:
         """Queue a request validated at the edge (``server/request_validation.py``). Raises
         ``ValueError`` for what only the scheduler can see: a duplicate rid, a full queue
         (``QueueFull``), a request that the KV pool can never hold."""
-        params = request.sampling_params
         if request.rid in self.reqs:
             raise ValueError(f"a request with rid {request.rid!r} is already running")
         self.limits.check(request, len(self.waiting))
-        grammar = self.grammars.for_key(params.grammar_key, params.grammar_after_token)
+        grammar = self.grammars.for_request(request)
         lora_id, namespace = self.loras.acquire(request.lora_name, request.extra_key)
         req = request.to_req(self.clock(), self.eos_token_ids, grammar, lora_id, namespace)
         req.arrival_processed_tokens = self.stats.num_prefill_tokens  # HRRN's clock

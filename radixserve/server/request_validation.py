@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from radixserve.runtime.grammar import check_grammar
 from radixserve.runtime.grammar.backend import CompileCache
-from radixserve.runtime.io_struct import GenerateRequest
+from radixserve.runtime.io_struct import GenerateRequest, cache_scope
 from radixserve.server.io_struct import SchedulerInfo
 from radixserve.types import SamplingParams
 
@@ -41,7 +41,7 @@ class RequestValidator:
         self.auto_truncate = auto_truncate
         self.default_max_new_tokens = default_max_new_tokens
         self.num_text_tokens = min(info.vocab_size, num_text_tokens or info.vocab_size)
-        self._grammars = CompileCache(check_grammar)  # keys already found valid
+        self.grammars = CompileCache(check_grammar)  # keys already found valid, per scope
 
     def max_new_tokens_for(self, prompt_len: int, requested: int | None) -> int:
         """``requested``, or when ``None`` the default clipped to the context left."""
@@ -129,5 +129,6 @@ class RequestValidator:
             )
         self._check_carried(params)
         if params.grammar_key is not None:
-            self._grammars.get(params.grammar_key)  # ValueError saying what is wrong
+            # ValueError saying what is wrong
+            self.grammars.get(params.grammar_key, cache_scope(request.extra_key))
         return request

@@ -29,7 +29,7 @@ class _Chat:
     def __init__(self, context: int) -> None:
         self.tm = SimpleNamespace(info=SimpleNamespace(max_context_len=context))
 
-    def plan(self, request: ChatCompletionRequest) -> None:
+    def plan(self, request: ChatCompletionRequest, state: Any) -> None:
         return None
 
     async def render(self, request: ChatCompletionRequest, plan: None) -> list[int]:
@@ -41,7 +41,7 @@ def _kept(context: int, items: list[dict[str, Any]], truncation: str = "auto") -
         {"instructions": "I", "input": items, "truncation": truncation, "max_output_tokens": 1}
     )
     chat = _Chat(context)
-    request, ids = asyncio.run(chat_request(chat, body, []))  # type: ignore[arg-type]
+    request, ids = asyncio.run(chat_request(chat, body, [], None))  # type: ignore[arg-type]
     if truncation == "auto":  # the kept prompt's ids, rendered once: open takes them
         assert ids == asyncio.run(chat.render(request, None))
     else:

@@ -121,8 +121,8 @@ def _mark_failing_matchers(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> N
     grammars = engine.scheduler.grammars  # type: ignore[attr-defined]
     original = grammars.for_key
 
-    def for_key(key, after_token=None):  # type: ignore[no-untyped-def]
-        grammar = original(key, after_token)
+    def for_key(key, after_token=None, scope=None):  # type: ignore[no-untyped-def]
+        grammar = original(key, after_token, scope)
         if grammar is not None:
             grammar.matcher.failing = key == ("regex", BAD_REGEX)
         return grammar

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.config import ServerConfig
+from radixserve.runtime.io_struct import TENANT_PART, cache_scope
 
 ADMIN_TENANT = "admin"
 GATEWAY_TENANT = "gateway"
@@ -147,9 +148,9 @@ class Tenants:
                 labels[tenant] = f"api-key-{len(labels) + 1}"
         parts = namespace.split("|")
         for i, part in enumerate(parts):
-            name = part.removeprefix("tenant:")
-            if part.startswith("tenant:") and name in labels:
-                parts[i] = f"tenant:{labels[name]}"
+            name = part.removeprefix(TENANT_PART)
+            if part.startswith(TENANT_PART) and name in labels:
+                parts[i] = TENANT_PART + labels[name]
         return "|".join(parts)
 
     def scope(self, state: Any) -> str | None:
@@ -157,16 +158,24 @@ class Tenants:
         with keys (``None``: an open server, whose rids are the clients' own)."""
         return getattr(state, "tenant", None) if self.required else None
 
+    def cache_scope(self, state: Any) -> str | None:
+        """The cache scope (``runtime/io_struct.py``) of the caller whose guard left
+        ``state``: its tenant's, unless tenants share the cache."""
+        return cache_scope(self.namespace(state, None))
+
     def namespace(
         self, state: Any, cache_salt: str | None, extra_key: str | None = None
     ) -> str | None:
         """The radix-cache namespace (the request's ``extra_key``) of a request whose guard
         left ``state``: its tenant's, then SGLang's ``extra_key`` and the ``cache_salt`` it
-        sent (each part prefixed, so no client value can name another part or an adapter)."""
+        sent (each part prefixed, so no client value can name another part or an adapter; a
+        ``|`` in a tenant's name, which a gateway's header may hold, is escaped so that no
+        tenant's part ends where another's would)."""
         parts = []
         tenant = getattr(state, "tenant", None)
         if tenant is not None and not self.shared_cache:
-            parts.append(f"tenant:{tenant}")
+            escaped = tenant.replace("%", "%25").replace("|", "%7C")
+            parts.append(f"{TENANT_PART}{escaped}")
         if extra_key:
             parts.append(f"key:{extra_key}")
         if cache_salt:

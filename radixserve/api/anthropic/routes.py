@@ -40,12 +40,12 @@ def anthropic_router(chat: ChatServing) -> APIRouter:
         return JSONResponse(messages.message(response, results[0], model))
 
     @router.post("/v1/messages/count_tokens")
-    async def count_tokens(body: CountTokensRequest) -> dict[str, Any]:
+    async def count_tokens(body: CountTokensRequest, raw: Request) -> dict[str, Any]:
         """The prompt's tokens, as the chat template renders the conversation and tools."""
         request = _to_chat(
             MessagesRequest(**body.model_dump(exclude_none=True, by_alias=True), max_tokens=1)
         )
-        plan = chat.plan(request)
+        plan = chat.plan(request, raw.state)
         ids = await chat.render(request, plan)
         return {"input_tokens": len(ids)}
 

@@ -210,7 +210,9 @@ def _literal(text: str) -> str:
 class CallForms:
     """Each template's form, learned at its first forced call and kept: one per set of
     ``chat_template_kwargs`` (they may change what the template writes), at most
-    ``max_entries`` of them."""
+    ``max_entries`` of them in each cache scope (a tenant's: ``runtime/io_struct.py``), each
+    scope learning its own, so that how long its first forced call took tells a tenant
+    nothing of the others'."""
 
     def __init__(
         self,
@@ -221,18 +223,21 @@ class CallForms:
     ) -> None:
         self._render_text = render_text
         self._end, self._special = tuple(end_texts), tuple(special_texts)
-        self._forms: dict[str, CallForm | None] = {}
+        self._scopes: dict[str | None, dict[str, CallForm | None]] = {}
         self.max_entries = max_entries
 
-    def of(self, template_kwargs: dict[str, Any] | None) -> CallForm | None:
+    def of(
+        self, template_kwargs: dict[str, Any] | None, scope: str | None = None
+    ) -> CallForm | None:
         kwargs = template_kwargs or {}
         key = json.dumps(kwargs, sort_keys=True, default=str)
-        if key not in self._forms:
-            if len(self._forms) >= self.max_entries:
-                self._forms.pop(next(iter(self._forms)))
+        forms = self._scopes.setdefault(scope, {})
+        if key not in forms:
+            if len(forms) >= self.max_entries:
+                forms.pop(next(iter(forms)))
 
             def render(messages: Any, tools: Any, add_generation_prompt: bool) -> str:
                 return self._render_text(messages, tools, add_generation_prompt, **kwargs)
 
-            self._forms[key] = learn_form(render, self._end, self._special)
-        return self._forms[key]
+            forms[key] = learn_form(render, self._end, self._special)
+        return forms[key]

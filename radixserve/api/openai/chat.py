@@ -102,7 +102,7 @@ class ChatServing(OpenAIServing):
         max_tokens, param = body.max_completion_tokens, "max_completion_tokens"
         if max_tokens is None:
             max_tokens, param = body.max_tokens, "max_tokens"
-        plan = self.plan(body)
+        plan = self.plan(body, raw.state)
         if prompt is None:
             prompt = await self.render(body, plan)
         base_id = f"chatcmpl-{self.tm.new_rid()}"
@@ -128,15 +128,17 @@ class ChatServing(OpenAIServing):
         group = await open_requests(self.tm, requests, raw.is_disconnected)
         return ChatCall(base_id, plan, requests, group)
 
-    def plan(self, body: ChatCompletionRequest) -> ToolPlan:
-        """The request's tools: what the template renders, the grammar, the parser."""
+    def plan(self, body: ChatCompletionRequest, state: Any) -> ToolPlan:
+        """The request's tools: what the template renders, the grammar, the parser (``state``:
+        the caller's, as its guard left it; a form learned for one tenant is its own)."""
+        scope = self.tenants.cache_scope(state)
         try:
-            return plan_tools(body, self.tool_call_parser, lambda: self._call_form(body))
+            return plan_tools(body, self.tool_call_parser, lambda: self._call_form(body, scope))
         except ValueError as exc:
             where = "tool_choice" if body.tools else grammar_param(body)
             raise APIError(str(exc), param=where) from None
 
-    def _call_form(self, body: ChatCompletionRequest) -> CallForm | None:
+    def _call_form(self, body: ChatCompletionRequest, scope: str | None) -> CallForm | None:
         """The template's words for ``body``'s forced calls (None: the JSON array)."""
         if self._call_forms is None:
             prompts = self.tm.prompts
@@ -146,7 +148,7 @@ class ChatServing(OpenAIServing):
                 [prompts.decode_token(t) for t in self.tm.info.eos_token_ids],
                 [t.content for t in specials if t.special],
             )
-        form = self._call_forms.of(body.chat_template_kwargs)
+        form = self._call_forms.of(body.chat_template_kwargs, scope)
         if form is not None and self._grammar_after(body) is not None:
             form = form.after(THINK_END)  # its grammar starts after the thinking
         return form

@@ -71,7 +71,8 @@ def responses_router(
     async def create_response(body: ResponsesRequest, raw: Request) -> Response:
         before = context(raw, body)
         history = before.messages
-        request, prompt = await truncation.chat_request(chat, body, history)  # 400: bad input
+        # 400: bad input
+        request, prompt = await truncation.chat_request(chat, body, history, raw.state)
         own = items.input_items(body.input)
         own_size = json_bytes(own)  # measured once: up to a whole request body
         tenant = tenants.scope(raw.state)
@@ -140,10 +141,11 @@ def responses_router(
     @router.post("/v1/responses/input_tokens", responses=NOT_FOUND)
     async def count_input_tokens(body: InputTokensRequest, raw: Request) -> dict[str, Any]:
         """The prompt's tokens, as ``POST /v1/responses`` would render the same body."""
-        request, ids = await truncation.chat_request(chat, body, context(raw, body).messages)
+        messages = context(raw, body).messages
+        request, ids = await truncation.chat_request(chat, body, messages, raw.state)
         chat.adapter_of(request, request.model)  # a model not served: 404, as the create
         if ids is None:
-            ids = await chat.render(request, chat.plan(request))
+            ids = await chat.render(request, chat.plan(request, raw.state))
         return {"object": "response.input_tokens", "input_tokens": len(ids)}
 
     @router.delete("/v1/responses/{response_id}", responses=NOT_FOUND)

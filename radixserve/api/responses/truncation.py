@@ -26,17 +26,17 @@ _TURN_ROLES = ("user", "assistant")  # where a turn may start: a tool result sta
 
 
 async def chat_request(
-    chat: ChatServing, body: ResponsesRequest, history: list[dict[str, Any]]
+    chat: ChatServing, body: ResponsesRequest, history: list[dict[str, Any]], state: Any
 ) -> tuple[ChatCompletionRequest, list[int] | None]:
     """``body`` after ``history`` (chat messages) as the chat route's request, truncated as
     ``body.truncation`` says, and its prompt's ids where truncating rendered them (None: not
     rendered yet; ``ChatServing.open`` takes them, so no prompt is rendered twice); a 400 for
-    input no chat can render."""
+    input no chat can render. ``state``: the caller's, as its guard left it."""
     messages = [*history, *_convert(body.input_messages)]
     request = _convert(body.to_chat, messages)
     if body.truncation != "auto":
         return request, None
-    ids = await _render(chat, request)
+    ids = await _render(chat, request, state)
     if _fits(chat, body, ids):
         return request, ids
     first = next((i for i, m in enumerate(messages) if m["role"] == "user"), len(messages))
@@ -46,15 +46,15 @@ async def chat_request(
     while low <= high:  # the first start whose turns fit: dropping more only shortens
         mid = (low + high) // 2
         shorter = _convert(body.to_chat, [*messages[:head], *messages[starts[mid] :]])
-        if _fits(chat, body, shorter_ids := await _render(chat, shorter)):
+        if _fits(chat, body, shorter_ids := await _render(chat, shorter, state)):
             found, high = (shorter, shorter_ids), mid - 1
         else:
             low = mid + 1
     return found
 
 
-async def _render(chat: ChatServing, request: ChatCompletionRequest) -> list[int]:
-    return await chat.render(request, chat.plan(request))
+async def _render(chat: ChatServing, request: ChatCompletionRequest, state: Any) -> list[int]:
+    return await chat.render(request, chat.plan(request, state))
 
 
 def _fits(chat: ChatServing, body: ResponsesRequest, ids: list[int]) -> bool:

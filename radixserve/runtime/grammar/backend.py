@@ -50,9 +50,10 @@ class GrammarMatcher(Protocol):
 
 
 class GrammarBackend(Protocol):
-    """Compiles grammars for one tokenizer and vocabulary; ``compile`` is cached by key."""
+    """Compiles grammars for one tokenizer and vocabulary; ``compile`` is cached by key, in
+    each cache scope apart (see :class:`CompileCache`)."""
 
-    def compile(self, key: GrammarKey) -> Any:
+    def compile(self, key: GrammarKey, scope: str | None = None) -> Any:
         """The compiled grammar of ``key``; ``ValueError`` naming the problem if invalid."""
         ...
 
@@ -60,25 +61,31 @@ class GrammarBackend(Protocol):
 
 
 class CompileCache:
-    """A small thread-safe LRU of compiled grammars (or of validation results) by key."""
+    """Small thread-safe LRUs of compiled grammars (or of validation results) by key, one per
+    cache scope (a tenant: ``runtime/io_struct.py``'s ``cache_scope``), each bounded alone.
+    A grammar compiled for one tenant is compiled again for another, and no tenant's grammars
+    evict another's: how long its request took to start tells a tenant nothing of what the
+    others asked for."""
 
     def __init__(self, build: Callable[[GrammarKey], Any], max_entries: int = 256) -> None:
         self._build = build
         self._max = max_entries
-        self._entries: OrderedDict[GrammarKey, Any] = OrderedDict()
+        self._scopes: dict[str | None, OrderedDict[GrammarKey, Any]] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: GrammarKey) -> Any:
+    def get(self, key: GrammarKey, scope: str | None = None) -> Any:
         with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
-                return self._entries[key]
+            entries = self._scopes.get(scope)
+            if entries is not None and key in entries:
+                entries.move_to_end(key)
+                return entries[key]
         value = self._build(key)  # raises for an invalid grammar: nothing cached
         with self._lock:
-            self._entries[key] = value
-            while len(self._entries) > self._max:
-                self._entries.popitem(last=False)
+            entries = self._scopes.setdefault(scope, OrderedDict())
+            entries[key] = value
+            while len(entries) > self._max:
+                entries.popitem(last=False)
         return value
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return sum(len(entries) for entries in self._scopes.values())

@@ -13,6 +13,7 @@ from typing import Any
 
 from radixserve.runtime.grammar.backend import GrammarBackend, GrammarKey
 from radixserve.runtime.grammar.req_grammar import ReqGrammar
+from radixserve.runtime.io_struct import GenerateRequest, cache_scope
 
 MISSING = "structured output needs `pip install radixserve[structured]` (llguidance)"
 
@@ -49,11 +50,20 @@ class GrammarFactory:
         self._args = (tokenizer, vocab_size, frozenset(eos_token_ids))
         self.backend: GrammarBackend | None = None
 
-    def for_key(self, key: GrammarKey | None, after_token: int | None = None) -> ReqGrammar | None:
+    def for_key(
+        self, key: GrammarKey | None, after_token: int | None = None, scope: str | None = None
+    ) -> ReqGrammar | None:
         """``None`` without a key; ``ValueError`` for a grammar this tokenizer cannot run.
-        ``after_token``: the grammar starts after that token (see :class:`ReqGrammar`)."""
+        ``after_token``: the grammar starts after that token (see :class:`ReqGrammar`);
+        ``scope``: the request's cache scope (compiled grammars are cached in each apart)."""
         if key is None:
             return None
         if self.backend is None:
             self.backend = create_grammar_backend(*self._args)
-        return ReqGrammar(self.backend.matcher(self.backend.compile(key)), after_token)
+        return ReqGrammar(self.backend.matcher(self.backend.compile(key, scope)), after_token)
+
+    def for_request(self, request: GenerateRequest) -> ReqGrammar | None:
+        """:meth:`for_key` of ``request``'s grammar, in its cache scope."""
+        params = request.sampling_params
+        scope = cache_scope(request.extra_key)
+        return self.for_key(params.grammar_key, params.grammar_after_token, scope)

@@ -117,10 +117,10 @@ class LLGuidanceBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int]) -> None:
         self.tokenizer = llguidance_tokenizer(tokenizer, vocab_size, eos_token_ids)
         self.vocab_size = vocab_size
-        self._cache = CompileCache(grammar_source)
+        self.cache = CompileCache(grammar_source)  # compiled grammars, per scope
 
-    def compile(self, key: GrammarKey) -> str:
-        return str(self._cache.get(key))
+    def compile(self, key: GrammarKey, scope: str | None = None) -> str:
+        return str(self.cache.get(key, scope))
 
     def matcher(self, compiled: Any) -> LLGuidanceMatcher:
         m = llguidance.LLMatcher(self.tokenizer, compiled, log_level=0, limits=_PARSER_LIMITS)
