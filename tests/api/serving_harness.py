@@ -151,6 +151,16 @@ def sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
             yield json.loads(line[len("data: ") :])
 
 
+def final_response(stream: Any) -> Any:
+    """The response a streamed Responses call ends on (the official client's stream): its
+    last event, ``response.completed`` or, cut by the length limit, ``response.incomplete``
+    (OpenAI's, which the client's ``get_final_response`` does not take)."""
+    events = list(stream)
+    final = events[-1].response
+    assert events[-1].type == f"response.{final.status}", [e.type for e in events[-3:]]
+    return final
+
+
 @contextmanager
 def paused(client: httpx.Client, mode: str = "in_place") -> Iterator[None]:
     """The server paused in ``mode`` (``/pause_generation``) for the ``with`` block: requests

@@ -12,6 +12,7 @@ from typing import Any
 import openai
 import pytest
 from keyed_harness import STORED_BYTES, A, B, KeyedServer
+from serving_harness import final_response
 from test_server_tools import MODEL
 
 pytestmark = pytest.mark.timeout(180)
@@ -169,9 +170,7 @@ def test_a_streamed_response_adds_its_items_too(oai: openai.OpenAI) -> None:
     with oai.responses.stream(
         model=MODEL, conversation=conv.id, input="Say something.", max_output_tokens=3
     ) as stream:
-        for _ in stream:
-            pass
-        final = stream.get_final_response()
+        final = final_response(stream)
     listed = oai.conversations.items.list(conv.id, order="asc").data
     assert [item.id for item in listed[2:]] == [item.id for item in final.output]
     assert _said(listed[1]) == ("message", "user", "Say something.")

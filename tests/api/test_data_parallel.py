@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serving_harness import Server, model_name, start_server, stop_server
+from serving_harness import Server, final_response, model_name, start_server, stop_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -183,7 +183,7 @@ def test_stored_state_goes_on_from_any_worker(dp_server: Server) -> None:
     with on[1].responses.stream(
         **kwargs, previous_response_id=chained.id, input="more", max_output_tokens=2
     ) as stream:
-        final = stream.get_final_response()
+        final = final_response(stream)
     assert final.id.startswith("resp_w0_") and final.previous_response_id == chained.id
     assert on[1].responses.retrieve(first.id).id == first.id
     assert len(on[1].responses.input_items.list(final.id).data) >= 4

@@ -62,8 +62,9 @@ def test_logprobs_are_the_chat_routes(oai: openai.OpenAI) -> None:
     assert response.top_logprobs == 3
     assert all(len(t.top_logprobs) == 3 for t in text.logprobs)
     _close(text.logprobs, oracle)
-    # the greedy token is the first alternative
-    assert all(t.top_logprobs[0].token == t.token for t in text.logprobs)
+    # the greedy token is the likeliest (the first alternative, or tied with it: a random
+    # model's near ties may order two alike)
+    assert all(t.logprob == pytest.approx(t.top_logprobs[0].logprob) for t in text.logprobs)
 
 
 def test_no_logprobs_unless_asked(oai: openai.OpenAI) -> None:
@@ -94,7 +95,8 @@ def test_streamed_logprobs_add_up(oai: openai.OpenAI) -> None:
                 deltas += event.logprobs
             elif event.type == "response.output_text.done":
                 done = event.logprobs
-        final = events.get_final_response()
+            elif event.type in ("response.completed", "response.incomplete"):
+                final = event.response
     assert [t.token for t in deltas] == [t.token for t in done] == [t.token for t in whole]
     assert [t.logprob for t in done] == pytest.approx([t.logprob for t in whole], abs=1e-4)
     kept = final.output[0].content[0].logprobs

@@ -5,8 +5,9 @@
 (a message's ``response.content_part.added``, ``response.output_text.delta`` ...,
 ``response.output_text.done``, ``response.content_part.done``; a call's
 ``response.function_call_arguments.delta`` / ``.done``), ``response.output_item.done``, and
-``response.completed`` (with ``status: incomplete`` when the length limit cut it: the official
-client's stream helper ends on that event alone)."""
+``response.completed``, or ``response.incomplete`` when the length limit cut it (OpenAI's
+event: the Agents SDK raises on it, streamed, as it does on an ``incomplete`` status when not
+streamed, and the official client's ``get_final_response`` has no response to give)."""
 
 from __future__ import annotations
 
@@ -226,6 +227,4 @@ async def stream(
         yield event
     final = response_body(body, response_id, model, out.output, result)
     done.append(final)
-    # the status says whether it was cut; the event is always the one the official client's
-    # stream helper ends on
-    yield out.emit("response.completed", response=final)
+    yield out.emit(f"response.{final['status']}", response=final)
