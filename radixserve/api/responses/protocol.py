@@ -3,13 +3,13 @@ request: the one pipeline renders, runs and parses.
 
 - ``input``: a string (one user message) or items: messages (``role`` and ``content``, a
   string or ``input_text`` / ``output_text`` parts), ``function_call`` (an earlier call of the
-  model's), ``function_call_output`` (its result: a ``tool`` message of that call id) and
-  ``reasoning`` (the next assistant turn's ``reasoning_content``: :func:`items_messages`);
+  model's), ``function_call_output`` (its result: a ``tool`` message of that call id), the
+  same of a custom tool (``custom_tool_call``, ``custom_tool_call_output``) and ``reasoning`` (the next assistant turn's ``reasoning_content``: :func:`items_messages`);
 - ``instructions``: the system message (not carried to a chained response, as OpenAI does);
 - ``previous_response_id``: the stored conversation before ``input`` (``store.py``), or
   ``conversation``: a conversation's items (``conversations.py``), not both;
-- function ``tools`` (also grouped in a ``namespace``; hosted tools are not offered: this
-  server runs none) and ``tool_choice``; ``text.format`` (``json_schema``, ``json_object``,
+- function and custom ``tools`` (``custom_tools.py``; also grouped in a ``namespace``; hosted
+  tools are not offered: this server runs none) and ``tool_choice``; ``text.format`` (``json_schema``, ``json_object``,
   ``text``) as chat's ``response_format``; ``reasoning.effort`` as chat's
   ``reasoning_effort``; ``max_output_tokens``, ``temperature``, ``top_p``; ``truncation``
   (``auto``: the middle of a conversation too long for the context goes, ``truncation.py``);
@@ -29,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from radixserve.api.openai.protocol import ChatCompletionRequest
+from radixserve.api.responses import custom_tools
 
 # tools OpenAI's service runs itself: not offered to the model (this server runs none), so a
 # client that lists one among its function tools (Codex lists web search) is served the rest
@@ -121,22 +122,32 @@ class ResponsesRequest(BaseModel):
         for tool in self.tools or []:
             kind = tool.get("type")
             inner = tool.get("tools", []) if kind == "namespace" else []
-            if kind not in ("function", "namespace", *HOSTED_TOOLS) or any(
-                t.get("type") != "function" for t in inner
+            if kind not in ("function", "custom", "namespace", *HOSTED_TOOLS) or any(
+                t.get("type") not in ("function", "custom") for t in inner
             ):
-                raise ValueError(f"tools of type {kind!r} are not served (function tools are)")
+                raise ValueError(
+                    f"tools of type {kind!r} are not served (function and custom tools are)"
+                )
+            for each in [tool, *inner]:
+                if each.get("type") == "custom":
+                    custom_tools.check(each)
         return self
 
     def function_tools(self) -> list[dict[str, Any]]:
-        """The tools the model is offered: each function tool, those of each ``namespace`` (a
-        named group, as Codex sends), not the hosted ones (:data:`HOSTED_TOOLS`)."""
+        """The tools the model is offered, as functions: each function tool, each custom tool
+        (``custom_tools.py``), those of each ``namespace`` (a named group, as Codex sends),
+        not the hosted ones (:data:`HOSTED_TOOLS`)."""
         out: list[dict[str, Any]] = []
         for tool in self.tools or []:
-            if tool.get("type") == "function":
-                out.append(tool)
+            if tool.get("type") in ("function", "custom"):
+                out.append(_as_function(tool))
             elif tool.get("type") == "namespace":
-                out += [{**t, "namespace": tool["name"]} for t in tool.get("tools", [])]
+                out += [{**_as_function(t), "namespace": tool["name"]} for t in tool["tools"]]
         return out
+
+    def custom_names(self) -> frozenset[str]:
+        """The names of the custom tools: their calls are ``custom_tool_call`` items."""
+        return frozenset(t["name"] for t in self.function_tools() if t.get("custom"))
 
     def namespaces(self) -> dict[str, str]:
         """A namespace's function's name -> the namespace (its calls name it, as OpenAI's)."""
@@ -241,7 +252,11 @@ def _item_messages(item: dict[str, Any]) -> list[dict[str, Any]]:
         call = {"name": item["name"], "arguments": item.get("arguments", "{}")}
         tool_call = {"id": item["call_id"], "type": "function", "function": call}
         return [{"role": "assistant", "content": None, "tool_calls": [tool_call]}]
-    if kind == "function_call_output":
+    if kind == "custom_tool_call":
+        call = {"name": item["name"], "arguments": custom_tools.call_arguments(item["input"])}
+        tool_call = {"id": item["call_id"], "type": "function", "function": call}
+        return [{"role": "assistant", "content": None, "tool_calls": [tool_call]}]
+    if kind in ("function_call_output", "custom_tool_call_output"):
         output = item.get("output", "")
         text = output if isinstance(output, str) else json.dumps(output)
         return [{"role": "tool", "tool_call_id": item["call_id"], "content": text}]
@@ -261,6 +276,10 @@ def _content_text(content: str | list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
+def _as_function(tool: dict[str, Any]) -> dict[str, Any]:
+    return custom_tools.as_function(tool) if tool.get("type") == "custom" else tool
+
+
 def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
     function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
     return {"type": "function", "function": function}
@@ -269,7 +288,7 @@ def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
 def _tool_choice(choice: str | dict[str, Any]) -> Any:
     if isinstance(choice, str):
         return choice
-    if choice.get("type") == "function" and choice.get("name"):
+    if choice.get("type") in ("function", "custom") and choice.get("name"):
         return {"type": "function", "function": {"name": choice["name"]}}
     raise ValueError(f"tool_choice {choice!r} is not supported")
 

@@ -20,6 +20,7 @@ from typing import Any
 from radixserve.api.formats.reasoning import ReasoningStream
 from radixserve.api.formats.tool_calls import ParsedCall
 from radixserve.api.openai.chat import ChatCall
+from radixserve.api.responses import custom_tools
 from radixserve.api.responses.protocol import ResponsesRequest
 from radixserve.server.result import RequestResult
 from radixserve.types import FinishKind
@@ -44,16 +45,19 @@ def message_item(
     }
 
 
-def call_item(call: ParsedCall, namespaces: dict[str, str]) -> dict[str, Any]:
-    """A call's item; one of a namespace's functions names its namespace, as OpenAI's do."""
-    item = {
-        "type": "function_call",
-        "id": new_id("fc"),
-        "call_id": new_id("call"),
-        "name": call.name,
-        "arguments": call.arguments,
-        "status": "completed",
-    }
+def call_item(call: ParsedCall, body: ResponsesRequest) -> dict[str, Any]:
+    """A call's item: a ``function_call``, or a custom tool's ``custom_tool_call`` (its
+    ``input`` read from the arguments: ``custom_tools.py``); a call of one of a namespace's
+    tools names its namespace, as OpenAI's do."""
+    item: dict[str, Any]
+    if call.name in body.custom_names():
+        item = {"type": "custom_tool_call", "id": new_id("ctc"), "call_id": new_id("call")}
+        item |= {"name": call.name, "input": custom_tools.call_input(call.arguments)}
+    else:
+        item = {"type": "function_call", "id": new_id("fc"), "call_id": new_id("call")}
+        item |= {"name": call.name, "arguments": call.arguments}
+    item["status"] = "completed"
+    namespaces = body.namespaces()
     if call.name in namespaces:
         item["namespace"] = namespaces[call.name]
     return item
@@ -123,8 +127,7 @@ def output_items(
     out = [reasoning_item(reasoning)] if reasoning else []
     if content:
         out.append(message_item(content, new_id("msg"), logprobs=logprobs))
-    namespaces = body.namespaces()
-    return out + [call_item(call, namespaces) for call in calls]
+    return out + [call_item(call, body) for call in calls]
 
 
 class _Stream:
@@ -149,11 +152,14 @@ class _Stream:
         self.output.append(item)
         opening = {**item, "status": "in_progress"}
         out = [self.emit("response.output_item.added", output_index=index, item=opening)]
-        if arguments:
-            args = {"item_id": item["id"], "output_index": index}
-            text = item["arguments"]
-            out.append(self.emit("response.function_call_arguments.delta", **args, delta=text))
-            out.append(self.emit("response.function_call_arguments.done", **args, arguments=text))
+        if arguments:  # a call's, in one delta
+            at = {"item_id": item["id"], "output_index": index}
+            kind, field = "function_call_arguments", "arguments"
+            if item["type"] == "custom_tool_call":
+                kind, field = "custom_tool_call_input", "input"
+            text = item[field]
+            out.append(self.emit(f"response.{kind}.delta", **at, delta=text))
+            out.append(self.emit(f"response.{kind}.done", **at, **{field: text}))
         return out + [self.emit("response.output_item.done", output_index=index, item=item)]
 
     def text_delta(self, delta: str) -> list[str]:
@@ -220,9 +226,8 @@ async def stream(
             yield event
     rest, calls = tools.finish()
     events = (out.text_delta(rest) if rest else []) + out.close_message()
-    namespaces = body.namespaces()
     for parsed in calls:
-        events += out.item(call_item(parsed, namespaces), arguments=True)
+        events += out.item(call_item(parsed, body), arguments=True)
     for event in events:
         yield event
     final = response_body(body, response_id, model, out.output, result)
