@@ -160,3 +160,34 @@ def test_an_agent_runs_its_custom_tool(compat_server: Server) -> None:
     kinds = [item.type for item in run.new_items]
     assert kinds == ["tool_call_item", "tool_call_output_item"], kinds
     assert run.new_items[1].raw_item["type"] == "custom_tool_call_output"
+
+
+def test_the_sdks_patch_tool_is_offered_with_its_grammar_described(oai: openai.OpenAI) -> None:
+    """The Agents SDK's sandbox ``apply_patch`` (a custom tool with a Lark grammar) is taken:
+    its grammar is in the prompt the model reads (counted), and a forced call is a
+    ``custom_tool_call`` of a string input."""
+    pytest.importorskip("agents", reason="needs openai-agents (the test extra)")
+    from agents.sandbox.capabilities.tools.apply_patch_tool import SandboxApplyPatchTool
+
+    patch: Any = SandboxApplyPatchTool(session=None).tool_config  # type: ignore[arg-type]
+    patch = {**patch, "description": "Applies a patch."}  # its own is past the tiny context
+    plain = {**patch, "format": {"type": "text"}}
+    counts = [
+        oai.responses.input_tokens.count(model=MODEL, input="Fix it.", tools=[tool]).input_tokens
+        for tool in (patch, plain)
+    ]
+    grammar = patch["format"]["definition"]
+    assert counts[0] > counts[1] + len(grammar) // 8, counts  # the definition is read
+    response = oai.responses.create(
+        model=MODEL,
+        instructions=f"You are agent {uuid.uuid4().hex}.",
+        input="Fix it.",
+        tools=[patch],
+        tool_choice={"type": "custom", "name": "apply_patch"},
+        parallel_tool_calls=False,
+        max_output_tokens=256,
+    )
+    calls = [item for item in response.output if item.type == "custom_tool_call"]
+    assert response.status == "incomplete" or (
+        len(calls) == 1 and calls[0].name == "apply_patch" and isinstance(calls[0].input, str)
+    ), response.output
