@@ -25,12 +25,14 @@ def _instructions() -> str:
 
 
 def _cut_at(response: Any, limit: int) -> None:
-    """``response`` stopped at ``limit`` output tokens (incomplete), or, where the random model
-    ended on its EOS within them, complete."""
+    """``response`` stopped at ``limit`` output tokens (incomplete, and its message too), or,
+    where the random model ended on its EOS within them, complete."""
     tokens = response.usage.output_tokens
     assert (response.status, tokens) == ("incomplete", limit) or (
         response.status == "completed" and tokens <= limit
     ), (response.status, tokens)
+    messages = [item for item in response.output if item.type == "message"]
+    assert all(m.status == response.status for m in messages), response.output  # as OpenAI's
 
 
 def test_text_then_a_chained_turn_hits_the_cache(oai: openai.OpenAI) -> None:

@@ -76,8 +76,7 @@ def response_body(
     result: RequestResult | None,
 ) -> dict[str, Any]:
     """The response object (``result`` None: still in progress)."""
-    cut = result is not None and result.finish_reason is not None
-    cut = cut and result.finish_reason.kind == FinishKind.LENGTH  # type: ignore[union-attr]
+    cut = was_cut(result)
     status = "in_progress" if result is None else ("incomplete" if cut else "completed")
     return {
         "id": response_id,
@@ -105,6 +104,13 @@ def response_body(
     }
 
 
+def was_cut(result: RequestResult | None) -> bool:
+    """Whether the length limit cut ``result``: the response and its message are then
+    ``incomplete``, as OpenAI's."""
+    finish = None if result is None else result.finish_reason
+    return finish is not None and finish.kind == FinishKind.LENGTH
+
+
 def usage(result: RequestResult) -> dict[str, Any]:
     return {
         "input_tokens": result.prompt_tokens,
@@ -121,12 +127,15 @@ def output_items(
     calls: list[ParsedCall],
     body: ResponsesRequest,
     logprobs: Logprobs = (),
+    cut: bool = False,
 ) -> list[dict[str, Any]]:
     """The output items; the message's text carries ``logprobs`` (the output's tokens, as
-    chat's ``logprobs.content`` has them: a thinking or a call's tokens too)."""
+    chat's ``logprobs.content`` has them: a thinking or a call's tokens too); ``cut``: the
+    length limit cut it (the message is ``incomplete``)."""
     out = [reasoning_item(reasoning)] if reasoning else []
     if content:
-        out.append(message_item(content, new_id("msg"), logprobs=logprobs))
+        status = "incomplete" if cut else "completed"
+        out.append(message_item(content, new_id("msg"), status, logprobs))
     return out + [call_item(call, body) for call in calls]
 
 
@@ -178,10 +187,11 @@ class _Stream:
             self.emit("response.output_text.delta", **self._at(), delta=delta, logprobs=fresh)
         ]
 
-    def close_message(self) -> list[str]:
+    def close_message(self, cut: bool) -> list[str]:
         if self.message is None:
             return []
-        done = message_item(self.text, self.message["id"], logprobs=self.logprobs)
+        status = "incomplete" if cut else "completed"
+        done = message_item(self.text, self.message["id"], status, self.logprobs)
         at = self._at()
         self.output[at["output_index"]] = done
         return [
@@ -225,7 +235,7 @@ async def stream(
         for event in out.text_delta(delta) if (delta := tools.feed(answer)) else []:
             yield event
     rest, calls = tools.finish()
-    events = (out.text_delta(rest) if rest else []) + out.close_message()
+    events = (out.text_delta(rest) if rest else []) + out.close_message(was_cut(result))
     for parsed in calls:
         events += out.item(call_item(parsed, body), arguments=True)
     for event in events:

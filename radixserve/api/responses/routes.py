@@ -122,7 +122,12 @@ def responses_router(
             for c in message.tool_calls or []
         ]
         output = render.output_items(
-            message.reasoning_content, message.content, calls, body, logprobs(results[0], 0)
+            message.reasoning_content,
+            message.content,
+            calls,
+            body,
+            logprobs(results[0], 0),
+            render.was_cut(results[0]),
         )
         final = render.response_body(body, response_id, model, output, results[0])
         keep(final)
