@@ -81,10 +81,15 @@ def test_no_logprobs_unless_asked(oai: openai.OpenAI) -> None:
     assert tokens and all(t.top_logprobs == [] and t.logprob <= 0 for t in tokens)
 
 
-def test_streamed_logprobs_add_up(oai: openai.OpenAI) -> None:
+@pytest.mark.parametrize("regex", [None, "(x|xy|xyz)"], ids=["cut", "ended"])
+def test_streamed_logprobs_add_up(oai: openai.OpenAI, regex: str | None) -> None:
+    """The deltas' logprobs are the done event's and the whole response's, also where the
+    output ends on a token of no text (an end of turn sampled in a step of its own)."""
     system = f"You are agent {uuid.uuid4().hex}."
     kwargs: Any = dict(model=MODEL, instructions=system, input="Say something.")
     kwargs |= dict(max_output_tokens=TOKENS, temperature=0, include=INCLUDE, top_logprobs=2)
+    if regex is not None:
+        kwargs["extra_body"] = {"regex": regex}
     oai.responses.create(**kwargs)  # the prompt cached: the next two are hits alike
     whole = oai.responses.create(**kwargs).output[0].content[0].logprobs
     deltas: list[Any] = []

@@ -235,7 +235,9 @@ async def stream(
         for event in out.text_delta(delta) if (delta := tools.feed(answer)) else []:
             yield event
     rest, calls = tools.finish()
-    events = (out.text_delta(rest) if rest else []) + out.close_message(was_cut(result))
+    # the last tokens may add no text (an end of turn's): a last delta carries their logprobs
+    unsent = out.message is not None and out.sent < len(out.logprobs)
+    events = (out.text_delta(rest) if rest or unsent else []) + out.close_message(was_cut(result))
     for parsed in calls:
         events += out.item(call_item(parsed, body), arguments=True)
     for event in events:
