@@ -4,15 +4,17 @@ request: the one pipeline renders, runs and parses.
 - ``input``: a string (one user message) or items: messages (``role`` and ``content``, a
   string or ``input_text`` / ``output_text`` parts), ``function_call`` (an earlier call of the
   model's), ``function_call_output`` (its result: a ``tool`` message of that call id), the
-  same of a custom tool (``custom_tool_call``, ``custom_tool_call_output``) and ``reasoning`` (the next assistant turn's ``reasoning_content``: :func:`items_messages`);
+  same of a custom tool (``custom_tool_call``, ``custom_tool_call_output``) and ``reasoning``
+  (the next assistant turn's ``reasoning_content``: :func:`items_messages`);
 - ``instructions``: the system message (not carried to a chained response, as OpenAI does);
 - ``previous_response_id``: the stored conversation before ``input`` (``store.py``), or
   ``conversation``: a conversation's items (``conversations.py``), not both;
 - function and custom ``tools`` (``custom_tools.py``; also grouped in a ``namespace``; hosted
-  tools are not offered: this server runs none) and ``tool_choice``; ``text.format`` (``json_schema``, ``json_object``,
-  ``text``) as chat's ``response_format``; ``reasoning.effort`` as chat's
-  ``reasoning_effort``; ``max_output_tokens``, ``temperature``, ``top_p``; ``truncation``
-  (``auto``: the middle of a conversation too long for the context goes, ``truncation.py``);
+  tools are not offered: this server runs none) and ``tool_choice``; ``text.format``
+  (``json_schema``, ``json_object``, ``text``) as chat's ``response_format``;
+  ``reasoning.effort`` as chat's ``reasoning_effort``; ``max_output_tokens``, ``temperature``,
+  ``top_p``; ``truncation`` (``auto``: the middle of a conversation too long for the context
+  goes, ``truncation.py``);
 - ``include: ["message.output_text.logprobs"]`` (or ``top_logprobs`` set) and ``top_logprobs``:
   the message's text carries its tokens' logprobs, as chat's ``logprobs`` (the other
   ``include`` values name what hosted tools and encrypted reasoning would add: nothing here).

@@ -71,8 +71,7 @@ def responses_router(
     async def create_response(body: ResponsesRequest, raw: Request) -> Response:
         before = context(raw, body)
         history = before.messages
-        # 400: bad input
-        request, prompt = await truncation.chat_request(chat, body, history, raw.state)
+        request, prompt = await truncation.chat_request(chat, body, history, raw.state)  # 400s
         own = items.input_items(body.input)
         own_size = json_bytes(own)  # measured once: up to a whole request body
         tenant = tenants.scope(raw.state)
