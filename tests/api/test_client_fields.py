@@ -18,13 +18,18 @@ from openai.types.chat import completion_create_params as chat
 from openai.types.conversations import conversation_create_params as conv_create
 from openai.types.conversations import item_create_params as conv_items
 from openai.types.responses import input_token_count_params as input_tokens
+from openai.types.responses import response_compact_params as compact
 from openai.types.responses import response_create_params as responses
 from pydantic import BaseModel
 
 from radixserve.api.anthropic.protocol import CountTokensRequest, MessagesRequest
 from radixserve.api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from radixserve.api.responses.conversations import CreateConversation, CreateItems
-from radixserve.api.responses.protocol import InputTokensRequest, ResponsesRequest
+from radixserve.api.responses.protocol import (
+    CompactRequest,
+    InputTokensRequest,
+    ResponsesRequest,
+)
 
 HEADERS = {"betas"}  # the anthropic client sends them as a header
 QUERY = {"include"}  # conversation items' include: the client sends it in the query
@@ -35,6 +40,7 @@ CASES: list[tuple[Any, type[BaseModel], set[str]]] = [
     (completions.CompletionCreateParamsBase, CompletionRequest, set()),
     (responses.ResponseCreateParamsBase, ResponsesRequest, set()),
     (input_tokens.InputTokenCountParams, InputTokensRequest, set()),
+    (compact.ResponseCompactParams, CompactRequest, set()),
     (conv_create.ConversationCreateParams, CreateConversation, set()),
     (conv_items.ItemCreateParams, CreateItems, QUERY),
     (a_create.MessageCreateParamsBase, MessagesRequest, set()),

@@ -23,6 +23,7 @@ _PREFIX = {
     "custom_tool_call": "ctc",
     "custom_tool_call_output": "ctco",
     "reasoning": "rs",
+    "compaction": "cmp",
 }
 
 
@@ -36,7 +37,7 @@ def input_items(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _listed(item: dict[str, Any]) -> dict[str, Any]:
     kind = item.get("type", "message")
     out = {**item, "type": kind, "id": item.get("id") or new_id(_PREFIX.get(kind, "item"))}
-    if kind != "reasoning":
+    if kind not in ("reasoning", "compaction"):
         out.setdefault("status", "completed")
     if kind == "message":
         part = "output_text" if item["role"] == "assistant" else "input_text"

@@ -29,7 +29,11 @@ from radixserve.api.errors import error_body
 FORWARDED = b"x-radixserve-forwarded"  # a request a worker forwarded: not forwarded again
 _OWNED = re.compile(r"^(?:resp|conv)_w(\d{1,4})_")
 _BY_PATH = re.compile(r"^/v1/(?:responses|conversations)/([^/]+)")
-_BY_BODY = ("/v1/responses", "/v1/responses/input_tokens")  # POSTs naming what they go on from
+_BY_BODY = (
+    "/v1/responses",
+    "/v1/responses/input_tokens",
+    "/v1/responses/compact",
+)  # POSTs naming what they go on from
 _HOP = {b"host", b"content-length", b"connection", b"transfer-encoding", b"keep-alive"}
 
 

@@ -4,8 +4,9 @@ request: the one pipeline renders, runs and parses.
 - ``input``: a string (one user message) or items: messages (``role`` and ``content``, a
   string or ``input_text`` / ``output_text`` parts), ``function_call`` (an earlier call of the
   model's), ``function_call_output`` (its result: a ``tool`` message of that call id), the
-  same of a custom tool (``custom_tool_call``, ``custom_tool_call_output``) and ``reasoning``
-  (the next assistant turn's ``reasoning_content``: :func:`items_messages`);
+  same of a custom tool (``custom_tool_call``, ``custom_tool_call_output``), ``compaction``
+  (the summary it holds, as a user message: ``compaction.py``) and ``reasoning`` (the next
+  assistant turn's ``reasoning_content``: :func:`items_messages`);
 - ``instructions``: the system message (not carried to a chained response, as OpenAI does);
 - ``previous_response_id``: the stored conversation before ``input`` (``store.py``), or
   ``conversation``: a conversation's items (``conversations.py``), not both;
@@ -31,7 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from radixserve.api.openai.protocol import ChatCompletionRequest
-from radixserve.api.responses import custom_tools
+from radixserve.api.responses import compaction, custom_tools
 
 # tools OpenAI's service runs itself: not offered to the model (this server runs none), so a
 # client that lists one among its function tools (Codex lists web search) is served the rest
@@ -240,6 +241,11 @@ def _reasoning_text(item: dict[str, Any]) -> str:
     return "".join(p.get("text", "") for p in parts if isinstance(p, dict))
 
 
+class CompactRequest(ResponsesRequest):
+    """``POST /v1/responses/compact``: the conversation to compact (``input`` after
+    ``previous_response_id``'s, with ``instructions``)."""
+
+
 class InputTokensRequest(ResponsesRequest):
     """``POST /v1/responses/input_tokens``: the body of a response to count the prompt of."""
 
@@ -262,6 +268,8 @@ def _item_messages(item: dict[str, Any]) -> list[dict[str, Any]]:
         output = item.get("output", "")
         text = output if isinstance(output, str) else json.dumps(output)
         return [{"role": "tool", "tool_call_id": item["call_id"], "content": text}]
+    if kind == "compaction":
+        return [compaction.message(item)]
     if kind == "reasoning":
         return []
     raise ValueError(f"input items of type {kind!r} are not supported")

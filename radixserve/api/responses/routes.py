@@ -1,12 +1,13 @@
 """OpenAI's Responses API: ``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}``,
-``GET /v1/responses/{id}/input_items`` and ``POST /v1/responses/input_tokens`` (a tenant's; a
-stored response is its tenant's alone), a thin door onto the chat pipeline. A response renders
-after the one it is chained to (``previous_response_id``) or a conversation's items
-(``conversation``: ``conversations.py``)."""
+``GET /v1/responses/{id}/input_items``, ``POST /v1/responses/input_tokens`` and
+``POST /v1/responses/compact`` (a tenant's; a stored response is its tenant's alone), a thin
+door onto the chat pipeline. A response renders after the one it is chained to
+(``previous_response_id``) or a conversation's items (``conversation``: ``conversations.py``)."""
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -21,9 +22,10 @@ from radixserve.api.formats.tool_calls import ParsedCall
 from radixserve.api.openai.chat import ChatServing
 from radixserve.api.openai.common import choice_logprob_slices
 from radixserve.api.openapi import NOT_FOUND
-from radixserve.api.responses import items, render, truncation
+from radixserve.api.responses import compaction, items, render, truncation
 from radixserve.api.responses.peers import StatePeers
 from radixserve.api.responses.protocol import (
+    CompactRequest,
     InputTokensRequest,
     ResponsesRequest,
     items_messages,
@@ -151,6 +153,29 @@ def responses_router(
         if ids is None:
             ids = await chat.render(request, chat.plan(request, raw.state))
         return {"object": "response.input_tokens", "input_tokens": len(ids)}
+
+    @router.post("/v1/responses/compact", responses=NOT_FOUND)
+    async def compact(body: CompactRequest, raw: Request) -> dict[str, Any]:
+        """The conversation compacted: its user messages, then one ``compaction`` item holding
+        the summary the model writes of it (``compaction.py``). Nothing is stored."""
+        if body.stream:
+            raise APIError("POST /v1/responses/compact does not stream", param="stream")
+        before = context(raw, body)
+        own = items.input_items(body.input)
+        asking = body.model_copy(update={"input": [*own, compaction.ASK], "tools": None})
+        request, prompt = await truncation.chat_request(chat, asking, before.messages, raw.state)
+        call = await chat.open(request, raw, prompt)
+        results = await collect_all(call.group, call.requests)
+        answer = chat.response(call.base_id, request, call.plan, call.requests, results)
+        summary = answer.choices[0].message.content or ""
+        kept = compaction.user_messages([*before.items, *own])
+        return {
+            "id": render.new_id("resp"),
+            "object": "response.compaction",
+            "created_at": int(time.time()),
+            "output": [*kept, compaction.item(summary, render.new_id("cmp"))],
+            "usage": render.usage(results[0]),
+        }
 
     @router.delete("/v1/responses/{response_id}", responses=NOT_FOUND)
     async def delete_response(response_id: str, raw: Request) -> dict[str, Any]:

@@ -1,0 +1,58 @@
+"""OpenAI's compaction (``POST /v1/responses/compact``, what the Agents SDK's
+``OpenAIResponsesCompactionSession`` calls as a session grows): a conversation becomes its
+user messages and one ``compaction`` item, which later requests send in place of the rest.
+
+The model itself writes the compaction: the conversation, then a user message asking for a
+summary to continue from (:data:`PROMPT`), run through the chat pipeline as any request (its
+prefix is the conversation's, so a radix hit). OpenAI's item holds encrypted content that only
+its service reads; this server's holds the summary, encoded (:func:`item`), and reads back
+only its own (:func:`summary_of`): sent back, the item renders as a user message that gives
+the summary (:func:`message`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+PROMPT = (
+    "Write a summary of this conversation so far, for yourself to continue from it: the task "
+    "and what the user asked, what was done and found (tool results included), the decisions "
+    "made, and what is left to do. Keep every detail needed to go on; leave out the rest."
+)
+ASK = {"type": "message", "role": "user", "content": PROMPT}  # the request's last message
+PREFACE = "A summary of the conversation so far, to continue from:\n\n"
+_MARK = "radixserve-compaction-v1:"  # what begins the content of an item this server made
+
+
+def item(summary: str, item_id: str) -> dict[str, Any]:
+    """The ``compaction`` item holding ``summary``."""
+    encoded = base64.urlsafe_b64encode(summary.encode()).decode()
+    return {"type": "compaction", "id": item_id, "encrypted_content": _MARK + encoded}
+
+
+def summary_of(compaction: dict[str, Any]) -> str:
+    """The summary a ``compaction`` item holds; ``ValueError`` for an item this server did not
+    make (OpenAI's content is encrypted for its service alone)."""
+    content = compaction.get("encrypted_content")
+    if not isinstance(content, str) or not content.startswith(_MARK):
+        raise ValueError(
+            "a compaction item's encrypted_content can be read only by the server that made "
+            "it; this one was not made here"
+        )
+    try:
+        return base64.urlsafe_b64decode(content.removeprefix(_MARK)).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        raise ValueError("a compaction item's encrypted_content is damaged") from None
+
+
+def message(compaction: dict[str, Any]) -> dict[str, Any]:
+    """A ``compaction`` item as the chat message it renders as."""
+    return {"role": "user", "content": PREFACE + summary_of(compaction)}
+
+
+def user_messages(listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The user messages of ``listed`` items (as ``items.py`` lists them): what a compacted
+    conversation keeps beside its compaction item, as OpenAI's does."""
+    return [i for i in listed if i.get("type") == "message" and i.get("role") == "user"]

@@ -1,0 +1,119 @@
+"""``POST /v1/responses/compact`` through the official ``openai`` client: a conversation becomes
+its user messages and one ``compaction`` item, whose summary is what the model writes when asked
+for one after the conversation (the oracle: the chat route given the same messages), and which
+later requests send in place of the rest, rendered as a user message giving the summary."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import openai
+import pytest
+from test_server_tools import MODEL
+
+from radixserve.api.responses import compaction
+
+pytestmark = pytest.mark.timeout(180)
+
+RESULT = "file-" * 60  # a long tool result: the compacted conversation is shorter
+GREEDY: Any = {"temperature": 0, "max_output_tokens": 12}
+
+
+def _conversation(system: str) -> list[Any]:
+    return [
+        {"role": "user", "content": f"Look at the files. {system}"},
+        {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": RESULT},
+        {"role": "assistant", "content": "There are many files."},
+        {"role": "user", "content": "Which is largest?"},
+    ]
+
+
+def _summary(compacted: Any) -> str:
+    (item,) = [i for i in compacted.output if i.type == "compaction"]
+    return compaction.summary_of(item.model_dump())
+
+
+def test_a_conversation_compacts_to_its_user_messages_and_the_models_summary(
+    oai: openai.OpenAI,
+) -> None:
+    system = f"You are agent {uuid.uuid4().hex}."
+    conversation = _conversation(system)
+    compacted = oai.responses.compact(
+        model=MODEL, instructions=system, input=conversation, extra_body=GREEDY
+    )
+    assert compacted.object == "response.compaction"
+    kinds = [(i.type, getattr(i, "role", None)) for i in compacted.output]
+    assert kinds == [("message", "user"), ("message", "user"), ("compaction", None)], kinds
+    users = [i.content[0].text for i in compacted.output[:2]]  # type: ignore[union-attr]
+    assert users == [conversation[0]["content"], conversation[-1]["content"]]
+    # the oracle: the chat route asked for the summary after the same conversation
+    messages: Any = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": conversation[0]["content"]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": RESULT},
+        {"role": "assistant", "content": "There are many files."},
+        {"role": "user", "content": "Which is largest?"},
+        {"role": "user", "content": compaction.PROMPT},
+    ]
+    chat = oai.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=12)
+    assert compacted.usage.output_tokens > 0
+    assert _summary(compacted) == (chat.choices[0].message.content or "")
+    assert compacted.usage.input_tokens == chat.usage.prompt_tokens
+    assert compacted.usage.output_tokens == chat.usage.completion_tokens
+
+
+def test_the_compacted_conversation_goes_on_shorter(oai: openai.OpenAI) -> None:
+    system = f"You are agent {uuid.uuid4().hex}."
+    conversation = _conversation(system)
+    compacted = oai.responses.compact(
+        model=MODEL, instructions=system, input=conversation, extra_body=GREEDY
+    )
+    after: Any = [i.model_dump(exclude_none=True, warnings=False) for i in compacted.output]
+    after.append({"role": "user", "content": "Go on."})
+    following = oai.responses.create(
+        model=MODEL, instructions=system, input=after, max_output_tokens=2
+    )
+    whole = [*conversation, {"role": "user", "content": "Go on."}]
+    count = oai.responses.input_tokens.count
+    full = count(model=MODEL, instructions=system, input=whole).input_tokens
+    assert following.usage.input_tokens < full - 100  # the long tool result is gone
+    # the compaction item renders as a user message that gives its summary
+    told = [*after[:2], {"role": "user", "content": compaction.PREFACE + _summary(compacted)}]
+    told.append(after[-1])
+    assert count(model=MODEL, instructions=system, input=told).input_tokens == (
+        following.usage.input_tokens
+    )
+
+
+def test_a_chained_response_compacts_with_its_chain(oai: openai.OpenAI) -> None:
+    system = f"You are agent {uuid.uuid4().hex}."
+    first = oai.responses.create(
+        model=MODEL, instructions=system, input="Hello there.", max_output_tokens=3
+    )
+    compacted = oai.responses.compact(
+        model=MODEL,
+        instructions=system,
+        previous_response_id=first.id,
+        input="And then?",
+        extra_body={"max_output_tokens": 4},
+    )
+    texts = [i.content[0].text for i in compacted.output if i.type == "message"]  # type: ignore[union-attr]
+    assert texts == ["Hello there.", "And then?"]
+    assert compacted.output[-1].type == "compaction"
+
+
+def test_a_compaction_made_elsewhere_is_a_400(oai: openai.OpenAI) -> None:
+    foreign: Any = {"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAAABo-x"}
+    with pytest.raises(openai.BadRequestError, match="not made here"):
+        oai.responses.create(model=MODEL, input=[foreign], max_output_tokens=1)
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        oai.responses.compact(model=MODEL, input="hi", extra_body={"stream": True})
