@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from serving_harness import Server
+from serving_harness import Server, serving
 from test_server_tools import MODEL
 
 pytestmark = pytest.mark.timeout(180)
@@ -193,3 +194,57 @@ def test_a_conversation_session_and_a_run_in_a_conversation(compat_server: Serve
     before, usage = first.raw_responses[-1].usage.input_tokens, second.raw_responses[-1].usage
     assert usage.input_tokens > before
     assert usage.input_tokens_details.cached_tokens >= before - 3, (before, usage)
+
+
+@pytest.mark.slow  # a server of its own: the SDK compacts only for a model named as OpenAI's
+def test_the_sdks_compaction_session_compacts_here(tools_model_dir: Path, tmp_path: Path) -> None:
+    """``OpenAIResponsesCompactionSession`` calls ``responses.compact``: the session's history
+    becomes its user messages and a compaction item, and the next turn runs on it."""
+    from openai import AsyncOpenAI
+
+    name = "gpt-tiny"
+    args = ["--model", str(tools_model_dir), "--served-model-name", name]
+    with serving([*args, "--allow-auto-truncate"], tmp_path / "server.log") as server:
+        client = AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        cities: list[str] = []
+
+        @agents.function_tool
+        def get_weather(city: Literal["Paris", "Oslo"]) -> str:
+            """The weather of a city."""
+            cities.append(city)
+            return "sunny"
+
+        agents.set_tracing_disabled(True)
+        agent = agents.Agent(
+            name="agent",
+            instructions=f"You are agent {uuid.uuid4().hex}.",
+            model=agents.OpenAIResponsesModel(model=name, openai_client=client),
+            model_settings=agents.ModelSettings(
+                tool_choice="required", parallel_tool_calls=False, max_tokens=256
+            ),
+            tools=[get_weather],
+            tool_use_behavior="stop_on_first_tool",
+        )
+        session = agents.OpenAIResponsesCompactionSession(
+            uuid.uuid4().hex,
+            agents.SQLiteSession(uuid.uuid4().hex),
+            client=client,
+            model=name,
+        )
+
+        async def two_turns() -> tuple[list[Any], list[Any]]:
+            # a turn that ends on a local tool's output defers the session's own compaction
+            # to the next model response: each turn's is asked for here
+            await agents.Runner.run(agent, "Weather in Oslo?", session=session)
+            await session.run_compaction({"force": True})
+            after_one = await session.get_items()
+            await agents.Runner.run(agent, "And in Paris?", session=session)
+            await session.run_compaction({"force": True})
+            return after_one, await session.get_items()
+
+        after_one, after_two = asyncio.run(two_turns())
+    assert len(cities) == 2
+    kinds = [item.get("type", "message") for item in after_one]
+    assert kinds == ["message", "compaction"], after_one
+    kinds = [item.get("type", "message") for item in after_two]
+    assert kinds == ["message", "message", "compaction"], after_two

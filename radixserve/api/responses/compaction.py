@@ -4,7 +4,8 @@ user messages and one ``compaction`` item, which later requests send in place of
 
 The model itself writes the compaction: the conversation, then a user message asking for a
 summary to continue from (:data:`PROMPT`), run through the chat pipeline as any request (its
-prefix is the conversation's, so a radix hit). OpenAI's item holds encrypted content that only
+prefix is the conversation's, so a radix hit), at most :func:`summary_tokens` long unless
+``max_output_tokens`` says otherwise. OpenAI's item holds encrypted content that only
 its service reads; this server's holds the summary, encoded (:func:`item`), and reads back
 only its own (:func:`summary_of`): sent back, the item renders as a user message that gives
 the summary (:func:`message`).
@@ -23,7 +24,15 @@ PROMPT = (
 )
 ASK = {"type": "message", "role": "user", "content": PROMPT}  # the request's last message
 PREFACE = "A summary of the conversation so far, to continue from:\n\n"
+SUMMARY_MAX_TOKENS = 4096  # and a quarter of the context at most: a summary is to shrink it
 _MARK = "radixserve-compaction-v1:"  # what begins the content of an item this server made
+
+
+def summary_tokens(context_len: int, budget: int) -> int:
+    """How many tokens the summary may take, where the request sets none: a quarter of the
+    context, at most :data:`SUMMARY_MAX_TOKENS`, within what the context leaves
+    (``budget``)."""
+    return max(1, min(context_len // 4, SUMMARY_MAX_TOKENS, budget))
 
 
 def item(summary: str, item_id: str) -> dict[str, Any]:

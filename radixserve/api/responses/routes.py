@@ -164,6 +164,13 @@ def responses_router(
         own = items.input_items(body.input)
         asking = body.model_copy(update={"input": [*own, compaction.ASK], "tools": None})
         request, prompt = await truncation.chat_request(chat, asking, before.messages, raw.state)
+        if prompt is None:
+            prompt = await chat.render(request, chat.plan(request, raw.state))
+        if request.max_tokens is None:
+            context_len = chat.tm.info.max_context_len
+            budget = chat.tm.validator.output_budget(len(prompt))
+            length = compaction.summary_tokens(context_len, budget)
+            request = request.model_copy(update={"max_tokens": length})
         call = await chat.open(request, raw, prompt)
         results = await collect_all(call.group, call.requests)
         answer = chat.response(call.base_id, request, call.plan, call.requests, results)
