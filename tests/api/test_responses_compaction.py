@@ -16,7 +16,7 @@ from radixserve.api.responses import compaction
 
 pytestmark = pytest.mark.timeout(180)
 
-RESULT = "file-" * 60  # a long tool result: the compacted conversation is shorter
+RESULT = "file-" * 250  # a long tool result: the compacted conversation is shorter
 GREEDY: Any = {"temperature": 0, "max_output_tokens": 12}
 
 
@@ -118,3 +118,70 @@ def test_a_compaction_made_elsewhere_is_a_400(oai: openai.OpenAI) -> None:
         oai.responses.create(model=MODEL, input=[foreign], max_output_tokens=1)
     with pytest.raises(openai.BadRequestError, match="stream"):
         oai.responses.compact(model=MODEL, input="hi", extra_body={"stream": True})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_create_past_its_threshold_compacts_first(oai: openai.OpenAI, stream: bool) -> None:
+    """``context_management``: past ``compact_threshold`` tokens the conversation is compacted
+    before the answer (the output's first item), the answer reads the compacted one, and a
+    turn chained to it goes on from the compacted conversation, a cache hit."""
+    system = f"You are agent {uuid.uuid4().hex}."
+    conversation = _conversation(system)
+    kwargs: Any = dict(model=MODEL, instructions=system, max_output_tokens=4)
+    managed: Any = [{"type": "compaction", "compact_threshold": 100}]
+    if stream:
+        with oai.responses.stream(
+            **kwargs, input=conversation, context_management=managed
+        ) as events:
+            seen = list(events)
+        first = seen[-1].response  # type: ignore[union-attr]
+        added = [e.item.type for e in seen if e.type == "response.output_item.added"]
+        assert added[0] == "compaction", added
+    else:
+        first = oai.responses.create(**kwargs, input=conversation, context_management=managed)
+    assert first.output[0].type == "compaction", first.output
+    assert all(item.type != "compaction" for item in first.output[1:])
+    count = oai.responses.input_tokens.count
+    whole = count(model=MODEL, instructions=system, input=conversation).input_tokens
+    assert whole > 100 and first.usage.input_tokens < whole - 100
+    (item,) = [i.model_dump() for i in first.output if i.type == "compaction"]
+    told = [*compaction.user_messages(conversation), compaction.message(item)]
+    assert count(model=MODEL, instructions=system, input=told).input_tokens == (
+        first.usage.input_tokens
+    )
+    # chained (under its threshold now): the compacted conversation, then the answer
+    second = oai.responses.create(**kwargs, previous_response_id=first.id, input="Go on.")
+    assert second.output[0].type != "compaction"
+    assert second.usage.input_tokens < whole
+    cached = second.usage.input_tokens_details.cached_tokens
+    assert cached >= first.usage.input_tokens - 3, (first.usage, second.usage)
+
+
+def test_under_its_threshold_a_create_is_not_compacted(oai: openai.OpenAI) -> None:
+    managed: Any = [{"type": "compaction", "compact_threshold": 100_000}]
+    response = oai.responses.create(
+        model=MODEL, input="Hello.", max_output_tokens=2, context_management=managed
+    )
+    assert all(item.type != "compaction" for item in response.output)
+    with pytest.raises(openai.BadRequestError, match="compaction"):
+        oai.responses.create(
+            model=MODEL, input="Hi.", max_output_tokens=1, context_management=[{"type": "x"}]
+        )
+
+
+def test_items_before_a_compaction_but_the_users_are_what_it_holds(oai: openai.OpenAI) -> None:
+    """A client that keeps the items a compaction holds (not dropping them) gets the same
+    prompt as one that drops them."""
+    system = f"You are agent {uuid.uuid4().hex}."
+    conversation = _conversation(system)
+    compacted = oai.responses.compact(
+        model=MODEL, instructions=system, input=conversation, extra_body=GREEDY
+    )
+    (item,) = [i.model_dump() for i in compacted.output if i.type == "compaction"]
+    new: Any = {"role": "user", "content": "Go on."}
+    kept = [*conversation, item, new]
+    dropped = [*compaction.user_messages(conversation), item, new]
+    count = oai.responses.input_tokens.count
+    assert count(model=MODEL, instructions=system, input=kept).input_tokens == (
+        count(model=MODEL, instructions=system, input=dropped).input_tokens
+    )

@@ -24,6 +24,7 @@ PROMPT = (
 )
 ASK = {"type": "message", "role": "user", "content": PROMPT}  # the request's last message
 PREFACE = "A summary of the conversation so far, to continue from:\n\n"
+DEFAULT_THRESHOLD = 0.8  # of the context: a create's compact_threshold where it sets none
 SUMMARY_MAX_TOKENS = 4096  # and a quarter of the context at most: a summary is to shrink it
 _MARK = "radixserve-compaction-v1:"  # what begins the content of an item this server made
 
@@ -61,7 +62,14 @@ def message(compaction: dict[str, Any]) -> dict[str, Any]:
     return {"role": "user", "content": PREFACE + summary_of(compaction)}
 
 
-def user_messages(listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The user messages of ``listed`` items (as ``items.py`` lists them): what a compacted
-    conversation keeps beside its compaction item, as OpenAI's does."""
-    return [i for i in listed if i.get("type") == "message" and i.get("role") == "user"]
+def user_messages(given: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The user messages of ``given`` items: what a compacted conversation keeps beside its
+    compaction item, as OpenAI's does."""
+    return [i for i in given if i.get("type", "message") == "message" and i.get("role") == "user"]
+
+
+def window(given: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What of ``given`` items renders: from the last ``compaction`` item on, and the user
+    messages before it (the rest is what it holds, whether or not a client dropped it)."""
+    last = max((i for i, item in enumerate(given) if item.get("type") == "compaction"), default=-1)
+    return given if last < 0 else [*user_messages(given[:last]), *given[last:]]

@@ -53,7 +53,6 @@ REFUSED = (
     "background_options",
     "prompt",
     "image",
-    "context_management",
     "max_tool_calls",
 )
 
@@ -103,8 +102,10 @@ class ResponsesRequest(BaseModel):
     background_options: Any = None
     prompt: Any = None
     image: Any = None
-    context_management: Any = None
     max_tool_calls: int | None = None
+    # compaction inside a create (``compaction.py``): [{"type": "compaction",
+    # "compact_threshold": tokens}]
+    context_management: list[dict[str, Any]] | None = None
 
     @field_validator("stream", "store", "parallel_tool_calls", mode="before")
     @classmethod
@@ -122,6 +123,12 @@ class ResponsesRequest(BaseModel):
             raise ValueError("give previous_response_id or conversation, not both")
         if isinstance(self.conversation, dict) and not isinstance(self.conversation.get("id"), str):
             raise ValueError("conversation must be an id or an object with its id")
+        for entry in self.context_management or []:
+            if entry.get("type") != "compaction":
+                raise ValueError("context_management entries of type compaction are served")
+            threshold = entry.get("compact_threshold")
+            if threshold is not None and (not isinstance(threshold, int) or threshold < 1):
+                raise ValueError("compact_threshold must be a positive number of tokens")
         for tool in self.tools or []:
             kind = tool.get("type")
             inner = tool.get("tools", []) if kind == "namespace" else []
@@ -147,6 +154,17 @@ class ResponsesRequest(BaseModel):
             elif tool.get("type") == "namespace":
                 out += [{**_as_function(t), "namespace": tool["name"]} for t in tool["tools"]]
         return out
+
+    def compacts(self) -> bool:
+        """Whether ``context_management`` asks for compaction past a threshold."""
+        return bool(self.context_management)
+
+    def compact_threshold(self, context_len: int) -> int:
+        """The prompt's tokens past which it is compacted first: the entry's threshold, else
+        :data:`compaction.DEFAULT_THRESHOLD` of the context."""
+        given = [e.get("compact_threshold") for e in self.context_management or []]
+        found = [t for t in given if t is not None]
+        return min(found) if found else int(context_len * compaction.DEFAULT_THRESHOLD)
 
     def custom_names(self) -> frozenset[str]:
         """The names of the custom tools: their calls are ``custom_tool_call`` items."""
@@ -216,7 +234,9 @@ def items_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     render them as turns of their own, and miss the cache from the second on). A ``reasoning``
     item is the ``reasoning_content`` of the assistant turn that follows it, which the template
     renders or drops as it was trained to (Qwen3's keeps the thinking of the turns since the
-    last user message: an agent's tool loop then renders what the model wrote, a radix hit)."""
+    last user message: an agent's tool loop then renders what the model wrote, a radix hit).
+    Before a ``compaction`` item only the user messages count: the item holds the rest."""
+    items = compaction.window(items)
     out: list[dict[str, Any]] = []
     thinking: str | None = None  # a reasoning item's, for the next assistant turn
     for item in items:

@@ -214,14 +214,19 @@ async def stream(
     response_id: str,
     done: list[dict[str, Any]],
     logprobs: Callable[[RequestResult, int], Logprobs],
+    lead: list[dict[str, Any]],
 ) -> AsyncIterator[str]:
     """The events of one streamed response; the finished response object is appended to
     ``done`` (for the store). ``logprobs(result, start)``: the result's tokens' from output
-    position ``start`` on (empty when the body asks for none)."""
+    position ``start`` on (empty when the body asks for none); ``lead``: whole items the
+    output starts with (a compaction made before the generation)."""
     out, result, tools = _Stream(), RequestResult(call.requests[0]), call.plan.stream()
     started = response_body(body, response_id, model, [], None)
     yield out.emit("response.created", response=started)
     yield out.emit("response.in_progress", response=started)
+    for item in lead:
+        for event in out.item(item):
+            yield event
     thought = False
     async for _, output in call.group.events():
         start = len(result.output_ids)

@@ -69,12 +69,48 @@ def responses_router(
         given = list(conversation.items)
         return _Context(items_messages(given), given, conversation)
 
+    async def summarize(
+        body: ResponsesRequest,
+        before: _Context,
+        own: list[dict[str, Any]],
+        raw: Request,
+        max_tokens: int | None,
+    ) -> tuple[list[dict[str, Any]], RequestResult]:
+        """The conversation (``before``, then the ``own`` input items) compacted: its user
+        messages and a ``compaction`` item of the summary the model writes, at most
+        ``max_tokens`` long (None: ``compaction.summary_tokens``); and the summary's run."""
+        plain = dict.fromkeys(("tools", "tool_choice", "text", "regex", "include", "top_logprobs"))
+        asking = body.model_copy(update={**plain, "input": [*own, compaction.ASK]})
+        request, prompt = await truncation.chat_request(chat, asking, before.messages, raw.state)
+        if prompt is None:
+            prompt = await chat.render(request, chat.plan(request, raw.state))
+        if max_tokens is None:
+            budget = chat.tm.validator.output_budget(len(prompt))
+            max_tokens = compaction.summary_tokens(chat.tm.info.max_context_len, budget)
+        request = request.model_copy(update={"max_tokens": max_tokens, "logprobs": False})
+        call = await chat.open(request, raw, prompt)
+        results = await collect_all(call.group, call.requests)
+        answer = chat.response(call.base_id, request, call.plan, call.requests, results)
+        summary = answer.choices[0].message.content or ""
+        kept = compaction.user_messages([*before.items, *own])
+        return [*kept, compaction.item(summary, render.new_id("cmp"))], results[0]
+
     @router.post("/v1/responses", responses=NOT_FOUND)
     async def create_response(body: ResponsesRequest, raw: Request) -> Response:
         before = context(raw, body)
         history = before.messages
         request, prompt = await truncation.chat_request(chat, body, history, raw.state)  # 400s
         own = items.input_items(body.input)
+        rendered = [*history, *body.input_messages()]  # what the output follows
+        lead: list[dict[str, Any]] = []  # the output's first items: a compaction
+        if body.compacts():
+            if prompt is None:
+                prompt = await chat.render(request, chat.plan(request, raw.state))
+            if len(prompt) > body.compact_threshold(chat.tm.info.max_context_len):
+                compacted, _ = await summarize(body, before, own, raw, None)
+                lead, rendered = compacted[-1:], items_messages(compacted)
+                rest = body.model_copy(update={"input": []})
+                request, prompt = await truncation.chat_request(chat, rest, rendered, raw.state)
         own_size = json_bytes(own)  # measured once: up to a whole request body
         tenant = tenants.scope(raw.state)
         if before.conversation is not None:
@@ -96,8 +132,8 @@ def responses_router(
             if before.conversation is not None:
                 conversations.grow(tenant, before.conversation, [*own, *final["output"]])
             if body.store:
-                turn = _assistant_turn(final["output"])
-                conversation = [*history, *body.input_messages(), *turn]
+                turn = _assistant_turn(final["output"][len(lead) :])
+                conversation = [*rendered, *turn]
                 stored_response = StoredResponse(final, conversation, [*before.items, *own])
                 if not store.put(
                     tenant, response_id, stored_response, stored_response.own_bytes(own_size)
@@ -113,7 +149,7 @@ def responses_router(
 
         if body.stream:
             done: list[dict[str, Any]] = []
-            events = render.stream(call, body, split, model, response_id, done, logprobs)
+            events = render.stream(call, body, split, model, response_id, done, logprobs, lead)
             return event_stream(call.group, _after(events, done, keep), openai_error_event, None)
         results = await collect_all(call.group, call.requests)
         answer = chat.response(call.base_id, request, call.plan, call.requests, results)
@@ -122,7 +158,7 @@ def responses_router(
             ParsedCall(c["function"]["name"], c["function"]["arguments"])
             for c in message.tool_calls or []
         ]
-        output = render.output_items(
+        output = lead + render.output_items(
             message.reasoning_content,
             message.content,
             calls,
@@ -162,26 +198,13 @@ def responses_router(
             raise APIError("POST /v1/responses/compact does not stream", param="stream")
         before = context(raw, body)
         own = items.input_items(body.input)
-        asking = body.model_copy(update={"input": [*own, compaction.ASK], "tools": None})
-        request, prompt = await truncation.chat_request(chat, asking, before.messages, raw.state)
-        if prompt is None:
-            prompt = await chat.render(request, chat.plan(request, raw.state))
-        if request.max_tokens is None:
-            context_len = chat.tm.info.max_context_len
-            budget = chat.tm.validator.output_budget(len(prompt))
-            length = compaction.summary_tokens(context_len, budget)
-            request = request.model_copy(update={"max_tokens": length})
-        call = await chat.open(request, raw, prompt)
-        results = await collect_all(call.group, call.requests)
-        answer = chat.response(call.base_id, request, call.plan, call.requests, results)
-        summary = answer.choices[0].message.content or ""
-        kept = compaction.user_messages([*before.items, *own])
+        output, result = await summarize(body, before, own, raw, body.max_output_tokens)
         return {
             "id": render.new_id("resp"),
             "object": "response.compaction",
             "created_at": int(time.time()),
-            "output": [*kept, compaction.item(summary, render.new_id("cmp"))],
-            "usage": render.usage(results[0]),
+            "output": output,
+            "usage": render.usage(result),
         }
 
     @router.delete("/v1/responses/{response_id}", responses=NOT_FOUND)
