@@ -44,6 +44,10 @@ ROUTES: dict[tuple[str, str], tuple[str, Any]] = {
     ("DELETE", "/v1/responses/{response_id}"): (TENANT, None),
     ("GET", "/v1/responses/{response_id}/input_items"): (TENANT, None),
     ("POST", "/v1/responses/input_tokens"): (TENANT, {"model": "m", "input": "hi"}),
+    ("POST", "/v1/responses/compact"): (
+        TENANT,
+        {"model": "m", "input": "hi", "max_output_tokens": 1},
+    ),
     ("POST", "/v1/conversations"): (TENANT, {}),
     ("GET", "/v1/conversations/{conversation_id}"): (TENANT, None),
     ("POST", "/v1/conversations/{conversation_id}"): (TENANT, {"metadata": {}}),
