@@ -12,6 +12,7 @@ import openai
 import pytest
 from test_server_tools import MODEL
 
+from radixserve.api import summary
 from radixserve.api.responses import compaction
 
 pytestmark = pytest.mark.timeout(180)
@@ -62,7 +63,7 @@ def test_a_conversation_compacts_to_its_user_messages_and_the_models_summary(
         {"role": "tool", "tool_call_id": "c1", "content": RESULT},
         {"role": "assistant", "content": "There are many files."},
         {"role": "user", "content": "Which is largest?"},
-        {"role": "user", "content": compaction.PROMPT},
+        {"role": "user", "content": summary.PROMPT},
     ]
     chat = oai.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=12)
     assert compacted.usage.output_tokens > 0
@@ -87,7 +88,7 @@ def test_the_compacted_conversation_goes_on_shorter(oai: openai.OpenAI) -> None:
     full = count(model=MODEL, instructions=system, input=whole).input_tokens
     assert following.usage.input_tokens < full - 100  # the long tool result is gone
     # the compaction item renders as a user message that gives its summary
-    told = [*after[:2], {"role": "user", "content": compaction.PREFACE + _summary(compacted)}]
+    told = [*after[:2], {"role": "user", "content": summary.PREFACE + _summary(compacted)}]
     told.append(after[-1])
     assert count(model=MODEL, instructions=system, input=told).input_tokens == (
         following.usage.input_tokens

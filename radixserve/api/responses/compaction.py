@@ -2,10 +2,8 @@
 ``OpenAIResponsesCompactionSession`` calls as a session grows): a conversation becomes its
 user messages and one ``compaction`` item, which later requests send in place of the rest.
 
-The model itself writes the compaction: the conversation, then a user message asking for a
-summary to continue from (:data:`PROMPT`), run through the chat pipeline as any request (its
-prefix is the conversation's, so a radix hit), at most :func:`summary_tokens` long unless
-``max_output_tokens`` says otherwise. OpenAI's item holds encrypted content that only
+The model itself writes the compaction (``api/summary.py``), at most a quarter of the context
+unless ``max_output_tokens`` says otherwise. OpenAI's item holds encrypted content that only
 its service reads; this server's holds the summary, encoded (:func:`item`), and reads back
 only its own (:func:`summary_of`): sent back, the item renders as a user message that gives
 the summary (:func:`message`).
@@ -17,28 +15,16 @@ import base64
 import binascii
 from typing import Any
 
-PROMPT = (
-    "Write a summary of this conversation so far, for yourself to continue from it: the task "
-    "and what the user asked, what was done and found (tool results included), the decisions "
-    "made, and what is left to do. Keep every detail needed to go on; leave out the rest."
-)
-ASK = {"type": "message", "role": "user", "content": PROMPT}  # the request's last message
-PREFACE = "A summary of the conversation so far, to continue from:\n\n"
+from radixserve.api import summary
+
+ASK = {"type": "message", **summary.ask()}  # the summary request's last input item
 DEFAULT_THRESHOLD = 0.8  # of the context: a create's compact_threshold where it sets none
-SUMMARY_MAX_TOKENS = 4096  # and a quarter of the context at most: a summary is to shrink it
 _MARK = "radixserve-compaction-v1:"  # what begins the content of an item this server made
 
 
-def summary_tokens(context_len: int, budget: int) -> int:
-    """How many tokens the summary may take, where the request sets none: a quarter of the
-    context, at most :data:`SUMMARY_MAX_TOKENS`, within what the context leaves
-    (``budget``)."""
-    return max(1, min(context_len // 4, SUMMARY_MAX_TOKENS, budget))
-
-
-def item(summary: str, item_id: str) -> dict[str, Any]:
-    """The ``compaction`` item holding ``summary``."""
-    encoded = base64.urlsafe_b64encode(summary.encode()).decode()
+def item(text: str, item_id: str) -> dict[str, Any]:
+    """The ``compaction`` item holding the summary ``text``."""
+    encoded = base64.urlsafe_b64encode(text.encode()).decode()
     return {"type": "compaction", "id": item_id, "encrypted_content": _MARK + encoded}
 
 
@@ -59,7 +45,7 @@ def summary_of(compaction: dict[str, Any]) -> str:
 
 def message(compaction: dict[str, Any]) -> dict[str, Any]:
     """A ``compaction`` item as the chat message it renders as."""
-    return {"role": "user", "content": PREFACE + summary_of(compaction)}
+    return summary.told(summary_of(compaction))
 
 
 def user_messages(given: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from radixserve.api import summary
 from radixserve.api.access.routes import Access, declare
 from radixserve.api.access.tenants import Tenants
 from radixserve.api.errors import APIError
@@ -78,22 +79,13 @@ def responses_router(
     ) -> tuple[list[dict[str, Any]], RequestResult]:
         """The conversation (``before``, then the ``own`` input items) compacted: its user
         messages and a ``compaction`` item of the summary the model writes, at most
-        ``max_tokens`` long (None: ``compaction.summary_tokens``); and the summary's run."""
+        ``max_tokens`` long (None: ``summary.summary_tokens``); and the summary's run."""
         plain = dict.fromkeys(("tools", "tool_choice", "text", "regex", "include", "top_logprobs"))
         asking = body.model_copy(update={**plain, "input": [*own, compaction.ASK]})
         request, prompt = await truncation.chat_request(chat, asking, before.messages, raw.state)
-        if prompt is None:
-            prompt = await chat.render(request, chat.plan(request, raw.state))
-        if max_tokens is None:
-            budget = chat.tm.validator.output_budget(len(prompt))
-            max_tokens = compaction.summary_tokens(chat.tm.info.max_context_len, budget)
-        request = request.model_copy(update={"max_tokens": max_tokens, "logprobs": False})
-        call = await chat.open(request, raw, prompt)
-        results = await collect_all(call.group, call.requests)
-        answer = chat.response(call.base_id, request, call.plan, call.requests, results)
-        summary = answer.choices[0].message.content or ""
+        text, result = await summary.summarize(chat, request, raw, prompt, max_tokens)
         kept = compaction.user_messages([*before.items, *own])
-        return [*kept, compaction.item(summary, render.new_id("cmp"))], results[0]
+        return [*kept, compaction.item(text, render.new_id("cmp"))], result
 
     @router.post("/v1/responses", responses=NOT_FOUND)
     async def create_response(body: ResponsesRequest, raw: Request) -> Response:

@@ -1,0 +1,69 @@
+"""A conversation summarized by the served model, for compaction on either door (OpenAI's
+Responses: ``api/responses/compaction.py``; Anthropic's Messages: ``api/anthropic/protocol.py``):
+the conversation, then a user message asking for a summary to continue from (:data:`PROMPT`, or
+the client's own instructions), run through the chat pipeline as any request, so its prefix is
+the conversation's, a radix hit. A summary takes at most :func:`summary_tokens` unless the
+request says otherwise; sent back, it renders as a user message that gives it (:data:`PREFACE`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+
+from radixserve.api.openai.chat import ChatServing
+from radixserve.api.openai.protocol import ChatCompletionRequest
+from radixserve.api.streaming import collect_all
+from radixserve.server.result import RequestResult
+
+PROMPT = (
+    "Write a summary of this conversation so far, for yourself to continue from it: the task "
+    "and what the user asked, what was done and found (tool results included), the decisions "
+    "made, and what is left to do. Keep every detail needed to go on; leave out the rest."
+)
+PREFACE = "A summary of the conversation so far, to continue from:\n\n"
+SUMMARY_MAX_TOKENS = 4096  # and a quarter of the context at most: a summary is to shrink it
+# what a summary request leaves out of the conversation's: it writes text, not calls or a format
+PLAIN = dict.fromkeys(("tools", "tool_choice", "response_format", "regex", "json_schema", "ebnf"))
+
+
+def ask(instructions: str | None = None) -> dict[str, Any]:
+    """The user message that asks for the summary (``instructions``: the client's own)."""
+    return {"role": "user", "content": (instructions or "").strip() or PROMPT}
+
+
+def told(summary: str) -> dict[str, Any]:
+    """A summary sent back, as the chat message it renders as."""
+    return {"role": "user", "content": PREFACE + summary}
+
+
+def summary_tokens(context_len: int, budget: int) -> int:
+    """How many tokens a summary may take, where the request sets none: a quarter of the
+    context, at most :data:`SUMMARY_MAX_TOKENS`, within what the context leaves (``budget``)."""
+    return max(1, min(context_len // 4, SUMMARY_MAX_TOKENS, budget))
+
+
+async def summarize(
+    chat: ChatServing,
+    request: ChatCompletionRequest,
+    raw: Request,
+    prompt: list[int] | None = None,
+    max_tokens: int | None = None,
+) -> tuple[str, RequestResult]:
+    """The summary the model writes for ``request``, whose messages end on :func:`ask`, run
+    without its tools or format (:data:`PLAIN`); ``prompt``: its ids where rendered already
+    (so, without them); ``max_tokens`` None: :func:`summary_tokens`. Returns the summary's
+    text (without its thinking) and its run's result."""
+    request = request.model_copy(update=PLAIN)
+    if prompt is None:
+        prompt = await chat.render(request, chat.plan(request, raw.state))
+    if max_tokens is None:
+        budget = chat.tm.validator.output_budget(len(prompt))
+        max_tokens = summary_tokens(chat.tm.info.max_context_len, budget)
+    update = {"max_tokens": max_tokens, "max_completion_tokens": None, "logprobs": False}
+    request = request.model_copy(update=update)
+    call = await chat.open(request, raw, prompt)
+    results = await collect_all(call.group, call.requests)
+    answer = chat.response(call.base_id, request, call.plan, call.requests, results)
+    return answer.choices[0].message.content or "", results[0]
