@@ -8,6 +8,7 @@ request says otherwise; sent back, it renders as a user message that gives it (:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -44,17 +45,23 @@ def summary_tokens(context_len: int, budget: int) -> int:
     return max(1, min(context_len // 4, SUMMARY_MAX_TOKENS, budget))
 
 
+@dataclass(frozen=True, slots=True)
+class Summary:
+    text: str  # what the model wrote, without its thinking
+    result: RequestResult  # its run's (usage)
+    model: str  # the served model (or adapter) that wrote it
+
+
 async def summarize(
     chat: ChatServing,
     request: ChatCompletionRequest,
     raw: Request,
     prompt: list[int] | None = None,
     max_tokens: int | None = None,
-) -> tuple[str, RequestResult]:
+) -> Summary:
     """The summary the model writes for ``request``, whose messages end on :func:`ask`, run
     without its tools or format (:data:`PLAIN`); ``prompt``: its ids where rendered already
-    (so, without them); ``max_tokens`` None: :func:`summary_tokens`. Returns the summary's
-    text (without its thinking) and its run's result."""
+    (so, without them); ``max_tokens`` None: :func:`summary_tokens`."""
     request = request.model_copy(update=PLAIN)
     if prompt is None:
         prompt = await chat.render(request, chat.plan(request, raw.state))
@@ -66,4 +73,5 @@ async def summarize(
     call = await chat.open(request, raw, prompt)
     results = await collect_all(call.group, call.requests)
     answer = chat.response(call.base_id, request, call.plan, call.requests, results)
-    return answer.choices[0].message.content or "", results[0]
+    text = answer.choices[0].message.content or ""
+    return Summary(text, results[0], chat.served_name(call.requests))

@@ -146,8 +146,8 @@ def test_structured_output_and_the_fields_agents_send(claude: anthropic.Anthropi
 
 def test_the_beta_client_as_coding_agents_call_it(claude: anthropic.Anthropic) -> None:
     """``client.beta.messages`` (what coding agents call): the betas as a header, context
-    editing and service hints taken, streamed and counted; server-side MCP servers,
-    compaction and threads refused by name."""
+    editing and service hints taken, streamed and counted; server-side MCP servers and
+    threads refused by name."""
     system: Any = [{"type": "text", "text": _system(), "cache_control": {"type": "ephemeral"}}]
     kwargs: Any = dict(
         model=MODEL,
@@ -167,7 +167,6 @@ def test_the_beta_client_as_coding_agents_call_it(claude: anthropic.Anthropic) -
     assert counted.input_tokens == msg.usage.input_tokens + msg.usage.cache_read_input_tokens
     refused: Any = [
         ("mcp_servers", [{"type": "url", "url": "https://mcp.example", "name": "x"}]),
-        ("compaction", {"type": "enabled"}),
         ("thread", {"type": "create"}),
     ]
     for name, value in refused:

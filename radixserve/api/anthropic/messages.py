@@ -2,7 +2,8 @@
 (``message_start``, each content block's ``content_block_start`` / ``_delta`` / ``_stop``,
 ``message_delta``, ``message_stop``), and errors in Anthropic's shape.
 
-Content blocks come in the order a model writes them: its ``thinking`` (with
+Content blocks come in the order a model writes them, after a ``compaction`` where the
+conversation was compacted first: its ``thinking`` (with
 ``--reasoning-parser``), its ``text``, then each ``tool_use`` whole (a stream sends a call's
 ``input`` as one ``input_json_delta`` once the call is parsed). ``usage`` counts the cached part
 of the prompt as ``cache_read_input_tokens`` and the rest as ``input_tokens``, as Anthropic
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from radixserve.api.errors import APIError
@@ -87,10 +88,37 @@ def tool_use(call: ParsedCall) -> dict[str, Any]:
     }
 
 
-def message(chat: ChatCompletionResponse, result: RequestResult, model: str) -> dict[str, Any]:
-    """The whole answer: the chat response's one choice as content blocks."""
+def compaction(text: str) -> dict[str, Any]:
+    """The ``compaction`` block holding a summary (``api/summary.py``)."""
+    return {"type": "compaction", "content": text, "encrypted_content": None, "signature": None}
+
+
+def compacted(text: str, result: RequestResult, model: str) -> dict[str, Any]:
+    """A message of the compaction alone (``compaction``, or a compaction edit that pauses
+    after it): ``stop_reason`` ``compaction``, the summary's usage."""
+    return {
+        **_head(model),
+        "content": [compaction(text)],
+        "stop_reason": "compaction",
+        "stop_sequence": None,
+        "usage": usage(result),
+    }
+
+
+def _head(model: str) -> dict[str, Any]:
+    return {"id": message_id(), "type": "message", "role": "assistant", "model": model}
+
+
+def message(
+    chat: ChatCompletionResponse,
+    result: RequestResult,
+    model: str,
+    lead: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """The whole answer: the chat response's one choice as content blocks, after ``lead``
+    (a compaction made before it)."""
     choice = chat.choices[0]
-    content: list[dict[str, Any]] = []
+    content: list[dict[str, Any]] = list(lead)
     if choice.message.reasoning_content:
         thinking = choice.message.reasoning_content
         content.append({"type": "thinking", "thinking": thinking, "signature": ""})
@@ -101,10 +129,7 @@ def message(chat: ChatCompletionResponse, result: RequestResult, model: str) -> 
         content.append(tool_use(parsed))
     reason, sequence = stop_reason(result.finish_reason, bool(choice.message.tool_calls))
     return {
-        "id": message_id(),
-        "type": "message",
-        "role": "assistant",
-        "model": model,
+        **_head(model),
         "content": content,
         "stop_reason": reason,
         "stop_sequence": sequence,
@@ -112,22 +137,44 @@ def message(chat: ChatCompletionResponse, result: RequestResult, model: str) -> 
     }
 
 
-async def stream(call: ChatCall, split: ReasoningStream, model: str) -> AsyncIterator[str]:
-    """The events of one streamed message (see the module doc)."""
-    result = RequestResult(call.requests[0])
+async def compacted_stream(text: str, result: RequestResult, model: str) -> AsyncIterator[str]:
+    """:func:`compacted`, streamed."""
     blocks = _Blocks()
-    tools = call.plan.stream()
-    start: dict[str, Any] = {
-        "id": message_id(),
-        "type": "message",
-        "role": "assistant",
-        "model": model,
+    yield event("message_start", {"message": _start(model, result)})
+    yield from_list(_compaction_events(blocks, text) + blocks.close())
+    delta = {"delta": {"stop_reason": "compaction", "stop_sequence": None}}
+    yield event("message_delta", {**delta, "usage": usage(result)})
+    yield event("message_stop", {})
+
+
+def _start(model: str, result: RequestResult) -> dict[str, Any]:
+    """``message_start``'s message: nothing written yet."""
+    counted = {"input_tokens": result.prompt_tokens, "output_tokens": 0}
+    return {
+        **_head(model),
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {"input_tokens": result.prompt_tokens, "output_tokens": 0},
+        "usage": counted,
     }
-    yield event("message_start", {"message": start})
+
+
+def _compaction_events(blocks: _Blocks, text: str) -> list[str]:
+    opened = blocks.open({**compaction(text), "content": None})
+    return opened + blocks.delta("compaction", {"type": "compaction_delta", "content": text})
+
+
+async def stream(
+    call: ChatCall, split: ReasoningStream, model: str, lead: Sequence[dict[str, Any]] = ()
+) -> AsyncIterator[str]:
+    """The events of one streamed message (see the module doc), after ``lead``'s (a
+    compaction made before it)."""
+    result = RequestResult(call.requests[0])
+    blocks = _Blocks()
+    tools = call.plan.stream()
+    yield event("message_start", {"message": _start(model, result)})
+    for block in lead:
+        yield from_list(_compaction_events(blocks, block["content"]))
     async for _, out in call.group.events():
         result.add(out)
         final = out.output.finish_reason is not None

@@ -18,10 +18,12 @@ their conversion into the chat route's request: the one pipeline renders, runs a
   and a tool's ``strict`` its function's;
 - ``thinking`` is the template's ``enable_thinking`` (false when ``disabled``: Qwen3's and
   other hybrid templates');
-- ``output_config.effort``, Anthropic's service hints and the beta's ``context_management``
-  (no context is edited) are accepted without effect; ``container``, ``mcp_servers``,
-  ``compaction`` and ``thread`` are refused. Unknown fields are a 400 naming them, as on every
-  route.
+- compaction (``api/summary.py``): ``compaction`` (summarize the conversation and return only
+  that) and ``context_management``'s ``compact_20260112`` edit (past its trigger, compact
+  first); a ``compaction`` block sent back stands in for the messages before it;
+- ``output_config.effort``, Anthropic's service hints and ``context_management``'s other edits
+  (no context is cleared) are accepted without effect; ``container``, ``mcp_servers`` and
+  ``thread`` are refused. Unknown fields are a 400 naming them, as on every route.
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from radixserve.api import summary
 from radixserve.api.openai.protocol import ChatCompletionRequest, thinking_kwargs
+
+COMPACT_EDIT = "compact_20260112"
+DEFAULT_TRIGGER = 150_000  # input tokens: Anthropic's, where a compaction's trigger sets none
 
 
 class _Strict(BaseModel):
@@ -75,7 +81,25 @@ class ThinkingBlock(_Echoed):
     data: str | None = None
 
 
-Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
+class CompactionBlock(_Echoed):
+    """A compaction sent back (first in ``messages``, in place of what it summarizes): its
+    ``content`` renders as a user message giving the summary; null content (a compaction that
+    failed) is no block at all."""
+
+    type: Literal["compaction"]
+    content: str | None = None
+    encrypted_content: str | None = None
+    signature: str | None = None
+
+
+class CompactionConfig(_Strict):
+    """``compaction``: summarize the whole conversation, and return that alone."""
+
+    type: Literal["summarize"]
+    instructions: str | None = None
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | CompactionBlock
 
 
 class Message(_Strict):
@@ -133,19 +157,47 @@ class CountTokensRequest(_Strict):
     user_profile_id: str | None = None
     workspace_id: str | None = None
     billing_policy: dict[str, Any] | None = None
-    # the beta's context editing (clearing old tool results or thinking) is not done: the
-    # whole conversation is rendered, and one past the context is a 400 as any
+    # the beta's context editing: compaction (``compact_20260112``, :meth:`compact_edit`) is
+    # done; clearing old tool results or thinking is not (the whole conversation is rendered,
+    # and one past the context is a 400 as any)
     context_management: dict[str, Any] | None = None
-    # refused when set (MessagesRequest): server-side MCP tools, compaction requests
+    compaction: CompactionConfig | None = None  # summarize only (a count ignores it)
+    # refused when set (MessagesRequest): server-side MCP tools
     mcp_servers: list[dict[str, Any]] | None = None
-    compaction: dict[str, Any] | None = None
+
+    def compact_edit(self) -> dict[str, Any] | None:
+        """The ``compact_20260112`` edit of ``context_management``, if any: compact first when
+        the prompt is past its ``trigger`` (``{"type": "input_tokens", "value": N}``)."""
+        edits = (self.context_management or {}).get("edits") or []
+        found = [e for e in edits if isinstance(e, dict) and e.get("type") == COMPACT_EDIT]
+        return found[0] if found else None
+
+    def compact_trigger(self) -> int | None:
+        """The input tokens past which the conversation is compacted first (None: no
+        compaction edit); ``ValueError`` for a trigger that is not a number of them."""
+        edit = self.compact_edit()
+        if edit is None:
+            return None
+        trigger = edit.get("trigger")
+        if trigger is None:
+            return DEFAULT_TRIGGER
+        value = trigger.get("value") if isinstance(trigger, dict) else None
+        if not isinstance(value, int) or value < 1 or trigger.get("type") != "input_tokens":
+            raise ValueError("a compaction's trigger is a positive number of input_tokens")
+        return value
 
     def chat_messages(self) -> list[dict[str, Any]]:
-        """The conversation as the chat route's messages."""
+        """The conversation as the chat route's messages. A compaction block stands in for
+        the messages before it (``api/summary.py``'s :func:`told`)."""
         out: list[dict[str, Any]] = []
         if self.system:
             out.append({"role": "system", "content": _text(self.system)})
+        lead = len(out)
         for message in self.messages:
+            blocks = message.content if isinstance(message.content, list) else []
+            for block in blocks:
+                if isinstance(block, CompactionBlock) and block.content is not None:
+                    out = [*out[:lead], summary.told(block.content)]
             out += _chat_messages(message)
         return out
 
@@ -201,7 +253,8 @@ class MessagesRequest(CountTokensRequest):
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> MessagesRequest:
-        for name in ("container", "thread", "compaction"):
+        self.compact_trigger()  # a ValueError for a trigger that is not one
+        for name in ("container", "thread"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} is not supported by this server")
         if self.mcp_servers:
@@ -254,7 +307,10 @@ def _chat_messages(message: Message) -> list[dict[str, Any]]:
         elif isinstance(block, ToolResultBlock):
             content = _text(block.content)
             out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": content})
-    if text or calls or not out:
+    only_compaction = bool(message.content) and all(
+        isinstance(b, CompactionBlock) for b in message.content
+    )
+    if text or calls or not (out or only_compaction):
         own: dict[str, Any] = {"role": message.role, "content": "".join(text)}
         if calls:
             own["tool_calls"] = calls

@@ -83,9 +83,9 @@ def responses_router(
         plain = dict.fromkeys(("tools", "tool_choice", "text", "regex", "include", "top_logprobs"))
         asking = body.model_copy(update={**plain, "input": [*own, compaction.ASK]})
         request, prompt = await truncation.chat_request(chat, asking, before.messages, raw.state)
-        text, result = await summary.summarize(chat, request, raw, prompt, max_tokens)
+        written = await summary.summarize(chat, request, raw, prompt, max_tokens)
         kept = compaction.user_messages([*before.items, *own])
-        return [*kept, compaction.item(text, render.new_id("cmp"))], result
+        return [*kept, compaction.item(written.text, render.new_id("cmp"))], written.result
 
     @router.post("/v1/responses", responses=NOT_FOUND)
     async def create_response(body: ResponsesRequest, raw: Request) -> Response:
