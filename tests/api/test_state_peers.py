@@ -76,6 +76,10 @@ def test_a_request_naming_another_workers_object_is_served_there() -> None:
     ):
         got = client.post("/v1/responses", json=body).json()
         assert got["who"] == "owner" and json.loads(got["body"]) == body
+    chained = {"previous_response_id": "resp_w1_abc", "input": "hi"}
+    for path in ("/v1/responses/input_tokens", "/v1/responses/compact"):
+        got = client.post(path, json=chained).json()
+        assert (got["who"], "/" + got["path"]) == ("owner", path)
     got = client.post("/v1/conversations/conv_w1_abc/items", json={"items": []}).json()
     assert got["who"] == "owner" and got["body"] == '{"items":[]}'
     assert client.delete("/v1/conversations/conv_w1_abc").json()["who"] == "owner"
