@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve import Engine
 from radixserve.api.access.tenants import Tenants
 from radixserve.api.formats.call_form import CallForms
 from radixserve.runtime.grammar.backend import CompileCache
@@ -95,17 +94,3 @@ def test_a_call_form_is_learned_again_for_each_scope() -> None:
     before = len(renders)
     forms.of({"who": 1}, "tenant:a")
     assert len(renders) == before
-
-
-def test_the_engine_compiles_a_grammar_once_per_tenant(api_model_dir) -> None:
-    """Through the Engine: the edge's check and the scheduler's compile are cached per tenant
-    (the request's namespace), and a salt within a tenant shares the tenant's."""
-    params = {"regex": "[a-z]{4}", "max_new_tokens": 6, "temperature": 0.0}
-    with Engine(str(api_model_dir), dtype="float32", max_total_tokens=1024) as engine:
-        for key in ("tenant:a", "tenant:a|salt:s", "tenant:b", "tenant:a"):
-            out = engine.generate("def f(x):", params, extra_key=key)
-            assert len(out["text"]) == 4
-        backend = engine.scheduler.grammars.backend
-        assert backend is not None
-        assert len(engine.validator.grammars) == 2
-        assert len(backend.cache) == 2  # type: ignore[attr-defined]

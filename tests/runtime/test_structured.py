@@ -197,3 +197,18 @@ def test_without_llguidance_a_constrained_request_says_how_to_install(monkeypatc
     monkeypatch.delitem(sys.modules, "radixserve.runtime.grammar.llguidance_backend", raising=False)
     with pytest.raises(ValueError, match=re.escape("pip install radixserve[structured]")):
         check_grammar(("regex", "a"))
+
+
+def test_a_grammar_is_compiled_once_per_tenant(engine) -> None:
+    """The edge's check and the scheduler's compile are cached per tenant (the request's
+    namespace: ``tests/api/test_cache_scope.py``), and a salt within a tenant shares the
+    tenant's."""
+    params = {"regex": "[a-z]{4}q", "max_new_tokens": 8, "temperature": 0.0}
+    engine.generate("def f(x):", {**params, "regex": "[0-9]"})  # the backend built
+    checked, compiled = len(engine.validator.grammars), len(engine.scheduler.grammars.backend.cache)
+    for key in ("tenant:a", "tenant:a|salt:s", "tenant:b", "tenant:a"):
+        assert re.fullmatch(
+            "[a-z]{4}q", engine.generate("def f(x):", params, extra_key=key)["text"]
+        )
+    assert len(engine.validator.grammars) == checked + 2
+    assert len(engine.scheduler.grammars.backend.cache) == compiled + 2
