@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import Request
 
+from radixserve.api import turns
 from radixserve.api.openai.chat import ChatServing
 from radixserve.api.openai.protocol import ChatCompletionRequest
 from radixserve.api.streaming import collect_all
@@ -61,17 +62,32 @@ async def summarize(
 ) -> Summary:
     """The summary the model writes for ``request``, whose messages end on :func:`ask`, run
     without its tools or format (:data:`PLAIN`); ``prompt``: its ids where rendered already
-    (so, without them); ``max_tokens`` None: :func:`summary_tokens`."""
+    (so, without them); ``max_tokens`` None: :func:`summary_tokens`. A conversation that
+    leaves the summary no room in the context loses turns from its middle first
+    (``api/turns.py``): compaction is what one past the context needs."""
     request = request.model_copy(update=PLAIN)
-    if prompt is None:
-        prompt = await chat.render(request, chat.plan(request, raw.state))
+    context_len = chat.tm.info.max_context_len
+    room = max_tokens or summary_tokens(context_len, context_len)
+    messages = list(request.messages)
+
+    async def attempt(kept: list[Any]) -> tuple[bool, tuple[ChatCompletionRequest, list[int]]]:
+        whole = len(kept) == len(messages)
+        shorter = request if whole else request.model_copy(update={"messages": kept})
+        ids = prompt if whole and prompt is not None else await _render(chat, shorter, raw)
+        return len(ids) + room <= context_len, (shorter, ids)
+
+    request, ids = await turns.fewest_dropped(messages, attempt)
     if max_tokens is None:
-        budget = chat.tm.validator.output_budget(len(prompt))
-        max_tokens = summary_tokens(chat.tm.info.max_context_len, budget)
+        budget = chat.tm.validator.output_budget(len(ids))
+        max_tokens = summary_tokens(context_len, budget)
     update = {"max_tokens": max_tokens, "max_completion_tokens": None, "logprobs": False}
     request = request.model_copy(update=update)
-    call = await chat.open(request, raw, prompt)
+    call = await chat.open(request, raw, ids)
     results = await collect_all(call.group, call.requests)
     answer = chat.response(call.base_id, request, call.plan, call.requests, results)
     text = answer.choices[0].message.content or ""
     return Summary(text, results[0], chat.served_name(call.requests))
+
+
+async def _render(chat: ChatServing, request: ChatCompletionRequest, raw: Request) -> list[int]:
+    return await chat.render(request, chat.plan(request, raw.state))

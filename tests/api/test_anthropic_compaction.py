@@ -136,3 +136,27 @@ def test_a_compaction_that_pauses_and_bad_triggers(claude: anthropic.Anthropic) 
         claude.beta.messages.create(**kwargs, context_management=_edit(0))
     with pytest.raises(anthropic.BadRequestError, match="compaction"):
         claude.beta.messages.create(**kwargs, extra_body={"compaction": {"type": "enabled"}})
+
+
+def test_a_conversation_past_the_context_compacts(claude: anthropic.Anthropic) -> None:
+    """A conversation past the tiny model's context (a 400 as a message) compacts: the
+    summary reads the task and the latest turns that leave it room (``api/turns.py``)."""
+    result: Any = {"type": "tool_result", "tool_use_id": "t2", "content": RESULT}
+    again: Any = [
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t2", "name": "ls", "input": {}}],
+        },
+        {"role": "user", "content": [result]},
+        {"role": "user", "content": "And now?"},
+    ]
+    long = [*_conversation(), *again]
+    kwargs: Any = dict(model=MODEL, messages=long, max_tokens=4, betas=BETAS)
+    with pytest.raises(anthropic.BadRequestError, match="context"):
+        claude.beta.messages.create(**kwargs)
+    msg = claude.beta.messages.create(**kwargs, compaction={"type": "summarize"})
+    assert msg.stop_reason == "compaction"
+    read = msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0)
+    assert 0 < read <= 1024 - 1024 // 4
+    answered = claude.beta.messages.create(**kwargs, context_management=_edit(500))
+    assert answered.content[0].type == "compaction" and answered.stop_reason != "compaction"

@@ -186,3 +186,26 @@ def test_items_before_a_compaction_but_the_users_are_what_it_holds(oai: openai.O
     assert count(model=MODEL, instructions=system, input=kept).input_tokens == (
         count(model=MODEL, instructions=system, input=dropped).input_tokens
     )
+
+
+def test_a_conversation_past_the_context_is_compacted_from_its_latest_turns(
+    oai: openai.OpenAI,
+) -> None:
+    """What compaction is for: a conversation past the tiny model's 1,024-token context (a 400
+    as a create) compacts, its summary reading the task and the latest turns that leave the
+    summary room (``api/turns.py``); the compacted conversation then goes on."""
+    system = f"You are agent {uuid.uuid4().hex}."
+    again: Any = [
+        {"type": "function_call", "call_id": "c2", "name": "ls", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c2", "output": RESULT},
+        {"role": "user", "content": "And now?"},
+    ]
+    long = [*_conversation(system), *again]
+    with pytest.raises(openai.BadRequestError, match="context"):
+        oai.responses.create(model=MODEL, instructions=system, input=long, max_output_tokens=1)
+    compacted = oai.responses.compact(model=MODEL, instructions=system, input=long)
+    room = 1024 // 4
+    assert 0 < compacted.usage.input_tokens <= 1024 - room
+    after: Any = [i.model_dump(exclude_none=True, warnings=False) for i in compacted.output]
+    going = oai.responses.create(model=MODEL, instructions=system, input=after, max_output_tokens=2)
+    assert going.usage.input_tokens < 1024

@@ -2,12 +2,10 @@
 conversation whose prompt leaves its output no room in the context loses turns from its middle
 until it does, so a long-running agent goes on instead of getting a 400.
 
-What is kept: ``instructions``, the messages up to the first user message (the task) and the
-latest turns, a turn starting at a user or an assistant message (so a tool's result stays
-with its call); the last turn is never dropped. The fewest turns are dropped (a binary search
-over where the kept turns start: each try renders the prompt through the template). A
-conversation that does not fit even as its last turn is left whole, to be refused with its
-length as any other. ``disabled`` (OpenAI's default) changes nothing. The stored conversation
+What is kept (``api/turns.py``): ``instructions``, the messages up to the first user message
+(the task) and the latest turns; the fewest turns are dropped, each try rendered through the
+template. A conversation that does not fit even as its last turn is left whole, to be refused
+with its length as any other. ``disabled`` (OpenAI's default) changes nothing. The stored conversation
 stays whole: each request truncates for itself.
 """
 
@@ -16,13 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from radixserve.api import turns
 from radixserve.api.errors import conversion_error
 from radixserve.api.openai.chat import ChatServing
 from radixserve.api.openai.protocol import ChatCompletionRequest
 from radixserve.api.responses.protocol import ResponsesRequest
 
 T = TypeVar("T")
-_TURN_ROLES = ("user", "assistant")  # where a turn may start: a tool result stays with its call
+_Rendered = tuple[ChatCompletionRequest, list[int]]  # a request and its prompt's ids
 
 
 async def chat_request(
@@ -36,21 +35,14 @@ async def chat_request(
     request = _convert(body.to_chat, messages)
     if body.truncation != "auto":
         return request, None
-    ids = await _render(chat, request, state)
-    if _fits(chat, body, ids):
-        return request, ids
-    first = next((i for i, m in enumerate(messages) if m["role"] == "user"), len(messages))
-    head = first + 1  # the leading system messages and the first user message (the task)
-    starts = [i for i in range(head + 1, len(messages)) if messages[i]["role"] in _TURN_ROLES]
-    found, low, high = (request, ids), 0, len(starts) - 1
-    while low <= high:  # the first start whose turns fit: dropping more only shortens
-        mid = (low + high) // 2
-        shorter = _convert(body.to_chat, [*messages[:head], *messages[starts[mid] :]])
-        if _fits(chat, body, shorter_ids := await _render(chat, shorter, state)):
-            found, high = (shorter, shorter_ids), mid - 1
-        else:
-            low = mid + 1
-    return found
+
+    async def attempt(kept: list[dict[str, Any]]) -> tuple[bool, _Rendered]:
+        shorter = request if len(kept) == len(messages) else _convert(body.to_chat, kept)
+        ids = await _render(chat, shorter, state)
+        return _fits(chat, body, ids), (shorter, ids)
+
+    request, ids = await turns.fewest_dropped(messages, attempt)
+    return request, ids
 
 
 async def _render(chat: ChatServing, request: ChatCompletionRequest, state: Any) -> list[int]:
