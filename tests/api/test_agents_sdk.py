@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(180)
 agents = pytest.importorskip("agents", reason="needs openai-agents (the test extra)")
 
 
-def _agent(compat_server: Server, chat: bool = False, **kwargs: Any) -> Any:
+def _agent(compat_server: Server, chat: bool = False, model: str = MODEL, **kwargs: Any) -> Any:
     """An agent of its own prompt on the server through the Responses API (``chat``: the
     chat route, the SDK's other model)."""
     from openai import AsyncOpenAI
@@ -32,13 +32,15 @@ def _agent(compat_server: Server, chat: bool = False, **kwargs: Any) -> Any:
     return agents.Agent(
         name="agent",
         instructions=f"You are agent {uuid.uuid4().hex}.",  # a prompt of its own
-        model=kind(model=MODEL, openai_client=client),
+        model=kind(model=model, openai_client=client),
         model_settings=settings,
         **kwargs,
     )
 
 
-def _forecaster(compat_server: Server, cities: list[str], chat: bool = False, **more: Any) -> Any:
+def _forecaster(
+    compat_server: Server, cities: list[str], chat: bool = False, model: str = MODEL, **more: Any
+) -> Any:
     """An agent that must call its weather tool (``cities`` records each call) and ends on
     the tool's output. Sampled at temperature 1: one call at most, so the output's length has
     a bound (a random model's text would run to ``max_tokens``, an incomplete response the SDK
@@ -56,6 +58,7 @@ def _forecaster(compat_server: Server, cities: list[str], chat: bool = False, **
     return _agent(
         compat_server,
         chat,
+        model,
         tools=[get_weather],
         model_settings=settings,
         tool_use_behavior="stop_on_first_tool",
@@ -207,24 +210,7 @@ def test_the_sdks_compaction_session_compacts_here(tools_model_dir: Path, tmp_pa
     with serving([*args, "--allow-auto-truncate"], tmp_path / "server.log") as server:
         client = AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
         cities: list[str] = []
-
-        @agents.function_tool
-        def get_weather(city: Literal["Paris", "Oslo"]) -> str:
-            """The weather of a city."""
-            cities.append(city)
-            return "sunny"
-
-        agents.set_tracing_disabled(True)
-        agent = agents.Agent(
-            name="agent",
-            instructions=f"You are agent {uuid.uuid4().hex}.",
-            model=agents.OpenAIResponsesModel(model=name, openai_client=client),
-            model_settings=agents.ModelSettings(
-                tool_choice="required", parallel_tool_calls=False, max_tokens=256
-            ),
-            tools=[get_weather],
-            tool_use_behavior="stop_on_first_tool",
-        )
+        agent = _forecaster(server, cities, model=name)
         session = agents.OpenAIResponsesCompactionSession(
             uuid.uuid4().hex,
             agents.SQLiteSession(uuid.uuid4().hex),

@@ -127,7 +127,7 @@ def test_an_agent_runs_its_custom_tool(compat_server: Server) -> None:
     ends a run on a function tool's output only, and would ask the random model again: one
     turn is run, and the run ends there.)"""
     agents = pytest.importorskip("agents", reason="needs openai-agents (the test extra)")
-    from openai import AsyncOpenAI
+    from test_agents_sdk import _agent
 
     seen: list[str] = []
 
@@ -141,17 +141,10 @@ def test_an_agent_runs_its_custom_tool(compat_server: Server) -> None:
         on_invoke_tool=run_shell,
         format={"type": "grammar", "syntax": "regex", "definition": REGEX},
     )
-    agents.set_tracing_disabled(True)
-    client = AsyncOpenAI(base_url=f"{compat_server.url}/v1", api_key="unused", max_retries=0)
-    agent = agents.Agent(
-        name="agent",
-        instructions=f"You are agent {uuid.uuid4().hex}.",
-        model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
-        model_settings=agents.ModelSettings(
-            tool_choice="required", parallel_tool_calls=False, max_tokens=64
-        ),
-        tools=[tool],
+    settings = agents.ModelSettings(
+        tool_choice="required", parallel_tool_calls=False, max_tokens=64
     )
+    agent = _agent(compat_server, tools=[tool], model_settings=settings)
     with pytest.raises(agents.MaxTurnsExceeded) as ended:
         asyncio.run(agents.Runner.run(agent, "List the files.", max_turns=1))
     assert len(seen) == 1 and re.fullmatch(REGEX, seen[0]), seen
