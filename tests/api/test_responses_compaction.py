@@ -209,3 +209,23 @@ def test_a_conversation_past_the_context_is_compacted_from_its_latest_turns(
     after: Any = [i.model_dump(exclude_none=True, warnings=False) for i in compacted.output]
     going = oai.responses.create(model=MODEL, instructions=system, input=after, max_output_tokens=2)
     assert going.usage.input_tokens < 1024
+
+
+def test_a_conversation_compacted_by_a_create_goes_on_from_its_compaction(
+    oai: openai.OpenAI,
+) -> None:
+    """In a stored conversation the compaction item is added with the output: its next turn
+    renders the user messages, the compaction and what followed it, not the items it holds."""
+    system = f"You are agent {uuid.uuid4().hex}."
+    conv = oai.conversations.create(items=_conversation(system))
+    managed: Any = [{"type": "compaction", "compact_threshold": 100}]
+    kwargs: Any = dict(model=MODEL, instructions=system, conversation=conv.id, max_output_tokens=3)
+    first = oai.responses.create(**kwargs, input="Sum it up.", context_management=managed)
+    assert first.output[0].type == "compaction"
+    listed = oai.conversations.items.list(conv.id, order="asc", limit=100).data
+    assert [i.type for i in listed].count("compaction") == 1
+    second = oai.responses.create(**kwargs, input="Go on.")
+    assert second.output[0].type != "compaction"
+    assert second.usage.input_tokens < first.usage.input_tokens + 100  # the result is gone
+    cached = second.usage.input_tokens_details.cached_tokens
+    assert cached >= first.usage.input_tokens - 3, (first.usage, second.usage)
