@@ -306,3 +306,59 @@ def test_tokenize_renders_tools_as_the_chat_route_does(
     assert plain < chat.usage.prompt_tokens  # the tools are rendered
     refused = http.post("/tokenize", json={"prompt": "hi", "tools": TOOLS})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
+
+
+@pytest.mark.parametrize("allowed", ["get_time", "get_weather"])
+def test_allowed_tools_render_every_tool_and_call_only_the_allowed(
+    oai: openai.OpenAI, allowed: str
+) -> None:
+    """OpenAI's ``allowed_tools``: the prompt is the one every tool renders (the same whichever
+    are allowed: a cache hit), and a required call is one of the allowed; on the Responses
+    door too."""
+    messages = _messages()
+    kwargs: Any = dict(model=MODEL, messages=messages, tools=TOOLS)
+    plain = oai.chat.completions.create(**kwargs, tool_choice="auto", max_tokens=1)
+    choice: Any = {
+        "type": "allowed_tools",
+        "allowed_tools": {
+            "mode": "required",
+            "tools": [{"type": "function", "function": {"name": allowed}}],
+        },
+    }
+    first = oai.chat.completions.create(
+        **kwargs, tool_choice=choice, parallel_tool_calls=False, max_tokens=256
+    )
+    _check_calls(first.choices[0].message.tool_calls, allowed)
+    assert first.usage.prompt_tokens == plain.usage.prompt_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens >= plain.usage.prompt_tokens - 3
+    flat: Any = [
+        {
+            "type": "function",
+            "name": t["function"]["name"],
+            "parameters": t["function"]["parameters"],
+        }
+        for t in TOOLS
+    ]
+    response = oai.responses.create(
+        model=MODEL,
+        input="Check.",
+        tools=flat,
+        tool_choice={
+            "type": "allowed_tools",
+            "mode": "required",
+            "tools": [{"type": "function", "name": allowed}],
+        },
+        parallel_tool_calls=False,
+        max_output_tokens=256,
+    )
+    (call,) = response.output
+    assert call.type == "function_call" and call.name == allowed
+    unknown: Any = {
+        **choice,
+        "allowed_tools": {
+            "mode": "auto",
+            "tools": [{"type": "function", "function": {"name": "nope"}}],
+        },
+    }
+    with pytest.raises(openai.BadRequestError, match="not in tools"):
+        oai.chat.completions.create(**kwargs, tool_choice=unknown, max_tokens=1)

@@ -5,6 +5,9 @@ output, and how the output turns back into ``tool_calls`` (whole, or as a stream
 
 - ``none``: the tools are not rendered (as SGLang); plain text;
 - ``auto``: rendered; the model's own tool-call format is parsed (:class:`ToolCallParser`);
+- ``allowed_tools`` (OpenAI's): every tool rendered, so the prompt is the same whichever are
+  allowed (a cache hit); ``required`` mode constrains the calls to the allowed ones, ``auto``
+  mode is ``auto`` (a call of another tool is not refused);
 - ``required`` / a named function: rendered, and the output is constrained to the calls in
   the template's own words where the template has them (:class:`CallForm`: the next turn's
   prompt then matches the answer's cached tokens), else to a JSON array over the tools'
@@ -25,7 +28,11 @@ from radixserve.api.formats.tool_calls import (
     parse_constrained,
     tool_choice_schema,
 )
-from radixserve.api.openai.protocol import ChatCompletionRequest, NamedToolChoice
+from radixserve.api.openai.protocol import (
+    AllowedToolsChoice,
+    ChatCompletionRequest,
+    NamedToolChoice,
+)
 from radixserve.api.structured import grammar_fields, response_format_schema
 
 
@@ -130,6 +137,12 @@ def plan_tools(
     if choice == "none":
         return ToolPlan(None, body.grammar())
     rendered = [t.model_dump(exclude_none=True) for t in body.tools]
+    allowed = names
+    if isinstance(choice, AllowedToolsChoice):  # every tool rendered, these callable
+        allowed = choice.names()
+        if unknown := sorted(set(allowed) - set(names)):
+            raise ValueError(f"tool_choice allows {unknown}, which are not in tools")
+        choice = "required" if choice.allowed_tools.mode == "required" else "auto"
     if choice == "auto":
         return ToolPlan(rendered, body.grammar(), parser=ToolCallParser(parser_kind))
     constrained_by_body = response_format_schema(body.response_format) is not None
@@ -142,8 +155,9 @@ def plan_tools(
     if named is not None and named not in names:
         raise ValueError(f"tool_choice names the function `{named}`, which is not in tools")
     tools = [(t.function.name, t.function.parameters) for t in body.tools]
+    tools = [(name, parameters) for name, parameters in tools if name in allowed]
     if (form := call_form()) is not None:
         grammar = grammar_fields(ebnf=form.grammar(tools, named, body.parallel_tool_calls))
-        return ToolPlan(rendered, grammar, constrained=True, form=form, names=tuple(names))
+        return ToolPlan(rendered, grammar, constrained=True, form=form, names=tuple(allowed))
     schema = tool_choice_schema(tools, named, body.parallel_tool_calls)
     return ToolPlan(rendered, grammar_fields(json_schema=json.dumps(schema)), constrained=True)

@@ -241,13 +241,31 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
+class AllowedTools(BaseModel):
+    mode: Literal["auto", "required"]
+    tools: list[NamedToolChoice] = Field(min_length=1)
+
+
+class AllowedToolsChoice(BaseModel):
+    """OpenAI's ``allowed_tools``: every tool is rendered (the prompt stays the same, a cache
+    hit, while the choice changes) and only these may be called (``chat_tools.py``)."""
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+    def names(self) -> list[str]:
+        return [t.function.name for t in self.allowed_tools.tools]
+
+
 class ChatCompletionRequest(OpenAISamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: (
+        Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice | None
+    ) = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     # SGLang's and vLLM's: the template's generation prompt, or the last assistant message

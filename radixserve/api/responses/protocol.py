@@ -320,6 +320,15 @@ def _tool_choice(choice: str | dict[str, Any]) -> Any:
         return choice
     if choice.get("type") in ("function", "custom") and choice.get("name"):
         return {"type": "function", "function": {"name": choice["name"]}}
+    if choice.get("type") == "allowed_tools":  # every tool rendered, these callable
+        named = [
+            {"type": "function", "function": {"name": t.get("name")}}
+            for t in choice.get("tools") or []
+        ]
+        return {
+            "type": "allowed_tools",
+            "allowed_tools": {"mode": choice.get("mode"), "tools": named},
+        }
     raise ValueError(f"tool_choice {choice!r} is not supported")
 
 
