@@ -321,10 +321,9 @@ def _tool_choice(choice: str | dict[str, Any]) -> Any:
     if choice.get("type") in ("function", "custom") and choice.get("name"):
         return {"type": "function", "function": {"name": choice["name"]}}
     if choice.get("type") == "allowed_tools":  # every tool rendered, these callable
-        named = [
-            {"type": "function", "function": {"name": t.get("name")}}
-            for t in choice.get("tools") or []
-        ]
+        listed = choice.get("tools") or []
+        names = [t.get("name") if isinstance(t, dict) else None for t in listed]
+        named = [{"type": "function", "function": {"name": name}} for name in names]
         return {
             "type": "allowed_tools",
             "allowed_tools": {"mode": choice.get("mode"), "tools": named},
