@@ -73,7 +73,7 @@ async def summarize(
     async def attempt(kept: list[Any]) -> tuple[bool, tuple[ChatCompletionRequest, list[int]]]:
         whole = len(kept) == len(messages)
         shorter = request if whole else request.model_copy(update={"messages": kept})
-        ids = prompt if whole and prompt is not None else await _render(chat, shorter, raw)
+        ids = prompt if whole and prompt is not None else await chat.prompt_ids(shorter, raw.state)
         return len(ids) + room <= context_len, (shorter, ids)
 
     request, ids = await turns.fewest_dropped(messages, attempt)
@@ -87,7 +87,3 @@ async def summarize(
     answer = chat.response(call.base_id, request, call.plan, call.requests, results)
     text = answer.choices[0].message.content or ""
     return Summary(text, results[0], chat.served_name(call.requests))
-
-
-async def _render(chat: ChatServing, request: ChatCompletionRequest, raw: Request) -> list[int]:
-    return await chat.render(request, chat.plan(request, raw.state))

@@ -23,16 +23,13 @@ pytestmark = pytest.mark.timeout(180)
 
 
 class _Chat:
-    """The two calls truncation makes of ``ChatServing``: a prompt of one token per
+    """What truncation uses of ``ChatServing``: the context, and a prompt of one token per
     character of its messages' text."""
 
     def __init__(self, context: int) -> None:
         self.tm = SimpleNamespace(info=SimpleNamespace(max_context_len=context))
 
-    def plan(self, request: ChatCompletionRequest, state: Any) -> None:
-        return None
-
-    async def render(self, request: ChatCompletionRequest, plan: None) -> list[int]:
+    async def prompt_ids(self, request: ChatCompletionRequest, state: Any) -> list[int]:
         return [0] * sum(len(m.content or "") for m in request.messages)  # type: ignore[arg-type]
 
 
@@ -43,7 +40,7 @@ def _kept(context: int, items: list[dict[str, Any]], truncation: str = "auto") -
     chat = _Chat(context)
     request, ids = asyncio.run(chat_request(chat, body, [], None))  # type: ignore[arg-type]
     if truncation == "auto":  # the kept prompt's ids, rendered once: open takes them
-        assert ids == asyncio.run(chat.render(request, None))
+        assert ids == asyncio.run(chat.prompt_ids(request, None))
     else:
         assert ids is None
     return [m.content or "" for m in request.messages]  # type: ignore[misc]

@@ -40,7 +40,7 @@ def anthropic_router(chat: ChatServing) -> APIRouter:
         edit, trigger = body.compact_edit() or {}, body.compact_trigger()
         compacting = body.compaction is not None
         if trigger is not None:
-            prompt = await chat.render(request, chat.plan(request, raw.state))
+            prompt = await chat.prompt_ids(request, raw.state)
             compacting = compacting or len(prompt) > trigger
         if compacting:
             asked = body.compaction.instructions if body.compaction else edit.get("instructions")
@@ -69,9 +69,7 @@ def anthropic_router(chat: ChatServing) -> APIRouter:
         request = _to_chat(
             MessagesRequest(**body.model_dump(exclude_none=True, by_alias=True), max_tokens=1)
         )
-        plan = chat.plan(request, raw.state)
-        ids = await chat.render(request, plan)
-        return {"input_tokens": len(ids)}
+        return {"input_tokens": len(await chat.prompt_ids(request, raw.state))}
 
     return declare(router, Access.TENANT)
 

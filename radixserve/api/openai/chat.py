@@ -157,6 +157,11 @@ class ChatServing(OpenAIServing):
         """The prompt's ids: the messages and tools through the chat template."""
         return await render_messages(self.tm, body, plan.tools, body.chat_template_kwargs)
 
+    async def prompt_ids(self, body: ChatCompletionRequest, state: Any) -> list[int]:
+        """The prompt's ids as :meth:`open` renders them, for the caller whose guard left
+        ``state`` (a count, a truncation's try, a door's check before it runs)."""
+        return await self.render(body, self.plan(body, state))
+
     def response(
         self,
         base_id: str,

@@ -97,7 +97,7 @@ def responses_router(
         lead: list[dict[str, Any]] = []  # the output's first items: a compaction
         if body.compacts():
             if prompt is None:
-                prompt = await chat.render(request, chat.plan(request, raw.state))
+                prompt = await chat.prompt_ids(request, raw.state)
             if len(prompt) > body.compact_threshold(chat.tm.info.max_context_len):
                 compacted, _ = await summarize(body, before, own, raw, None)
                 lead, rendered = compacted[-1:], items_messages(compacted)
@@ -179,7 +179,7 @@ def responses_router(
         request, ids = await truncation.chat_request(chat, body, messages, raw.state)
         chat.adapter_of(request, request.model)  # a model not served: 404, as the create
         if ids is None:
-            ids = await chat.render(request, chat.plan(request, raw.state))
+            ids = await chat.prompt_ids(request, raw.state)
         return {"object": "response.input_tokens", "input_tokens": len(ids)}
 
     @router.post("/v1/responses/compact", responses=NOT_FOUND)

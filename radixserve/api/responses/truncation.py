@@ -38,15 +38,11 @@ async def chat_request(
 
     async def attempt(kept: list[dict[str, Any]]) -> tuple[bool, _Rendered]:
         shorter = request if len(kept) == len(messages) else _convert(body.to_chat, kept)
-        ids = await _render(chat, shorter, state)
+        ids = await chat.prompt_ids(shorter, state)
         return _fits(chat, body, ids), (shorter, ids)
 
     request, ids = await turns.fewest_dropped(messages, attempt)
     return request, ids
-
-
-async def _render(chat: ChatServing, request: ChatCompletionRequest, state: Any) -> list[int]:
-    return await chat.render(request, chat.plan(request, state))
 
 
 def _fits(chat: ChatServing, body: ResponsesRequest, ids: list[int]) -> bool:
