@@ -155,14 +155,13 @@ class ResponsesRequest(BaseModel):
                 out += [{**_as_function(t), "namespace": tool["name"]} for t in tool["tools"]]
         return out
 
-    def compacts(self) -> bool:
-        """Whether ``context_management`` asks for compaction past a threshold."""
-        return bool(self.context_management)
-
-    def compact_threshold(self, context_len: int) -> int:
-        """The prompt's tokens past which it is compacted first: the entry's threshold, else
+    def compact_threshold(self, context_len: int) -> int | None:
+        """The prompt's tokens past which it is compacted first (None: ``context_management``
+        asks for no compaction): the entry's threshold, else
         :data:`compaction.DEFAULT_THRESHOLD` of the context."""
-        given = [e.get("compact_threshold") for e in self.context_management or []]
+        if not self.context_management:
+            return None
+        given = [e.get("compact_threshold") for e in self.context_management]
         found = [t for t in given if t is not None]
         return min(found) if found else int(context_len * compaction.DEFAULT_THRESHOLD)
 

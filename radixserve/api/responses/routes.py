@@ -95,10 +95,11 @@ def responses_router(
         own = items.input_items(body.input)
         rendered = [*history, *body.input_messages()]  # what the output follows
         lead: list[dict[str, Any]] = []  # the output's first items: a compaction
-        if body.compacts():
+        threshold = body.compact_threshold(chat.tm.info.max_context_len)
+        if threshold is not None:
             if prompt is None:
                 prompt = await chat.prompt_ids(request, raw.state)
-            if len(prompt) > body.compact_threshold(chat.tm.info.max_context_len):
+            if len(prompt) > threshold:
                 compacted, _ = await summarize(body, before, own, raw, None)
                 lead, rendered = compacted[-1:], items_messages(compacted)
                 rest = body.model_copy(update={"input": []})
