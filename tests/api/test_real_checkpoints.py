@@ -337,3 +337,51 @@ def test_each_doors_reasoning_switch_reaches_the_template(oai, qwen3_server: Ser
     kwargs: Any = dict(model="qwen3", messages=messages)
     assert claude.messages.count_tokens(**kwargs, thinking=disabled).input_tokens == off
     assert claude.messages.count_tokens(**kwargs, thinking=enabled).input_tokens == on
+
+
+def test_clearing_thinking_renders_the_loop_as_sent_without_it(qwen3_server: Server) -> None:
+    """Anthropic's ``clear_thinking_20251015`` through Qwen3's real template, which renders the
+    thinking of the turns since the last user message: the older turns' thinking is gone from
+    the prompt as if never sent (the oracle: that conversation counted), the last turn's kept,
+    and the response reports the turns and tokens cleared."""
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=qwen3_server.url, api_key="unused", max_retries=0)
+    tools: Any = [{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}]
+
+    def loop(kept: int) -> Any:
+        out: list[Any] = [{"role": "user", "content": f"Weather, agent {uuid.uuid4().hex}?"}]
+        for k in range(3):
+            thinking = {"type": "thinking", "thinking": f"City {k} next.", "signature": ""}
+            call = {"type": "tool_use", "id": f"t{k}", "name": "get_weather", "input": {}}
+            back = {"type": "tool_result", "tool_use_id": f"t{k}", "content": "sunny"}
+            blocks = [thinking, call] if k >= 3 - kept else [call]
+            out += [{"role": "assistant", "content": blocks}, {"role": "user", "content": [back]}]
+        return out
+
+    sent = loop(3)
+    without = [sent[0], *loop(1)[1:]]
+    betas: Any = ["context-management-2025-06-27"]
+    kwargs: Any = dict(model="qwen3", tools=tools, messages=sent, betas=betas)
+
+    def count(messages: Any, edits: Any = None) -> Any:
+        managed: Any = {"edits": edits} if edits is not None else anthropic.NOT_GIVEN
+        return claude.beta.messages.count_tokens(
+            **{**kwargs, "messages": messages}, context_management=managed
+        )
+
+    whole, hand = count(sent).input_tokens, count(without).input_tokens
+    assert hand < whole - 8, (hand, whole)
+    one: Any = [{"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1}}]
+    counted = count(sent, one)
+    assert counted.input_tokens == hand
+    assert counted.context_management is not None
+    assert counted.context_management.original_input_tokens == whole
+    assert count(sent, [{"type": "clear_thinking_20251015", "keep": "all"}]).input_tokens == whole
+    msg = claude.beta.messages.create(**kwargs, max_tokens=1, context_management={"edits": one})
+    assert msg.context_management is not None
+    (applied,) = msg.context_management.applied_edits
+    assert applied.type == "clear_thinking_20251015"
+    assert applied.cleared_thinking_turns == 2  # type: ignore[union-attr]
+    assert applied.cleared_input_tokens == whole - hand
+    assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) == hand

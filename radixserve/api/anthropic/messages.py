@@ -93,7 +93,9 @@ def compaction(text: str) -> dict[str, Any]:
     return {"type": "compaction", "content": text, "encrypted_content": None, "signature": None}
 
 
-def compacted(text: str, result: RequestResult, model: str) -> dict[str, Any]:
+def compacted(
+    text: str, result: RequestResult, model: str, managed: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A message of the compaction alone (``compaction``, or a compaction edit that pauses
     after it): ``stop_reason`` ``compaction``, the summary's usage."""
     return {
@@ -102,7 +104,13 @@ def compacted(text: str, result: RequestResult, model: str) -> dict[str, Any]:
         "stop_reason": "compaction",
         "stop_sequence": None,
         "usage": usage(result),
+        **_managed(managed),
     }
+
+
+def _managed(managed: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``context_management`` field (the edits applied), where the request gave one."""
+    return {} if managed is None else {"context_management": managed}
 
 
 def _head(model: str) -> dict[str, Any]:
@@ -114,9 +122,10 @@ def message(
     result: RequestResult,
     model: str,
     lead: Sequence[dict[str, Any]] = (),
+    managed: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole answer: the chat response's one choice as content blocks, after ``lead``
-    (a compaction made before it)."""
+    (a compaction made before it); ``managed``: the context edits applied."""
     choice = chat.choices[0]
     content: list[dict[str, Any]] = list(lead)
     if choice.message.reasoning_content:
@@ -134,16 +143,19 @@ def message(
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": usage(result),
+        **_managed(managed),
     }
 
 
-async def compacted_stream(text: str, result: RequestResult, model: str) -> AsyncIterator[str]:
+async def compacted_stream(
+    text: str, result: RequestResult, model: str, managed: dict[str, Any] | None = None
+) -> AsyncIterator[str]:
     """:func:`compacted`, streamed."""
     blocks = _Blocks()
     yield event("message_start", {"message": _start(model, result)})
     yield from_list(_compaction_events(blocks, text) + blocks.close())
     delta = {"delta": {"stop_reason": "compaction", "stop_sequence": None}}
-    yield event("message_delta", {**delta, "usage": usage(result)})
+    yield event("message_delta", {**delta, "usage": usage(result), **_managed(managed)})
     yield event("message_stop", {})
 
 
@@ -165,10 +177,14 @@ def _compaction_events(blocks: _Blocks, text: str) -> list[str]:
 
 
 async def stream(
-    call: ChatCall, split: ReasoningStream, model: str, lead: Sequence[dict[str, Any]] = ()
+    call: ChatCall,
+    split: ReasoningStream,
+    model: str,
+    lead: Sequence[dict[str, Any]] = (),
+    managed: dict[str, Any] | None = None,
 ) -> AsyncIterator[str]:
     """The events of one streamed message (see the module doc), after ``lead``'s (a
-    compaction made before it)."""
+    compaction made before it); ``message_delta`` carries ``managed``, the edits applied."""
     result = RequestResult(call.requests[0])
     blocks = _Blocks()
     tools = call.plan.stream()
@@ -196,7 +212,7 @@ async def stream(
     yield from_list(blocks.close())
     reason, sequence = stop_reason(result.finish_reason, bool(calls))
     delta = {"delta": {"stop_reason": reason, "stop_sequence": sequence}}
-    yield event("message_delta", {**delta, "usage": usage(result)})
+    yield event("message_delta", {**delta, "usage": usage(result), **_managed(managed)})
     yield event("message_stop", {})
 
 

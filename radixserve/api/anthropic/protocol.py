@@ -18,12 +18,14 @@ their conversion into the chat route's request: the one pipeline renders, runs a
   and a tool's ``strict`` its function's;
 - ``thinking`` is the template's ``enable_thinking`` (false when ``disabled``: Qwen3's and
   other hybrid templates');
-- compaction (``api/summary.py``): ``compaction`` (summarize the conversation and return only
-  that) and ``context_management``'s ``compact_20260112`` edit (past its trigger, compact
-  first); a ``compaction`` block sent back stands in for the messages before it;
-- ``output_config.effort``, Anthropic's service hints and ``context_management``'s other edits
-  (no context is cleared) are accepted without effect; ``container``, ``mcp_servers`` and
-  ``thread`` are refused. Unknown fields are a 400 naming them, as on every route.
+- ``context_management``'s edits (``api/anthropic/edits.py``): clearing old tool results and
+  thinking (``api/anthropic/clearing.py``), and ``compact_20260112`` (past its trigger,
+  compact first); with ``compaction`` (summarize the conversation and return only that) this
+  is ``api/summary.py``'s compaction, and a ``compaction`` block sent back stands in for the
+  messages before it;
+- ``output_config.effort`` and Anthropic's service hints are accepted without effect;
+  ``container``, ``mcp_servers`` and ``thread`` are refused. Unknown fields are a 400 naming
+  them, as on every route.
 """
 
 from __future__ import annotations
@@ -34,10 +36,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from radixserve.api import summary
+from radixserve.api.anthropic.edits import Compact, ContextManagement
 from radixserve.api.openai.protocol import ChatCompletionRequest, thinking_kwargs
-
-COMPACT_EDIT = "compact_20260112"
-DEFAULT_TRIGGER = 150_000  # input tokens: Anthropic's, where a compaction's trigger sets none
 
 
 class _Strict(BaseModel):
@@ -157,34 +157,16 @@ class CountTokensRequest(_Strict):
     user_profile_id: str | None = None
     workspace_id: str | None = None
     billing_policy: dict[str, Any] | None = None
-    # the beta's context editing: compaction (``compact_20260112``, :meth:`compact_edit`) is
-    # done; clearing old tool results or thinking is not (the whole conversation is rendered,
-    # and one past the context is a 400 as any)
-    context_management: dict[str, Any] | None = None
+    # the beta's context editing (``api/anthropic/edits.py``)
+    context_management: ContextManagement | None = None
     compaction: CompactionConfig | None = None  # summarize only (a count ignores it)
     # refused when set (MessagesRequest): server-side MCP tools
     mcp_servers: list[dict[str, Any]] | None = None
 
-    def compact_edit(self) -> dict[str, Any] | None:
+    def compact_edit(self) -> Compact | None:
         """The ``compact_20260112`` edit of ``context_management``, if any: compact first when
-        the prompt is past its ``trigger`` (``{"type": "input_tokens", "value": N}``)."""
-        edits = (self.context_management or {}).get("edits") or []
-        found = [e for e in edits if isinstance(e, dict) and e.get("type") == COMPACT_EDIT]
-        return found[0] if found else None
-
-    def compact_trigger(self) -> int | None:
-        """The input tokens past which the conversation is compacted first (None: no
-        compaction edit); ``ValueError`` for a trigger that is not a number of them."""
-        edit = self.compact_edit()
-        if edit is None:
-            return None
-        trigger = edit.get("trigger")
-        if trigger is None:
-            return DEFAULT_TRIGGER
-        value = trigger.get("value") if isinstance(trigger, dict) else None
-        if not isinstance(value, int) or value < 1 or trigger.get("type") != "input_tokens":
-            raise ValueError("a compaction's trigger is a positive number of input_tokens")
-        return value
+        the prompt is past its trigger."""
+        return self.context_management.compact() if self.context_management else None
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """The conversation as the chat route's messages. A compaction block stands in for
@@ -253,7 +235,6 @@ class MessagesRequest(CountTokensRequest):
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> MessagesRequest:
-        self.compact_trigger()  # a ValueError for a trigger that is not one
         for name in ("container", "thread"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} is not supported by this server")

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from radixserve.api import summary
 from radixserve.api.access.routes import Access, declare
-from radixserve.api.anthropic import messages
+from radixserve.api.anthropic import clearing, messages
 from radixserve.api.anthropic.protocol import (
     CompactionBlock,
     CountTokensRequest,
@@ -35,20 +35,22 @@ def anthropic_router(chat: ChatServing) -> APIRouter:
 
     @router.post("/v1/messages", responses=NOT_FOUND)
     async def create_message(body: MessagesRequest, raw: Request) -> Response:
-        request, prompt = _to_chat(body), None
+        edited = await clearing.apply(body, _counter(chat, raw.state))
+        body, prompt, managed = edited.body, edited.prompt, _managed(body, edited)
+        request = _to_chat(body)
         lead: list[dict[str, Any]] = []  # a compaction made before the answer
-        edit, trigger = body.compact_edit() or {}, body.compact_trigger()
-        compacting = body.compaction is not None
-        if trigger is not None:
-            prompt = await chat.prompt_ids(request, raw.state)
-            compacting = compacting or len(prompt) > trigger
+        edit, compacting = body.compact_edit(), body.compaction is not None
+        if edit is not None:
+            prompt = prompt if prompt is not None else await chat.prompt_ids(request, raw.state)
+            compacting = compacting or len(prompt) > edit.threshold()
         if compacting:
-            asked = body.compaction.instructions if body.compaction else edit.get("instructions")
+            source = body.compaction or edit
+            asked = source.instructions if source is not None else None
             written = await summary.summarize(chat, _asking(body, asked), raw)
-            if body.compaction is not None or edit.get("pause_after_compaction"):
+            if body.compaction is not None or (edit and edit.pause_after_compaction):
                 if body.stream:
-                    return SSEResponse(messages.compacted_stream(*_parts(written)))
-                return JSONResponse(messages.compacted(*_parts(written)))
+                    return SSEResponse(messages.compacted_stream(*_parts(written), managed))
+                return JSONResponse(messages.compacted(*_parts(written), managed))
             lead = [messages.compaction(written.text)]
             block = CompactionBlock(type="compaction", content=written.text)
             compacted = [Message(role="assistant", content=[block])]
@@ -57,19 +59,24 @@ def anthropic_router(chat: ChatServing) -> APIRouter:
         model = chat.served_name(call.requests)
         if body.stream:
             split = ReasoningStream(chat.reasoner(request))
-            events = messages.stream(call, split, model, lead)
+            events = messages.stream(call, split, model, lead, managed)
             return event_stream(call.group, events, messages.error_event, done=None)
         results = await collect_all(call.group, call.requests)
         response = chat.response(call.base_id, request, call.plan, call.requests, results)
-        return JSONResponse(messages.message(response, results[0], model, lead))
+        return JSONResponse(messages.message(response, results[0], model, lead, managed))
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest, raw: Request) -> dict[str, Any]:
-        """The prompt's tokens, as the chat template renders the conversation and tools."""
-        request = _to_chat(
-            MessagesRequest(**body.model_dump(exclude_none=True, by_alias=True), max_tokens=1)
-        )
-        return {"input_tokens": len(await chat.prompt_ids(request, raw.state))}
+        """The prompt's tokens, as the chat template renders the conversation and tools after
+        the clearing edits (with them, ``context_management.original_input_tokens``: before)."""
+        count = _counter(chat, raw.state)
+        whole = MessagesRequest(**body.model_dump(exclude_none=True, by_alias=True), max_tokens=1)
+        edited = await clearing.apply(whole, count)
+        prompt = edited.prompt if edited.prompt is not None else await count(whole)
+        out: dict[str, Any] = {"input_tokens": len(prompt)}
+        if edited.original_tokens is not None:
+            out["context_management"] = {"original_input_tokens": edited.original_tokens}
+        return out
 
     return declare(router, Access.TENANT)
 
@@ -84,6 +91,20 @@ def _asking(body: MessagesRequest, instructions: str | None) -> ChatCompletionRe
         return ChatCompletionRequest.model_validate(fields)
     except ValueError as exc:
         raise conversion_error(exc) from None
+
+
+def _counter(chat: ChatServing, state: Any) -> clearing.Count:
+    """The prompt ids of a body, as this door renders it for the caller of ``state``."""
+
+    async def count(body: MessagesRequest) -> list[int]:
+        return await chat.prompt_ids(_to_chat(body), state)
+
+    return count
+
+
+def _managed(body: MessagesRequest, edited: clearing.Edited) -> dict[str, Any] | None:
+    """The response's ``context_management`` (None where the request gave none)."""
+    return None if body.context_management is None else {"applied_edits": edited.applied}
 
 
 def _parts(written: summary.Summary) -> tuple[str, RequestResult, str]:
