@@ -181,3 +181,72 @@ def test_what_the_template_renders_the_grammar_takes_and_the_form_reads(
     for token in ids:
         assert matcher.accept_token(token), (text, tok.decode([token]))
     assert matcher.accept_token(eos) and matcher.is_terminated()  # the model's end of turn
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "enum": ["Oslo", "Paris"]}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+
+
+def _takes(tok: Any, backend: Any, source: str, text: str) -> tuple[bool, bool]:
+    """``(whether the grammar takes all of text, whether it may end there)``."""
+    matcher = backend.matcher(backend.compile(("ebnf", source)))
+    # text is text (an argument may spell a special token); ``<tool_call>`` and
+    # ``</tool_call>`` are added tokens that are not special: one token each, as the model
+    # writes them
+    for token in tok.encode(text, add_special_tokens=False, split_special_tokens=True):
+        if not matcher.accept_token(token):
+            return False, False
+    return True, matcher.accept_token(tok.eos_token_id)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(calls=_calls, lead=st.sampled_from(["", "Let me check.", "A <tool> tag, and\n"]))
+def test_auto_modes_grammar_takes_text_and_the_allowed_calls_the_template_renders(
+    forms: dict[str, Any], calls: list[tuple[str, dict[str, Any]]], lead: str
+) -> None:
+    """``tool_choice: auto`` with strict or ``allowed_tools``: any text, and any call the
+    template renders of a tool the grammar allows, its arguments as written (the oracle:
+    Qwen3's real template, its real vocabulary); parallel calls only where allowed."""
+    tok, backend, form, _ = forms["qwen3"]
+    prompts = PromptTokenizer(tok)
+    turn = {
+        "role": "assistant",
+        "content": lead,
+        "tool_calls": [
+            {"id": f"c{k}", "type": "function", "function": {"name": n, "arguments": a}}
+            for k, (n, a) in enumerate(calls)
+        ],
+    }
+    kwargs = {"enable_thinking": False}
+    prompt = prompts.render_text(USER, TOOLS, True, **kwargs)
+    text = prompts.render_text([*USER, turn], TOOLS, False, **kwargs)[len(prompt) :]
+    text = text[: text.rfind("<|im_end|>")]
+    tools: list[Any] = [(n, None) for n in NAMES]
+    assert _takes(tok, backend, form.lazy_grammar(tools, "<tool_call>", True), text) == (True, True)
+    assert _takes(tok, backend, form.lazy_grammar(tools, "<tool_call>", True), lead) == (True, True)
+    one = form.lazy_grammar(tools, "<tool_call>", False)
+    assert _takes(tok, backend, one, text) == ((True, True) if len(calls) == 1 else (False, False))
+    # a tool not allowed: refused at its name
+    others = [(n, None) for n in NAMES if n != calls[0][0]]
+    assert not _takes(tok, backend, form.lazy_grammar(others, "<tool_call>", True), text)[0]
+
+
+def test_auto_modes_grammar_keeps_a_strict_tools_arguments(forms: dict[str, Any]) -> None:
+    tok, backend, form, _ = forms["qwen3"]
+    source = form.lazy_grammar([("get_weather", WEATHER), ("x", None)], "<tool_call>", True)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": '
+    end = "}\n</tool_call>"
+    assert _takes(tok, backend, source, f'{call}{{"city": "Oslo"}}{end}') == (True, True)
+    for bad in ('{"city": "Rome"}', '{"town": "Oslo"}', '{"city": "Oslo", "x": 1}', "{}"):
+        assert not _takes(tok, backend, source, f"Sure. {call}{bad}{end}")[0], bad
+    # a tool that is not strict takes any object
+    free = '<tool_call>\n{"name": "x", "arguments": {"a": [1, {"b": null}]}}\n</tool_call>'
+    assert _takes(tok, backend, source, free) == (True, True)
+    # the call goes on from the marker in the template's words: nothing else after it
+    assert not _takes(tok, backend, source, "<tool_call> and more text")[0]
+    # a form whose calls do not begin with the marker (Llama 3.1's bare JSON) has none
+    assert forms["llama3"][2].lazy_grammar([("x", None)], "<|python_tag|>", True) is None

@@ -385,3 +385,59 @@ def test_clearing_thinking_renders_the_loop_as_sent_without_it(qwen3_server: Ser
     assert applied.cleared_thinking_turns == 2  # type: ignore[union-attr]
     assert applied.cleared_input_tokens == whole - hand
     assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) == hand
+
+
+CITY = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Oslo", "Paris"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_auto_calls_keep_to_strict_and_allowed_tools(oai) -> None:  # type: ignore[no-untyped-def]
+    """``tool_choice: auto`` leaves the model free to answer or call; a strict tool's call is
+    then kept to its parameters and an ``allowed_tools`` choice's to those tools, from the
+    marker on (a logit bias makes the random model write ``<tool_call>`` first). Without
+    either, the same request writes no call this server can read."""
+    tool_call = 151657
+    utc: Any = {**UTC_TIME, "function": {**UTC_TIME["function"], "strict": True}}
+
+    def choice(tools: Any, **extra: Any) -> Any:
+        return oai.chat.completions.create(
+            model="qwen3",
+            messages=[{"role": "user", "content": f"Weather, agent {uuid.uuid4().hex}?"}],
+            tools=tools,
+            parallel_tool_calls=False,
+            max_tokens=48,
+            temperature=0,
+            logit_bias={str(tool_call): 100},
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+            **extra,
+        ).choices[0]
+
+    def calls(c: Any) -> list[tuple[str, Any]]:
+        return [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls]
+
+    kept = choice([CITY])
+    assert kept.finish_reason == "tool_calls", kept.message.content
+    ((name, arguments),) = calls(kept)
+    assert name == "get_weather" and arguments["city"] in ("Oslo", "Paris")
+    loose = choice([{**CITY, "function": {**CITY["function"], "strict": False}}])
+    assert not loose.message.tool_calls and "<tool_call>" in loose.message.content
+    allowed: Any = {
+        "type": "allowed_tools",
+        "allowed_tools": {
+            "mode": "auto",
+            "tools": [{"type": "function", "function": {"name": "utc_time"}}],
+        },
+    }
+    only = choice([CITY, utc], tool_choice=allowed)
+    assert calls(only) == [("utc_time", {"tz": "UTC"})], only.message.content

@@ -56,16 +56,53 @@ class CallForm:
         """The lark grammar of one call of ``named`` (or of any of ``tools``), or of one or more
         when ``parallel`` and the template renders more than one a turn. ``ValueError`` for a
         schema past the grammar engine's limits."""
+        rules = self._calls([(n, p) for n, p in tools if named is None or n == named])
+        calls = "call"
+        if parallel and self.joiner is not None:
+            calls = f"call ({_literal(self.joiner)} call)*"
+        head = _literal(self.head[self.skip :])
+        start = " ".join(x for x in (head, calls, _literal(self.tail)) if x)
+        return "\n".join([f"start: {start}", *rules]) + "\n"
+
+    def lazy_grammar(
+        self, tools: Sequence[tuple[str, dict[str, Any] | None]], trigger: str, parallel: bool
+    ) -> str | None:
+        """The lark grammar of free text in which a call, once ``trigger`` is written (the
+        model family's marker, where the head holds it), goes on in the template's words as a
+        call of one of ``tools`` (parameters None: any object) up to its tail; after it more
+        text and calls when ``parallel``, else the end. None where the head lacks ``trigger``.
+        ``ValueError`` as :meth:`grammar`."""
+        at = self.head.find(trigger)
+        if at < 0:
+            return None
+        rules = self._calls(tools)
+        rest = _literal(self.head[at + len(trigger) :])
+        tag = " ".join(x for x in ("trigger", rest, "call", _literal(self.tail)) if x)
+        lines = [
+            "%llguidance {}",
+            # one call: then the end (a newline at most before it; llguidance ends a call
+            # whose tail closes on an added token only through a lexeme after it)
+            "start: (tag)* TEXT" if parallel else "start: TEXT | tag END",
+            f"tag: {tag}",
+            # lazy: the trigger ends the text where it first appears, so a call cannot hide
+            # inside free text
+            f"trigger[lazy]: TEXT {_literal(trigger)}",
+            "TEXT: /(.|\\n)*/",
+            "END: /\\n?/",
+            *rules,
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _calls(self, tools: Sequence[tuple[str, dict[str, Any] | None]]) -> list[str]:
+        """The ``call`` rule over ``tools`` and a rule per tool: its name, then its arguments
+        under its parameters' schema, written with the template's separators."""
         options = {
             "whitespace_flexible": False,
             "key_separator": self.key_separator,
             "item_separator": self.item_separator,
         }
-        rules = []
-        choices = []
+        rules, choices = [], []
         for k, (name, parameters) in enumerate(tools):
-            if named is not None and name != named:
-                continue
             schema = dict(parameters or {"type": "object", "properties": {}})
             check_json_depth(schema, f"the parameters of `{name}`")
             for pattern in schema_patterns(schema):
@@ -74,12 +111,7 @@ class CallForm:
             rules.append(f"call_{k}: {_literal(name + self.middle)} args_{k}")
             rules.append(f"args_{k}: %json {json.dumps(schema)}")
             choices.append(f"call_{k}")
-        calls = "call"
-        if parallel and self.joiner is not None:
-            calls = f"call ({_literal(self.joiner)} call)*"
-        head = _literal(self.head[self.skip :])
-        start = " ".join(x for x in (head, calls, _literal(self.tail)) if x)
-        return "\n".join([f"start: {start}", "call: " + " | ".join(choices), *rules]) + "\n"
+        return ["call: " + " | ".join(choices), *rules]
 
     def parse(self, text: str, names: Sequence[str]) -> list[ParsedCall] | None:
         """The calls of an output written under :meth:`grammar` (None: not that, e.g. cut by

@@ -4,10 +4,13 @@ output, and how the output turns back into ``tool_calls`` (whole, or as a stream
 ``tool_choice`` (default ``auto`` when ``tools`` are given):
 
 - ``none``: the tools are not rendered (as SGLang); plain text;
-- ``auto``: rendered; the model's own tool-call format is parsed (:class:`ToolCallParser`);
+- ``auto``: rendered; the model's own tool-call format is parsed (:class:`ToolCallParser`).
+  With a ``strict`` tool or an ``allowed_tools`` choice, the text stays free and each call,
+  from the family's marker on, is kept to the allowed tools and the strict ones' parameters
+  (:meth:`CallForm.lazy_grammar`), where the template's calls begin with the marker;
 - ``allowed_tools`` (OpenAI's): every tool rendered, so the prompt is the same whichever are
   allowed (a cache hit); ``required`` mode constrains the calls to the allowed ones, ``auto``
-  mode is ``auto`` (a call of another tool is not refused);
+  mode is ``auto``, kept to them as above;
 - ``required`` / a named function: rendered, and the output is constrained to the calls in
   the template's own words where the template has them (:class:`CallForm`: the next turn's
   prompt then matches the answer's cached tokens), else to a JSON array over the tools'
@@ -16,6 +19,7 @@ output, and how the output turns back into ``tool_calls`` (whole, or as a stream
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -144,7 +148,9 @@ def plan_tools(
             raise ValueError(f"tool_choice allows {unknown}, which are not in tools")
         choice = "required" if choice.allowed_tools.mode == "required" else "auto"
     if choice == "auto":
-        return ToolPlan(rendered, body.grammar(), parser=ToolCallParser(parser_kind))
+        parser = ToolCallParser(parser_kind)
+        grammar = body.grammar() or _enforced_auto(body, allowed, parser, call_form)
+        return ToolPlan(rendered, grammar, parser=parser)
     constrained_by_body = response_format_schema(body.response_format) is not None
     if constrained_by_body or any(x is not None for x in (body.regex, body.json_schema, body.ebnf)):
         raise ValueError(
@@ -161,3 +167,32 @@ def plan_tools(
         return ToolPlan(rendered, grammar, constrained=True, form=form, names=tuple(allowed))
     schema = tool_choice_schema(tools, named, body.parallel_tool_calls)
     return ToolPlan(rendered, grammar_fields(json_schema=json.dumps(schema)), constrained=True)
+
+
+def _enforced_auto(
+    body: ChatCompletionRequest,
+    allowed: list[str],
+    parser: ToolCallParser,
+    call_form: Callable[[], CallForm | None],
+) -> dict[str, str]:
+    """``auto``'s grammar where a call must be kept to what the client allowed: a strict
+    tool's arguments to its parameters, an ``allowed_tools`` choice's calls to those tools.
+    Free text, and each call, once the model writes its family's marker, in the template's
+    words (:meth:`CallForm.lazy_grammar`). Empty where nothing is to be kept, where this
+    build has no grammars, or where the template has no form or its calls do not begin with
+    the marker: the output is then parsed as it comes."""
+    tools = body.tools or []
+    strict = any(t.function.strict for t in tools)
+    restricted = len(allowed) < len(tools)
+    if not (strict or restricted) or importlib.util.find_spec("llguidance") is None:
+        return {}
+    form = call_form()
+    if form is None:
+        return {}
+    kept = [
+        (t.function.name, t.function.parameters if t.function.strict else None)
+        for t in tools
+        if t.function.name in allowed
+    ]
+    lark = form.lazy_grammar(kept, parser.marker, body.parallel_tool_calls)
+    return {} if lark is None else grammar_fields(ebnf=lark)

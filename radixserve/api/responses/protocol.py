@@ -310,7 +310,7 @@ def _as_function(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
-    function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+    function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
     return {"type": "function", "function": function}
 
 
