@@ -79,6 +79,9 @@ def test_old_tool_results_are_cleared_as_by_hand(claude: anthropic.Anthropic, st
     assert counted.context_management is not None
     assert counted.context_management.original_input_tokens == whole
     kwargs: Any = dict(model=MODEL, tools=TOOLS, max_tokens=6, extra_body={"temperature": 0})
+    # the cleared prompt cached first, so both answers compared below reuse it (a cold
+    # prefill and a prefix hit round differently: a random model's near tie may flip)
+    claude.messages.create(**{**kwargs, "max_tokens": 1}, messages=by_hand)
     if stream:
         with claude.beta.messages.stream(
             **kwargs, messages=loop, context_management=edit, betas=BETAS
@@ -94,8 +97,8 @@ def test_old_tool_results_are_cleared_as_by_hand(claude: anthropic.Anthropic, st
     assert applied.cleared_tool_uses == 3  # type: ignore[union-attr]
     assert applied.cleared_input_tokens == whole - hand
     assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) == hand
-    # the same prompt as the conversation cleared by hand: the same greedy answer, from the
-    # cache the edited request left
+    assert (msg.usage.cache_read_input_tokens or 0) >= hand - 1, msg.usage
+    # the same prompt as the conversation cleared by hand: the same greedy answer
     plain = claude.messages.create(**kwargs, messages=by_hand)
     assert [b.model_dump(exclude={"id"}) for b in plain.content] == [
         b.model_dump(exclude={"id"}) for b in msg.content
