@@ -27,6 +27,7 @@ from radixserve.api.access.tenants import Tenants
 from radixserve.api.anthropic.messages import error_body as anthropic_error
 from radixserve.api.anthropic.routes import ERROR_PREFIX as ANTHROPIC_PREFIX
 from radixserve.api.anthropic.routes import anthropic_router
+from radixserve.api.anthropic.threads import ThreadStore
 from radixserve.api.errors import UnhandledErrors, install_error_handlers
 from radixserve.api.native.routes import native_router
 from radixserve.api.native.serving import NativeServing
@@ -88,7 +89,7 @@ def create_app(
         native_router(tm, tenants, native),
         tokenize_router(tm),
         openai_router(tm, config, chat),
-        anthropic_router(chat),
+        anthropic_router(chat, tenants, ThreadStore(*bounds), peers),
         responses_router(chat, tenants, ResponseStore(*bounds), conversations, peers),
         conversations_router(tenants, conversations, peers),
         info_router(tm, config, tenants, metrics),

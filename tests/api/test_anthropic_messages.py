@@ -147,7 +147,7 @@ def test_structured_output_and_the_fields_agents_send(claude: anthropic.Anthropi
 def test_the_beta_client_as_coding_agents_call_it(claude: anthropic.Anthropic) -> None:
     """``client.beta.messages`` (what coding agents call): the betas as a header, context
     editing and service hints taken, streamed and counted; server-side MCP servers and
-    threads refused by name."""
+    containers refused by name (threads: ``test_anthropic_threads.py``)."""
     system: Any = [{"type": "text", "text": _system(), "cache_control": {"type": "ephemeral"}}]
     kwargs: Any = dict(
         model=MODEL,
@@ -167,7 +167,7 @@ def test_the_beta_client_as_coding_agents_call_it(claude: anthropic.Anthropic) -
     assert counted.input_tokens == msg.usage.input_tokens + msg.usage.cache_read_input_tokens
     refused: Any = [
         ("mcp_servers", [{"type": "url", "url": "https://mcp.example", "name": "x"}]),
-        ("thread", {"type": "create"}),
+        ("container", "container_1"),
     ]
     for name, value in refused:
         with pytest.raises(anthropic.BadRequestError, match=f"{name} is not supported"):

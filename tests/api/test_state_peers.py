@@ -55,7 +55,8 @@ def test_ids_name_their_worker_where_there_are_peers() -> None:
     alone = StatePeers()
     assert alone.new_id("resp").startswith("resp_") and alone.owner("resp_w1_x") is None
     assert PEERS.owner("resp_w1_abc") == "http://w1"
-    for own_or_none in ("resp_w0_abc", "resp_w7_abc", "resp_abc", "msg_w1_abc", None, 3):
+    assert PEERS.owner("msg_w1_abc") == "http://w1"  # an Anthropic thread's
+    for own_or_none in ("resp_w0_abc", "resp_w7_abc", "resp_abc", "msg_abc", None, 3):
         assert PEERS.owner(own_or_none) is None
 
 
@@ -76,6 +77,9 @@ def test_a_request_naming_another_workers_object_is_served_there() -> None:
     ):
         got = client.post("/v1/responses", json=body).json()
         assert got["who"] == "owner" and json.loads(got["body"]) == body
+    thread = {"type": "continue", "previous_message_id": "msg_w1_abc"}
+    got = client.post("/v1/messages", json={"thread": thread, "messages": []}).json()
+    assert got["who"] == "owner" and json.loads(got["body"])["thread"] == thread
     chained = {"previous_response_id": "resp_w1_abc", "input": "hi"}
     for path in ("/v1/responses/input_tokens", "/v1/responses/compact"):
         got = client.post(path, json=chained).json()

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.api.errors import APIError
@@ -93,41 +94,50 @@ def compaction(text: str) -> dict[str, Any]:
     return {"type": "compaction", "content": text, "encrypted_content": None, "signature": None}
 
 
-def compacted(
-    text: str, result: RequestResult, model: str, managed: dict[str, Any] | None = None
-) -> dict[str, Any]:
+@dataclass
+class Reply:
+    """What each form of an answer carries beside its content: the served model's name, the
+    message's id, the blocks before the answer (a compaction made first), the context edits
+    applied (``context_management``; None where none were asked for), and what is told the
+    finished content (a thread holds it)."""
+
+    model: str = ""
+    id: str = field(default_factory=message_id)
+    lead: list[dict[str, Any]] = field(default_factory=list)
+    managed: dict[str, Any] | None = None
+    done: Callable[[list[dict[str, Any]]], None] | None = None
+
+    def head(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model}
+
+    def extra(self) -> dict[str, Any]:
+        return {} if self.managed is None else {"context_management": self.managed}
+
+    def finish(self, content: list[dict[str, Any]]) -> None:
+        if self.done is not None:
+            self.done(content)
+
+
+def compacted(text: str, result: RequestResult, reply: Reply) -> dict[str, Any]:
     """A message of the compaction alone (``compaction``, or a compaction edit that pauses
     after it): ``stop_reason`` ``compaction``, the summary's usage."""
+    content = [compaction(text)]
+    reply.finish(content)
     return {
-        **_head(model),
-        "content": [compaction(text)],
+        **reply.head(),
+        "content": content,
         "stop_reason": "compaction",
         "stop_sequence": None,
         "usage": usage(result),
-        **_managed(managed),
+        **reply.extra(),
     }
 
 
-def _managed(managed: dict[str, Any] | None) -> dict[str, Any]:
-    """The ``context_management`` field (the edits applied), where the request gave one."""
-    return {} if managed is None else {"context_management": managed}
-
-
-def _head(model: str) -> dict[str, Any]:
-    return {"id": message_id(), "type": "message", "role": "assistant", "model": model}
-
-
-def message(
-    chat: ChatCompletionResponse,
-    result: RequestResult,
-    model: str,
-    lead: Sequence[dict[str, Any]] = (),
-    managed: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The whole answer: the chat response's one choice as content blocks, after ``lead``
-    (a compaction made before it); ``managed``: the context edits applied."""
+def message(chat: ChatCompletionResponse, result: RequestResult, reply: Reply) -> dict[str, Any]:
+    """The whole answer: the chat response's one choice as content blocks, after the reply's
+    lead."""
     choice = chat.choices[0]
-    content: list[dict[str, Any]] = list(lead)
+    content: list[dict[str, Any]] = list(reply.lead)
     if choice.message.reasoning_content:
         thinking = choice.message.reasoning_content
         content.append({"type": "thinking", "thinking": thinking, "signature": ""})
@@ -137,33 +147,33 @@ def message(
         parsed = ParsedCall(call["function"]["name"], call["function"]["arguments"])
         content.append(tool_use(parsed))
     reason, sequence = stop_reason(result.finish_reason, bool(choice.message.tool_calls))
+    reply.finish(content)
     return {
-        **_head(model),
+        **reply.head(),
         "content": content,
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": usage(result),
-        **_managed(managed),
+        **reply.extra(),
     }
 
 
-async def compacted_stream(
-    text: str, result: RequestResult, model: str, managed: dict[str, Any] | None = None
-) -> AsyncIterator[str]:
+async def compacted_stream(text: str, result: RequestResult, reply: Reply) -> AsyncIterator[str]:
     """:func:`compacted`, streamed."""
     blocks = _Blocks()
-    yield event("message_start", {"message": _start(model, result)})
+    yield event("message_start", {"message": _start(reply, result)})
     yield from_list(_compaction_events(blocks, text) + blocks.close())
     delta = {"delta": {"stop_reason": "compaction", "stop_sequence": None}}
-    yield event("message_delta", {**delta, "usage": usage(result), **_managed(managed)})
+    yield event("message_delta", {**delta, "usage": usage(result), **reply.extra()})
     yield event("message_stop", {})
+    reply.finish([compaction(text)])
 
 
-def _start(model: str, result: RequestResult) -> dict[str, Any]:
+def _start(reply: Reply, result: RequestResult) -> dict[str, Any]:
     """``message_start``'s message: nothing written yet."""
     counted = {"input_tokens": result.prompt_tokens, "output_tokens": 0}
     return {
-        **_head(model),
+        **reply.head(),
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
@@ -176,44 +186,53 @@ def _compaction_events(blocks: _Blocks, text: str) -> list[str]:
     return opened + blocks.delta("compaction", {"type": "compaction_delta", "content": text})
 
 
-async def stream(
-    call: ChatCall,
-    split: ReasoningStream,
-    model: str,
-    lead: Sequence[dict[str, Any]] = (),
-    managed: dict[str, Any] | None = None,
-) -> AsyncIterator[str]:
-    """The events of one streamed message (see the module doc), after ``lead``'s (a
-    compaction made before it); ``message_delta`` carries ``managed``, the edits applied."""
+async def stream(call: ChatCall, split: ReasoningStream, reply: Reply) -> AsyncIterator[str]:
+    """The events of one streamed message (see the module doc), after the reply's lead's;
+    ``message_delta`` carries the context edits applied. Told the whole content at the end."""
     result = RequestResult(call.requests[0])
     blocks = _Blocks()
     tools = call.plan.stream()
-    yield event("message_start", {"message": _start(model, result)})
-    for block in lead:
+    said: dict[str, list[str]] = {"thinking": [], "text": []}
+    yield event("message_start", {"message": _start(reply, result)})
+    for block in reply.lead:
         yield from_list(_compaction_events(blocks, block["content"]))
     async for _, out in call.group.events():
         result.add(out)
         final = out.output.finish_reason is not None
         thinking, answer = split.feed(out.text, final)
         if thinking:
+            said["thinking"].append(thinking)
             yield from_list(
                 blocks.delta("thinking", {"type": "thinking_delta", "thinking": thinking})
             )
         text = tools.feed(answer)
         if text:
+            said["text"].append(text)
             yield from_list(blocks.delta("text", {"type": "text_delta", "text": text}))
     text, calls = tools.finish()
     if text:
+        said["text"].append(text)
         yield from_list(blocks.delta("text", {"type": "text_delta", "text": text}))
-    for parsed in calls:
-        block = tool_use(parsed)
+    uses = [tool_use(parsed) for parsed in calls]
+    for block in uses:
         partial = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
         yield from_list(blocks.open({**block, "input": {}}) + blocks.delta("tool_use", partial))
     yield from_list(blocks.close())
     reason, sequence = stop_reason(result.finish_reason, bool(calls))
     delta = {"delta": {"stop_reason": reason, "stop_sequence": sequence}}
-    yield event("message_delta", {**delta, "usage": usage(result), **_managed(managed)})
+    yield event("message_delta", {**delta, "usage": usage(result), **reply.extra()})
     yield event("message_stop", {})
+    reply.finish([*reply.lead, *_said(said), *uses])
+
+
+def _said(said: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """A stream's thinking and text as the blocks a whole message holds."""
+    out: list[dict[str, Any]] = []
+    if thinking := "".join(said["thinking"]):
+        out.append({"type": "thinking", "thinking": thinking, "signature": ""})
+    if text := "".join(said["text"]):
+        out.append({"type": "text", "text": text})
+    return out
 
 
 def from_list(events: list[str]) -> str:

@@ -23,15 +23,17 @@ their conversion into the chat route's request: the one pipeline renders, runs a
   compact first); with ``compaction`` (summarize the conversation and return only that) this
   is ``api/summary.py``'s compaction, and a ``compaction`` block sent back stands in for the
   messages before it;
+- ``thread`` (``api/anthropic/threads.py``): the conversation held by the server, so a turn
+  sends only its new messages;
 - ``output_config.effort`` and Anthropic's service hints are accepted without effect;
-  ``container``, ``mcp_servers`` and ``thread`` are refused. Unknown fields are a 400 naming
-  them, as on every route.
+  ``container`` and ``mcp_servers`` are refused. Unknown fields are a 400 naming them, as on
+  every route.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -142,6 +144,18 @@ class ToolChoice(_Strict):
     disable_parallel_tool_use: bool | None = None
 
 
+class ThreadCreate(_Strict):
+    type: Literal["create"]
+
+
+class ThreadContinue(_Strict):
+    type: Literal["continue"]
+    previous_message_id: str = Field(min_length=1)
+
+
+Thread = Annotated[ThreadCreate | ThreadContinue, Field(discriminator="type")]
+
+
 class CountTokensRequest(_Strict):
     model: str
     messages: list[Message] = Field(min_length=1)
@@ -228,16 +242,15 @@ class MessagesRequest(CountTokensRequest):
     diagnostics: Any = None
     fallbacks: list[Any] | None = None  # this server does not decline: nothing to fall back on
     fallback_credit_token: Any = None
-    # refused when set: a server-side code container, server-held threads (and, above, MCP
-    # servers and compaction)
+    # held by the server: the conversation so far (``api/anthropic/threads.py``)
+    thread: Thread | None = None
+    # refused when set: a server-side code container (and, above, MCP servers)
     container: Any = None
-    thread: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> MessagesRequest:
-        for name in ("container", "thread"):
-            if getattr(self, name) is not None:
-                raise ValueError(f"{name} is not supported by this server")
+        if self.container is not None:
+            raise ValueError("container is not supported by this server")
         if self.mcp_servers:
             raise ValueError("mcp_servers is not supported by this server: tools run client-side")
         return self

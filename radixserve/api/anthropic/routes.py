@@ -5,6 +5,7 @@ tenant's), a thin door onto the chat pipeline (``api/anthropic/protocol.py`` con
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -12,33 +13,41 @@ from fastapi.responses import JSONResponse, Response
 
 from radixserve.api import summary
 from radixserve.api.access.routes import Access, declare
-from radixserve.api.anthropic import clearing, messages
+from radixserve.api.access.tenants import Tenants
+from radixserve.api.anthropic import clearing, messages, threads
 from radixserve.api.anthropic.protocol import (
     CompactionBlock,
     CountTokensRequest,
     Message,
     MessagesRequest,
 )
+from radixserve.api.anthropic.threads import ThreadStore
 from radixserve.api.errors import conversion_error
 from radixserve.api.formats.reasoning import ReasoningStream
 from radixserve.api.openai.chat import ChatServing
 from radixserve.api.openai.protocol import ChatCompletionRequest
 from radixserve.api.openapi import NOT_FOUND
+from radixserve.api.responses.peers import StatePeers
 from radixserve.api.streaming import SSEResponse, collect_all, event_stream
-from radixserve.server.result import RequestResult
 
 ERROR_PREFIX = "/v1/messages"
 
 
-def anthropic_router(chat: ChatServing) -> APIRouter:
+def anthropic_router(
+    chat: ChatServing, tenants: Tenants, held: ThreadStore, peers: StatePeers
+) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/messages", responses=NOT_FOUND)
     async def create_message(body: MessagesRequest, raw: Request) -> Response:
+        tenant = tenants.scope(raw.state)
+        body, from_thread = threads.resume(held, tenant, body)
+        answer_id = peers.new_id("msg") if body.thread else messages.message_id()
+        done = partial(threads.hold, held, tenant, body, from_thread, answer_id)
         edited = await clearing.apply(body, _counter(chat, raw.state))
-        body, prompt, managed = edited.body, edited.prompt, _managed(body, edited)
+        reply = messages.Reply(id=answer_id, managed=_managed(body, edited), done=done)
+        body, prompt = edited.body, edited.prompt
         request = _to_chat(body)
-        lead: list[dict[str, Any]] = []  # a compaction made before the answer
         edit, compacting = body.compact_edit(), body.compaction is not None
         if edit is not None:
             prompt = prompt if prompt is not None else await chat.prompt_ids(request, raw.state)
@@ -48,22 +57,25 @@ def anthropic_router(chat: ChatServing) -> APIRouter:
             asked = source.instructions if source is not None else None
             written = await summary.summarize(chat, _asking(body, asked), raw)
             if body.compaction is not None or (edit and edit.pause_after_compaction):
+                reply.model = written.model
                 if body.stream:
-                    return SSEResponse(messages.compacted_stream(*_parts(written), managed))
-                return JSONResponse(messages.compacted(*_parts(written), managed))
-            lead = [messages.compaction(written.text)]
+                    return SSEResponse(
+                        messages.compacted_stream(written.text, written.result, reply)
+                    )
+                return JSONResponse(messages.compacted(written.text, written.result, reply))
+            reply.lead = [messages.compaction(written.text)]
             block = CompactionBlock(type="compaction", content=written.text)
             compacted = [Message(role="assistant", content=[block])]
             request, prompt = _to_chat(body.model_copy(update={"messages": compacted})), None
         call = await chat.open(request, raw, prompt)
-        model = chat.served_name(call.requests)
+        reply.model = chat.served_name(call.requests)
         if body.stream:
             split = ReasoningStream(chat.reasoner(request))
-            events = messages.stream(call, split, model, lead, managed)
+            events = messages.stream(call, split, reply)
             return event_stream(call.group, events, messages.error_event, done=None)
         results = await collect_all(call.group, call.requests)
         response = chat.response(call.base_id, request, call.plan, call.requests, results)
-        return JSONResponse(messages.message(response, results[0], model, lead, managed))
+        return JSONResponse(messages.message(response, results[0], reply))
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest, raw: Request) -> dict[str, Any]:
@@ -105,10 +117,6 @@ def _counter(chat: ChatServing, state: Any) -> clearing.Count:
 def _managed(body: MessagesRequest, edited: clearing.Edited) -> dict[str, Any] | None:
     """The response's ``context_management`` (None where the request gave none)."""
     return None if body.context_management is None else {"applied_edits": edited.applied}
-
-
-def _parts(written: summary.Summary) -> tuple[str, RequestResult, str]:
-    return written.text, written.result, written.model
 
 
 def _to_chat(body: MessagesRequest) -> ChatCompletionRequest:

@@ -1,9 +1,9 @@
-"""Stored responses and conversations over data-parallel workers (``--dp-size`` with HTTP
-workers): each worker keeps what it stored, the gateway sends a request to any worker, so a
-chained turn (``previous_response_id``), a turn in a conversation, or a ``GET`` of either could
-reach one that does not hold it.
+"""Stored responses, conversations and Anthropic's threads over data-parallel workers
+(``--dp-size`` with HTTP workers): each worker keeps what it stored, the gateway sends a request
+to any worker, so a chained turn (``previous_response_id``), a turn in a conversation or a
+thread, or a ``GET`` of a response or conversation could reach one that does not hold it.
 
-Here an id names its worker (``resp_w1_...``, ``conv_w0_...``), and a request that names
+Here an id names its worker (``resp_w1_...``, ``conv_w0_...``, ``msg_w1_...``), and a request that names
 another worker's object is forwarded to that worker as it came (its key too: the owner checks
 it, so one tenant's objects stay its own) and its answer streamed back. The owner also holds
 the conversation's prefix in its radix cache, so a forwarded turn is a cache hit where another
@@ -27,12 +27,13 @@ from radixserve.api.asgi import replay_body, send_json
 from radixserve.api.errors import error_body
 
 FORWARDED = b"x-radixserve-forwarded"  # a request a worker forwarded: not forwarded again
-_OWNED = re.compile(r"^(?:resp|conv)_w(\d{1,4})_")
+_OWNED = re.compile(r"^(?:resp|conv|msg)_w(\d{1,4})_")
 _BY_PATH = re.compile(r"^/v1/(?:responses|conversations)/([^/]+)")
 _BY_BODY = (
     "/v1/responses",
     "/v1/responses/input_tokens",
     "/v1/responses/compact",
+    "/v1/messages",  # Anthropic's: a thread's next turn
 )  # POSTs naming what they go on from
 _HOP = {b"host", b"content-length", b"connection", b"transfer-encoding", b"keep-alive"}
 
@@ -139,7 +140,8 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 
 
 def _named(body: bytes) -> Any:
-    """The stored response or conversation a create names (None: none, or no JSON)."""
+    """The stored response, conversation or Anthropic thread a create names (None: none, or
+    no JSON)."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):
@@ -149,7 +151,9 @@ def _named(body: bytes) -> Any:
     conversation = data.get("conversation")
     if isinstance(conversation, dict):
         conversation = conversation.get("id")
-    return data.get("previous_response_id") or conversation
+    thread = data.get("thread")
+    following = thread.get("previous_message_id") if isinstance(thread, dict) else None
+    return data.get("previous_response_id") or conversation or following
 
 
 async def _read(receive: Receive) -> bytes:
