@@ -162,7 +162,8 @@ def test_native_generate_through_the_router(dp_server: Server) -> None:
 def test_stored_state_goes_on_from_any_worker(dp_server: Server) -> None:
     """A response or conversation one worker stored goes on from the other: the request is
     forwarded to the worker its id names, whose cache holds the turn's prefix (chained turns,
-    streamed, GET, input items, DELETE; a conversation's items and responses). Through the
+    streamed, GET, input items, DELETE; a conversation's items and responses; an Anthropic
+    thread). Through the
     router a chain goes on whichever worker each turn reaches (before a worker is killed
     below)."""
     import openai
@@ -202,6 +203,22 @@ def test_stored_state_goes_on_from_any_worker(dp_server: Server) -> None:
             **kwargs, previous_response_id=previous, input=f"turn {turn}", max_output_tokens=2
         )
         previous = reply.id
+    # Anthropic's threads likewise: held by the worker that answered, continued from the other
+    import anthropic
+
+    claude = [anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0) for url in
+              worker_urls(dp_server)]  # fmt: skip
+    ask: Any = dict(model=model, system=kwargs["instructions"], max_tokens=2)
+    held = claude[1].beta.messages.create(
+        **ask, messages=[{"role": "user", "content": "hello"}], thread={"type": "create"}
+    )
+    assert held.id.startswith("msg_w1_")
+    going_on: Any = {"type": "continue", "previous_message_id": held.id}
+    again = claude[0].beta.messages.create(
+        **ask, messages=[{"role": "user", "content": "again"}], thread=going_on
+    )
+    assert again.id.startswith("msg_w1_")  # the owner answered, and held it
+    assert (again.usage.cache_read_input_tokens or 0) >= held.usage.input_tokens - 3
 
 
 def test_a_killed_worker_leaves_the_other_serving(dp_server: Server) -> None:
