@@ -163,9 +163,8 @@ def test_stored_state_goes_on_from_any_worker(dp_server: Server) -> None:
     """A response or conversation one worker stored goes on from the other: the request is
     forwarded to the worker its id names, whose cache holds the turn's prefix (chained turns,
     streamed, GET, input items, DELETE; a conversation's items and responses; an Anthropic
-    thread). Through the
-    router a chain goes on whichever worker each turn reaches (before a worker is killed
-    below)."""
+    thread). Through the router a chain goes on whichever worker each turn reaches (before a
+    worker is killed below)."""
     import openai
 
     model = model_name(dp_server)
