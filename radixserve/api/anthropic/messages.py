@@ -163,10 +163,10 @@ async def compacted_stream(text: str, result: RequestResult, reply: Reply) -> As
     blocks = _Blocks()
     yield event("message_start", {"message": _start(reply, result)})
     yield from_list(_compaction_events(blocks, text) + blocks.close())
+    reply.finish([compaction(text)])  # held before the client can read the end
     delta = {"delta": {"stop_reason": "compaction", "stop_sequence": None}}
     yield event("message_delta", {**delta, "usage": usage(result), **reply.extra()})
     yield event("message_stop", {})
-    reply.finish([compaction(text)])
 
 
 def _start(reply: Reply, result: RequestResult) -> dict[str, Any]:
@@ -219,10 +219,10 @@ async def stream(call: ChatCall, split: ReasoningStream, reply: Reply) -> AsyncI
         yield from_list(blocks.open({**block, "input": {}}) + blocks.delta("tool_use", partial))
     yield from_list(blocks.close())
     reason, sequence = stop_reason(result.finish_reason, bool(calls))
+    reply.finish([*reply.lead, *_said(said), *uses])  # held before the client can read the end
     delta = {"delta": {"stop_reason": reason, "stop_sequence": sequence}}
     yield event("message_delta", {**delta, "usage": usage(result), **reply.extra()})
     yield event("message_stop", {})
-    reply.finish([*reply.lead, *_said(said), *uses])
 
 
 def _said(said: dict[str, list[str]]) -> list[dict[str, Any]]:
