@@ -17,7 +17,9 @@ words, and the next turn goes on from there:
   output items as the server returned them (the Agents SDK's own session memory);
 - ``messages``: each turn re-sends the whole conversation to Anthropic's ``/v1/messages``, the
   calls as ``tool_use`` blocks and their results as ``tool_result`` blocks, a tool forced with
-  ``tool_choice: any`` (Claude Code's loop, which sends the whole conversation each turn).
+  ``tool_choice: any`` (Claude Code's loop, which sends the whole conversation each turn);
+- ``thread``: the same through an Anthropic thread (``thread``), each turn sending only the new
+  tool results; the server renders the held conversation before them.
 
 Either way a turn's prompt is the previous turn's prompt and answer plus the new result, so the
 most the cache can serve is everything but the new result (and the first turn, cold): the
@@ -128,9 +130,14 @@ def items_agent(client: httpx.Client, model: str, args: argparse.Namespace, tall
 
 
 def messages_agent(
-    client: httpx.Client, model: str, args: argparse.Namespace, tally: Tally
+    client: httpx.Client,
+    model: str,
+    args: argparse.Namespace,
+    tally: Tally,
+    threaded: bool = False,
 ) -> None:
-    """The whole conversation each turn, through Anthropic's Messages API."""
+    """The whole conversation each turn, through Anthropic's Messages API; ``threaded``: in a
+    thread the server holds, each turn sending its new messages alone."""
     rng = random.Random(args.seed)
     tools = [{"name": "get_weather", "input_schema": WEATHER}]
     messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
@@ -141,9 +148,11 @@ def messages_agent(
         "tool_choice": {"type": "any"},
         "max_tokens": args.max_tokens,
     }
-    seen = 0
+    seen, sent, thread = 0, 0, {"type": "create"}
     for turn in range(args.turns):
-        reply = _post(client, "/v1/messages", {**body, "messages": messages})
+        own = {"messages": messages[sent:], "thread": thread} if threaded else {}
+        reply = _post(client, "/v1/messages", {**body, "messages": messages, **own})
+        sent, thread = len(messages) + 1, {"type": "continue", "previous_message_id": reply["id"]}
         usage = reply["usage"]
         cached = usage.get("cache_read_input_tokens") or 0
         prompt = usage["input_tokens"] + cached
@@ -159,6 +168,10 @@ def messages_agent(
         results = [{"type": "tool_result", "tool_use_id": u["id"], "content": "ok"} for u in uses]
         results[0]["content"] = text
         messages.append({"role": "user", "content": results})
+
+
+def thread_agent(client: httpx.Client, model: str, args: argparse.Namespace, tally: Tally) -> None:
+    messages_agent(client, model, args, tally, threaded=True)
 
 
 def _responses_trace(
@@ -211,6 +224,7 @@ AGENTS = {
     "conversation": conversation_agent,
     "items": items_agent,
     "messages": messages_agent,
+    "thread": thread_agent,
 }
 
 

@@ -208,7 +208,7 @@ EXPECTED: dict[str, list[str]] = {
         r"^chat\s+\d+\s+\d\.\d{3}\s+\d\.\d{3}",
         *(
             rf"^{route}\s+\d+\s+\d\.\d{{3}}"
-            for route in ("responses", "conversation", "items", "messages")
+            for route in ("responses", "conversation", "items", "messages", "thread")
         ),
     ],
     "load.py": [r"^requests\s+[1-9]", r"^errors\s+0$", r"^integrity_ok\s+True$"],
