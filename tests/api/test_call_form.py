@@ -250,3 +250,14 @@ def test_auto_modes_grammar_keeps_a_strict_tools_arguments(forms: dict[str, Any]
     assert not _takes(tok, backend, source, "<tool_call> and more text")[0]
     # a form whose calls do not begin with the marker (Llama 3.1's bare JSON) has none
     assert forms["llama3"][2].lazy_grammar([("x", None)], "<|python_tag|>", True) is None
+
+
+def test_a_schema_the_grammar_engine_cannot_take_is_named(forms: dict[str, Any]) -> None:
+    form = forms["qwen3"][2]
+    bad = {"type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}
+    for make in (
+        lambda: form.grammar([("ok", None), ("f", bad)], None, True),
+        lambda: form.lazy_grammar([("ok", None), ("f", bad)], "<tool_call>", True),
+    ):
+        with pytest.raises(ValueError, match="the parameters of `f`: .*uniqueItems"):
+            make()

@@ -441,3 +441,13 @@ def test_auto_calls_keep_to_strict_and_allowed_tools(oai) -> None:  # type: igno
     }
     only = choice([CITY, utc], tool_choice=allowed)
     assert calls(only) == [("utc_time", {"tz": "UTC"})], only.message.content
+    # a strict schema the grammar engine cannot take: a 400 naming the tool, as under required
+    unique: Any = {"type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}
+    odd: Any = {
+        "type": "function",
+        "function": {"name": "odd", "strict": True, "parameters": unique},
+    }
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="the parameters of `odd`: .*uniqueItems"):
+        choice([CITY, odd])
