@@ -161,6 +161,21 @@ def final_response(stream: Any) -> Any:
     return final
 
 
+def anthropic_message(api: Any, stream: bool, **kwargs: Any) -> Any:
+    """A message from ``api`` (an ``anthropic`` client's ``messages`` or ``beta.messages``):
+    created whole, or with ``stream`` streamed to its end."""
+    if not stream:
+        return api.create(**kwargs)
+    with api.stream(**kwargs) as events:
+        return events.get_final_message()
+
+
+def prompt_tokens(message: Any) -> int:
+    """The whole prompt of an Anthropic message: its input tokens, the cached ones included
+    (``cache_read_input_tokens``, which ``input_tokens`` leaves out)."""
+    return int(message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0))
+
+
 @contextmanager
 def paused(client: httpx.Client, mode: str = "in_place") -> Iterator[None]:
     """The server paused in ``mode`` (``/pause_generation``) for the ``with`` block: requests

@@ -12,7 +12,7 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-from serving_harness import Server
+from serving_harness import Server, anthropic_message, prompt_tokens
 from test_server_tools import MODEL
 
 from radixserve.api import summary
@@ -96,18 +96,12 @@ def test_past_its_trigger_a_conversation_is_compacted_then_answered(
     whole = claude.beta.messages.count_tokens(
         model=MODEL, system=system, messages=conversation
     ).input_tokens
-    if stream:
-        with claude.beta.messages.stream(
-            **kwargs, messages=conversation, context_management=_edit(100)
-        ) as events:
-            msg = events.get_final_message()
-    else:
-        msg = claude.beta.messages.create(
-            **kwargs, messages=conversation, context_management=_edit(100)
-        )
+    msg = anthropic_message(
+        claude.beta.messages, stream, **kwargs, messages=conversation, context_management=_edit(100)
+    )
     assert msg.content[0].type == "compaction" and msg.stop_reason != "compaction", msg
     assert all(b.type != "compaction" for b in msg.content[1:])
-    read = msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0)
+    read = prompt_tokens(msg)
     assert whole > 100 and read < whole - 100, (whole, msg.usage)
     # sent back first, the compaction stands in for what it summarizes: the next turn reads
     # the compacted conversation and the answer from the cache
@@ -159,7 +153,7 @@ def test_a_conversation_past_the_context_compacts(claude: anthropic.Anthropic) -
         claude.beta.messages.create(**kwargs)
     msg = claude.beta.messages.create(**kwargs, compaction={"type": "summarize"})
     assert msg.stop_reason == "compaction"
-    read = msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0)
+    read = prompt_tokens(msg)
     assert 0 < read <= 1024 - 1024 // 4
     answered = claude.beta.messages.create(**kwargs, context_management=_edit(500))
     assert answered.content[0].type == "compaction" and answered.stop_reason != "compaction"

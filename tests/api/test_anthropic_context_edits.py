@@ -13,7 +13,7 @@ from typing import Any
 
 import anthropic
 import pytest
-from serving_harness import Server
+from serving_harness import Server, anthropic_message, prompt_tokens
 from test_server_tools import MODEL
 
 from radixserve.api.anthropic.clearing import PLACEHOLDER
@@ -82,21 +82,15 @@ def test_old_tool_results_are_cleared_as_by_hand(claude: anthropic.Anthropic, st
     # the cleared prompt cached first, so both answers compared below reuse it (a cold
     # prefill and a prefix hit round differently: a random model's near tie may flip)
     claude.messages.create(**{**kwargs, "max_tokens": 1}, messages=by_hand)
-    if stream:
-        with claude.beta.messages.stream(
-            **kwargs, messages=loop, context_management=edit, betas=BETAS
-        ) as events:
-            msg = events.get_final_message()
-    else:
-        msg = claude.beta.messages.create(
-            **kwargs, messages=loop, context_management=edit, betas=BETAS
-        )
+    msg = anthropic_message(
+        claude.beta.messages, stream, **kwargs, messages=loop, context_management=edit, betas=BETAS
+    )
     assert msg.context_management is not None
     (applied,) = msg.context_management.applied_edits
     assert applied.type == "clear_tool_uses_20250919"
     assert applied.cleared_tool_uses == 3  # type: ignore[union-attr]
     assert applied.cleared_input_tokens == whole - hand
-    assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) == hand
+    assert prompt_tokens(msg) == hand
     assert (msg.usage.cache_read_input_tokens or 0) >= hand - 1, msg.usage
     # the same prompt as the conversation cleared by hand: the same greedy answer
     plain = claude.messages.create(**kwargs, messages=by_hand)
@@ -140,7 +134,7 @@ def test_inputs_excluded_tools_and_what_leaves_the_prompt_whole(
             context_management=edit,
         )  # fmt: skip
         assert msg.context_management is not None and msg.context_management.applied_edits == []
-        assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) == whole
+        assert prompt_tokens(msg) == whole
 
 
 def test_clearing_brings_a_conversation_past_the_context_under_it(
@@ -155,7 +149,7 @@ def test_clearing_brings_a_conversation_past_the_context_under_it(
     msg = claude.beta.messages.create(
         model=MODEL, tools=TOOLS, messages=loop, max_tokens=2, betas=BETAS, context_management=edit
     )
-    assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) == hand
+    assert prompt_tokens(msg) == hand
     assert msg.context_management is not None
     assert [e.cleared_tool_uses for e in msg.context_management.applied_edits] == [4]  # type: ignore[union-attr]
 

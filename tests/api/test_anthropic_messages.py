@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 from keyed_harness import A, KeyedServer
-from serving_harness import Server
+from serving_harness import Server, prompt_tokens
 from test_server_tools import MODEL, WEATHER
 
 pytestmark = pytest.mark.timeout(180)
@@ -50,7 +50,7 @@ def test_one_pipeline_with_the_chat_route(claude: anthropic.Anthropic, oai: open
     chat = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
     assert msg.type == "message" and msg.role == "assistant"
     assert msg.content[0].type == "text" and msg.content[0].text == chat.choices[0].message.content
-    used = msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0)
+    used = prompt_tokens(msg)
     assert used == chat.usage.prompt_tokens
     assert msg.usage.output_tokens == chat.usage.completion_tokens
     # the random model may end on its EOS within the 8 tokens: the two routes must agree on it

@@ -12,7 +12,7 @@ from typing import Any
 import anthropic
 import pytest
 from keyed_harness import A, B, KeyedServer
-from serving_harness import Server
+from serving_harness import Server, anthropic_message, prompt_tokens
 from test_server_tools import MODEL
 
 pytestmark = pytest.mark.timeout(180)
@@ -33,10 +33,6 @@ def _whole(claude: anthropic.Anthropic, system: str, messages: Any) -> int:
         model=MODEL, system=system, tools=TOOLS, messages=messages
     )
     return counted.input_tokens
-
-
-def _read(msg: Any) -> int:
-    return int(msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0))
 
 
 def test_a_thread_goes_on_with_each_turns_new_messages_alone(claude: anthropic.Anthropic) -> None:
@@ -61,15 +57,14 @@ def test_a_thread_goes_on_with_each_turns_new_messages_alone(claude: anthropic.A
         thread={"type": "continue", "previous_message_id": first.id},
     )  # fmt: skip
     whole = _whole(claude, system, [task, answer, result])
-    assert _read(second) == whole
-    assert (second.usage.cache_read_input_tokens or 0) >= _read(first), second.usage
+    assert prompt_tokens(second) == whole
+    assert (second.usage.cache_read_input_tokens or 0) >= prompt_tokens(first), second.usage
     # streamed, then continued from the streamed answer
     again: Any = {"role": "user", "content": "And the largest?"}
-    with claude.beta.messages.stream(
-        **kwargs, messages=[{"role": "user", "content": "Thanks."}], max_tokens=4,
-        thread={"type": "continue", "previous_message_id": second.id},
-    ) as events:  # fmt: skip
-        third = events.get_final_message()
+    third = anthropic_message(
+        claude.beta.messages, True, **kwargs, messages=[{"role": "user", "content": "Thanks."}],
+        max_tokens=4, thread={"type": "continue", "previous_message_id": second.id},
+    )  # fmt: skip
     fourth = claude.beta.messages.create(
         **kwargs, messages=[again], max_tokens=2,
         thread={"type": "continue", "previous_message_id": third.id},
@@ -78,7 +73,7 @@ def test_a_thread_goes_on_with_each_turns_new_messages_alone(claude: anthropic.A
             for m in (second, third)]  # fmt: skip
     thanks: Any = {"role": "user", "content": "Thanks."}
     conversation = [task, answer, result, said[0], thanks, said[1], again]
-    assert _read(fourth) == _whole(claude, system, conversation)
+    assert prompt_tokens(fourth) == _whole(claude, system, conversation)
     # a message sent without a thread is not held; the held turns are left as they were
     plain = claude.beta.messages.create(**kwargs, messages=[task], max_tokens=1)
     for unheld in (plain.id, f"msg_{uuid.uuid4().hex[:24]}"):
@@ -92,7 +87,7 @@ def test_a_thread_goes_on_with_each_turns_new_messages_alone(claude: anthropic.A
         **kwargs, messages=[result], max_tokens=1,
         thread={"type": "continue", "previous_message_id": first.id},
     )  # fmt: skip
-    assert _read(again_second) == whole
+    assert prompt_tokens(again_second) == whole
     with pytest.raises(anthropic.BadRequestError, match="previous_message_id"):
         claude.beta.messages.create(
             **kwargs, messages=[again], max_tokens=1, thread={"type": "continue"}
