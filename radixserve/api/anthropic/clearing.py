@@ -56,17 +56,17 @@ async def apply(body: MessagesRequest, count: Count) -> Edited:
     original = len(prompt)
     applied: list[dict[str, Any]] = []
     for edit in edits:
-        if isinstance(edit, ClearToolUses) and not edit.triggered(
-            len(prompt), len(_tool_uses(body.messages))
-        ):
-            continue
+        at_least = None  # the tokens a clearing must save to be applied (None: any number)
+        if isinstance(edit, ClearToolUses):
+            if not edit.triggered(len(prompt), len(_tool_uses(body.messages))):
+                continue
+            at_least = edit.clear_at_least
         messages, cleared = clear(edit, body.messages)
         if not cleared:
             continue
         candidate = body.model_copy(update={"messages": messages})
         ids = await count(candidate)
         saved = len(prompt) - len(ids)
-        at_least = getattr(edit, "clear_at_least", None)
         if at_least is not None and saved < at_least.value:
             continue
         body, prompt = candidate, ids
