@@ -107,6 +107,7 @@ def _vs(base: dict[str, Any], other: dict[str, Any]) -> str:
 
 
 ZEN3, ZEN4 = "AMD EPYC Zen 3 (AVX2)", "AMD EPYC Zen 4 (AVX-512, BF16, VNNI)"
+AVX2 = "AMD EPYC, AVX2 only (family 25 model 17)"  # Zen 4 silicon shown without AVX-512
 LLAMA_RUNS = [  # (what is compared, shape, machine, JSON): the latest run of each; 2 vCPUs each
     ("Qwen2.5-0.5B, bf16 vs BF16 GGUF", "(a)", ZEN3, "docs/bench-llama-cpp-a-bf16-s8.json"),
     ("Qwen2.5-0.5B, int8 vs Q8_0 GGUF", "(a)", ZEN3, "docs/bench-llama-cpp-a-int8-s8.json"),
@@ -123,6 +124,18 @@ LLAMA_RUNS = [  # (what is compared, shape, machine, JSON): the latest run of ea
         "(a)",
         ZEN4,
         "docs/bench-llama-cpp-a-qwen3-1.7b-int8-zen4-1129.json",
+    ),
+    (
+        "Qwen3-1.7B, bf16 vs BF16 GGUF",
+        "(a)",
+        AVX2,
+        "docs/bench-llama-cpp-a-qwen3-1.7b-bf16-avx2-1129.json",
+    ),
+    (
+        "Qwen3-1.7B, int8 vs Q8_0 GGUF",
+        "(a)",
+        AVX2,
+        "docs/bench-llama-cpp-a-qwen3-1.7b-int8-avx2-1129.json",
     ),
     (
         "Llama-3.2-3B, bf16 vs BF16 GGUF",
@@ -354,13 +367,24 @@ ZEN4_NOW = "benchmarks/results/zen4-2026-11-29"
 
 def zen4_step() -> str:
     """One step at a time on Zen 4: prefill and decode beside transformers and llama-server."""
-    path = f"{ZEN4}/step-qwen25-0.5b-int8-rows.json"
-    header = ["row", "rs bf16", "rs int8", "HF bf16", "llama BF16", "llama Q8_0", "int8 / bf16"]
-    header += ["rs bf16 / llama BF16", "rs int8 / llama Q8_0", "rs int8 / HF bf16"]
+    return step_table(f"{ZEN4}/step-qwen25-0.5b-int8-rows.json", "bfloat16")
+
+
+def avx2_step() -> str:
+    """The same on the AVX2 host, beside transformers in float32 (its faster dtype there)."""
+    return step_table("benchmarks/results/avx2-2026-11-29/step-qwen25-0.5b.json", "float32")
+
+
+def step_table(path: str, hf_dtype: str) -> str:
+    """radixserve's bf16 and int8 rows of one ``model_throughput.py`` run beside transformers in
+    ``hf_dtype`` and llama-server's BF16 and Q8_0, and the ratios between them."""
+    hf_name = {"bfloat16": "HF bf16", "float32": "HF fp32"}[hf_dtype]
+    header = ["row", "rs bf16", "rs int8", hf_name, "llama BF16", "llama Q8_0", "int8 / bf16"]
+    header += ["rs bf16 / llama BF16", "rs int8 / llama Q8_0", f"rs int8 / {hf_name}"]
     rows = []
     for row in load(path)["rows"]:
         t = row["tokens_per_s"]
-        bf, i8, hf = t["rs bfloat16"], t["rs bfloat16+int8"], t["HF bfloat16"]
+        bf, i8, hf = t["rs bfloat16"], t["rs bfloat16+int8"], t[f"HF {hf_dtype}"]
         lb, lq = t["llama bf16"], t["llama q8_0"]
         rows.append(
             [row["row"]]
@@ -636,6 +660,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "h200-overlap": h200_overlap,
     "h200-spec": h200_spec,
     "zen4-step": zen4_step,
+    "avx2-step": avx2_step,
     "zen4-multiturn": zen4_multiturn,
     "zen4-forced-avx512-vnni": zen4_forced_avx512_vnni,
     "zen4-skinny-vnni": zen4_skinny_vnni,
