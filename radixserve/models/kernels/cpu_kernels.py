@@ -77,15 +77,17 @@ taller products. Measured on the AVX2 host (2 threads, 0.5B-shape weights 9728x8
 1152x896, GFLOP/s skinny / packed): M = 16: 125-141 / 112-130; 32: 129-137 / 136-149; 64:
 133-137 / 162-172; 128: 121-138 / 172-178."""
 
-GEMM_INT8_MAX_M = 40
+GEMM_INT8_MAX_M = 16
 """The same with int8 weights, which the packed GEMM multiplies as int16 pairs (VPMADDWD, twice
 the multiply-adds of an FMA per instruction) times ``x`` quantized per row, as the skinny GEMM
-does from two rows on (exact int32 sums, VPMADDUBSW + VPMADDWD). Measured with the ``avx2``
-build on a Zen 4 (it stands in for an AVX2 CPU; 2 threads; whole decode steps at context 512,
-the weights streamed from memory, rounds side by side, tok/s skinny / packed): the 0.5B shape
-at batch 24 1.11x, 32 1.13x, 40 1.03x, 48 0.95x, 64 0.95x; the 1.7B shape at 24 1.08x, 32
-1.11x, 40 1.04x. Prefills of 64 and 512 tokens gained 1.21-1.24x over the packed GEMM's earlier
-fp32 FMAs on widened weights (``kernel_ab.py``)."""
+does from two rows on (exact int32 sums, VPMADDUBSW + VPMADDWD). It was 40 while the packed
+GEMM's tile ran one pair of k per trip; with two (gemm.h's ``kPairSteps``), measured on an
+AVX2-only EPYC (2 threads; whole decode steps at context 512, the weights streamed from memory,
+rounds side by side, ``kernel_ab.py --int8-max-m 16 40``, median tok/s at 40 against 16): the
+0.5B shape at batch 24 0.93x (but the per-round ratios' median 1.03x, 0.92-1.26), 32 0.94x,
+40 0.97x; the 1.7B shape at 24 0.95x (0.92-1.00). Below 17 rows the skinny GEMM keeps them, as
+fast as the packed one with the weights hot (``gemm_bench.py --int8``: 131 / 137 GFLOP/s at 16
+rows)."""
 
 NATIVE_BF16_VARIANTS = frozenset({"avx512_bf16", "amx"})
 """Variants whose CPUs multiply bf16 natively (torch's bf16 GEMMs then need no fp32 detour)."""
