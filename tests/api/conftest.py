@@ -73,6 +73,14 @@ def oai(compat_server: Server):  # type: ignore[no-untyped-def]
     return openai.OpenAI(base_url=f"{compat_server.url}/v1", api_key="unused", max_retries=0)
 
 
+@pytest.fixture
+def claude(compat_server: Server):  # type: ignore[no-untyped-def]
+    """The official ``anthropic`` client on :func:`compat_server`."""
+    import anthropic
+
+    return anthropic.Anthropic(base_url=compat_server.url, api_key="unused", max_retries=0)
+
+
 @pytest.fixture(scope="session")
 def keyed_server(
     tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: object

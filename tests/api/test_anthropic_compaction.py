@@ -12,7 +12,7 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-from serving_harness import Server, anthropic_message, prompt_tokens
+from serving_harness import anthropic_message, prompt_tokens
 from test_server_tools import MODEL
 
 from radixserve.api import summary
@@ -21,11 +21,6 @@ pytestmark = pytest.mark.timeout(180)
 
 RESULT = "file-" * 250  # a long tool result: the compacted conversation is shorter
 BETAS: Any = ["compact-2026-01-12"]
-
-
-@pytest.fixture
-def claude(compat_server: Server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=compat_server.url, api_key="unused", max_retries=0)
 
 
 def _conversation() -> list[Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import anthropic
 import pytest
-from serving_harness import Server, anthropic_message, prompt_tokens
+from serving_harness import anthropic_message, prompt_tokens
 from test_server_tools import MODEL
 
 from radixserve.api.anthropic.clearing import PLACEHOLDER
@@ -25,11 +25,6 @@ TOOLS: Any = [
     {"name": name, "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}
     for name in ("read", "ls")
 ]
-
-
-@pytest.fixture
-def claude(compat_server: Server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=compat_server.url, api_key="unused", max_retries=0)
 
 
 ROWS = "".join(f"row {i}: ok\n" for i in range(15))  # a tool's output: 115 of these tokens

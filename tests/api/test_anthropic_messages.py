@@ -24,11 +24,6 @@ TOOLS: list[Any] = [{"name": "get_weather", "description": "the weather", "input
 FORCED: Any = {"type": "tool", "name": "get_weather"}
 
 
-@pytest.fixture
-def claude(compat_server: Server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=compat_server.url, api_key="unused", max_retries=0)
-
-
 def _system() -> str:
     return f"You are agent {uuid.uuid4().hex}."  # a prompt of its own: no other test's cache
 

@@ -12,7 +12,7 @@ from typing import Any
 import anthropic
 import pytest
 from keyed_harness import A, B, KeyedServer
-from serving_harness import Server, anthropic_message, prompt_tokens
+from serving_harness import anthropic_message, prompt_tokens
 from test_server_tools import MODEL
 
 pytestmark = pytest.mark.timeout(180)
@@ -21,11 +21,6 @@ pytestmark = pytest.mark.timeout(180)
 NOTHING = {"type": "object", "properties": {}, "additionalProperties": False}
 TOOLS: Any = [{"name": "ls", "input_schema": NOTHING, "strict": True}]
 GREEDY: Any = {"temperature": 0}
-
-
-@pytest.fixture
-def claude(compat_server: Server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=compat_server.url, api_key="unused", max_retries=0)
 
 
 def _whole(claude: anthropic.Anthropic, system: str, messages: Any) -> int:
