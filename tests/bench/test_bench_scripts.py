@@ -97,6 +97,11 @@ SCRIPT_ARGS: dict[str, list[str]] = {
         *("--prefix", "64", "--cold-len", "64", "--long-len", "256", "--clients", "8"),
         *("--kv-tokens", "2048", "--rate", "20"),  # the pressure trace open loop
     ],
+    "forward_phases.py": [
+        *("--json", "{out}/phases.json", "--", "bench", "multiturn", "--quick", "--model"),
+        *("{model}", "--baselines", "none", "--conversations", "2", "--turns", "2"),
+        *("--out", "{out}/bench", "--name", "mt"),
+    ],
     "multiturn_chat.py": [
         *("--quick", "--model", "{model}", "--baselines", "none"),
         *("--conversations", "2", "--turns", "2", "--out", "{out}/bench", "--name", "mt"),
@@ -219,6 +224,12 @@ EXPECTED: dict[str, list[str]] = {
         r"^float32 prefill 8\s+tok/s before\s+\d[\d.]* after\s+\d",
         r"^float32 b=1\s+tok/s before\s+\d[\d.]* after\s+\d",
     ],
+    "forward_phases.py": [
+        r"^radixserve\s+\d",
+        r"^forwards over [\d.]+ s: prefill [\d.]+ s \(\d+ tokens, [\d.]+ tok/s\), decode [\d.]+ s",
+        r"^  prefill  rows\s+1\s+tokens\s+\d+",
+        r"^  decode   batch\s+2\s+steps\s+\d+",
+    ],
     "multiturn_chat.py": [r"^radixserve\s+\d", r"^hit rate radixserve: "],
     "radix_ops.py": [
         r"^matched lengths identical in all runs",
@@ -259,6 +270,7 @@ OUTPUT_FILES: dict[str, list[str]] = {
     "agent_trace.py": ["agent.json"],
     "load.py": ["load.json"],
     "model_throughput.py": ["throughput.json"],
+    "forward_phases.py": ["phases.json", "bench/mt.json"],
     "multiturn_chat.py": ["bench/mt.json", "bench/mt.png"],
     "scheduler_idle.py": ["idle.json"],
     "shared_prefix.py": ["bench/sp.json", "bench/sp.png"],
