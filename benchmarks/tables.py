@@ -108,7 +108,8 @@ def _vs(base: dict[str, Any], other: dict[str, Any]) -> str:
 
 ZEN3, ZEN4 = "AMD EPYC Zen 3 (AVX2)", "AMD EPYC Zen 4 (AVX-512, BF16, VNNI)"
 AVX2 = "AMD EPYC, AVX2 only (family 25 model 17)"  # Zen 4 silicon shown without AVX-512
-LLAMA_RUNS = [  # (what is compared, shape, machine, JSON): the latest run of each; 2 vCPUs each
+LLAMA_RUNS = [  # (what is compared, shape, machine, JSON): the latest run of each (the AVX2 rows:
+    # the median of the latest day's runs); 2 vCPUs each
     ("Qwen2.5-0.5B, bf16 vs BF16 GGUF", "(a)", ZEN3, "docs/bench-llama-cpp-a-bf16-s8.json"),
     ("Qwen2.5-0.5B, int8 vs Q8_0 GGUF", "(a)", ZEN3, "docs/bench-llama-cpp-a-int8-s8.json"),
     ("Qwen3-1.7B, bf16 vs BF16 GGUF", "(a)", ZEN3, "docs/bench-llama-cpp-a-qwen3-1.7b-bf16.json"),
@@ -129,13 +130,13 @@ LLAMA_RUNS = [  # (what is compared, shape, machine, JSON): the latest run of ea
         "Qwen3-1.7B, bf16 vs BF16 GGUF",
         "(a)",
         AVX2,
-        "docs/bench-llama-cpp-a-qwen3-1.7b-bf16-avx2-1129.json",
+        "docs/bench-llama-cpp-a-qwen3-1.7b-bf16-avx2.json",
     ),
     (
         "Qwen3-1.7B, int8 vs Q8_0 GGUF",
         "(a)",
         AVX2,
-        "docs/bench-llama-cpp-a-qwen3-1.7b-int8-avx2-1129.json",
+        "docs/bench-llama-cpp-a-qwen3-1.7b-int8-avx2.json",
     ),
     (
         "Llama-3.2-3B, bf16 vs BF16 GGUF",
