@@ -18,7 +18,7 @@ import pytest
 from serving_harness import Server
 from test_server_tools import MODEL
 
-from radixserve.api.responses import custom_tools
+from radixserve.api.formats import custom_tools
 
 pytestmark = pytest.mark.timeout(180)
 

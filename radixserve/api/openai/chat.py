@@ -40,7 +40,7 @@ from radixserve.api.openai.bodies import (
     UsageInfo,
     dump,
 )
-from radixserve.api.openai.chat_tools import ToolPlan, plan_tools
+from radixserve.api.openai.chat_tools import ToolPlan, ToolStream, plan_tools
 from radixserve.api.openai.common import OpenAIServing, choice_logprob_slices, grammar_param
 from radixserve.api.openai.protocol import ChatCompletionRequest
 from radixserve.api.streaming import OpenRequests, collect_all, event_stream, open_requests, sse
@@ -179,7 +179,7 @@ class ChatServing(OpenAIServing):
             message = ChatMessageOut(
                 content=content,
                 reasoning_content=reasoning,
-                tool_calls=[c.to_openai() for c in calls] or None,
+                tool_calls=[plan.call_item(c) for c in calls] or None,
             )
             finish = self.finish_reason(r.finish_reason)
             choices.append(
@@ -242,13 +242,13 @@ class ChatServing(OpenAIServing):
             yield chunk(None, self.usage(results, body.n))
 
     @staticmethod
-    def _finish(chunk: _Chunker, i: int, stream: Any, finish: str) -> list[str]:
+    def _finish(chunk: _Chunker, i: int, stream: ToolStream, finish: str) -> list[str]:
         """A choice's last chunks: the text held back, each tool call whole (OpenAI's delta
         shape), the finish reason."""
         text, calls = stream.finish()
         out = [chunk(ChatStreamChoice(index=i, delta=DeltaMessage(content=text)))] if text else []
         for k, call in enumerate(calls):
-            delta = DeltaMessage(tool_calls=[call.to_openai(k)])
+            delta = DeltaMessage(tool_calls=[stream.plan.call_item(call, k)])
             out.append(chunk(ChatStreamChoice(index=i, delta=delta)))
         reason = "tool_calls" if calls else finish
         out.append(chunk(ChatStreamChoice(index=i, delta=DeltaMessage(), finish_reason=reason)))

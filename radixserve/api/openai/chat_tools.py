@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from radixserve.api.formats import custom_tools
 from radixserve.api.formats.call_form import CallForm
 from radixserve.api.formats.tool_calls import (
     ParsedCall,
@@ -48,10 +49,19 @@ class ToolPlan:
     constrained: bool = False  # required / named: the output is only calls
     form: CallForm | None = None  # ... in the template's words (None: the schema's array)
     names: tuple[str, ...] = ()  # the functions a constrained output may call
+    custom: frozenset[str] = frozenset()  # the custom tools' names (calls go back as custom)
 
     @property
     def parses_calls(self) -> bool:
         return self.constrained or self.parser is not None
+
+    def call_item(self, call: ParsedCall, index: int | None = None) -> dict[str, Any]:
+        """``call`` as a ``tool_calls`` item: a function's, or a custom tool's (its ``input``
+        read from the arguments, ``api/formats/custom_tools.py``); ``index`` in a stream."""
+        item = call.to_openai()
+        if call.name in self.custom:
+            item = custom_tools.chat_call(item["id"], call.name, call.arguments)
+        return item if index is None else {"index": index, **item}
 
     def forced_calls(self, text: str) -> list[ParsedCall] | None:
         """The calls of a constrained output (None: not calls, e.g. cut by the length)."""
@@ -141,6 +151,7 @@ def plan_tools(
     if choice == "none":
         return ToolPlan(None, body.grammar())
     rendered = [t.model_dump(exclude_none=True) for t in body.tools]
+    custom = frozenset(t.function.name for t in body.tools if t.custom)
     allowed = names
     if isinstance(choice, AllowedToolsChoice):  # every tool rendered, these callable
         allowed = choice.names()
@@ -150,7 +161,7 @@ def plan_tools(
     if choice == "auto":
         parser = ToolCallParser(parser_kind)
         grammar = body.grammar() or _enforced_auto(body, allowed, parser, call_form)
-        return ToolPlan(rendered, grammar, parser=parser)
+        return ToolPlan(rendered, grammar, parser=parser, custom=custom)
     constrained_by_body = response_format_schema(body.response_format) is not None
     if constrained_by_body or any(x is not None for x in (body.regex, body.json_schema, body.ebnf)):
         raise ValueError(
@@ -164,9 +175,12 @@ def plan_tools(
     tools = [(name, parameters) for name, parameters in tools if name in allowed]
     if (form := call_form()) is not None:
         grammar = grammar_fields(ebnf=form.grammar(tools, named, body.parallel_tool_calls))
-        return ToolPlan(rendered, grammar, constrained=True, form=form, names=tuple(allowed))
+        return ToolPlan(
+            rendered, grammar, constrained=True, form=form, names=tuple(allowed), custom=custom
+        )
     schema = tool_choice_schema(tools, named, body.parallel_tool_calls)
-    return ToolPlan(rendered, grammar_fields(json_schema=json.dumps(schema)), constrained=True)
+    grammar = grammar_fields(json_schema=json.dumps(schema))
+    return ToolPlan(rendered, grammar, constrained=True, custom=custom)
 
 
 def _enforced_auto(

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from radixserve.api.formats import custom_tools
 from radixserve.api.native.protocol import TokenIdKey, refuse_set_fields, stop_list
 from radixserve.api.structured import grammar_fields, json_schema_string, response_format_schema
 from radixserve.types import SamplingParams
@@ -155,9 +156,26 @@ class FunctionCall(BaseModel):
 
 
 class ToolCall(BaseModel):
+    """A call in the history; a custom tool's (``{"type": "custom", "custom": {"name",
+    "input"}}``) as the function call it was offered as and renders as."""
+
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
+
+    @model_validator(mode="before")
+    @classmethod
+    def _custom_as_function(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("type") != "custom":
+            return data
+        custom = data.get("custom")
+        if not (isinstance(custom, dict) and isinstance(custom.get("name"), str)):
+            raise ValueError("a custom tool call needs custom.name and custom.input")
+        if not isinstance(custom.get("input"), str):
+            raise ValueError("a custom tool call needs custom.name and custom.input")
+        arguments = custom_tools.call_arguments(custom["input"])
+        function = {"name": custom["name"], "arguments": arguments}
+        return {"id": data.get("id"), "type": "function", "function": function}
 
 
 class ChatMessage(BaseModel):
@@ -228,8 +246,24 @@ class FunctionDefinition(BaseModel):
 
 
 class Tool(BaseModel):
+    """A function tool, or a custom one (``{"type": "custom", "custom": {...}}``) as the
+    function of one string parameter it is offered as (``api/formats/custom_tools.py``):
+    ``custom`` marks it, so its calls go back as custom tool calls."""
+
     type: Literal["function"] = "function"
     function: FunctionDefinition
+    custom: bool = Field(False, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _custom_as_function(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if data.get("type") != "custom":
+            return {k: v for k, v in data.items() if k != "custom"}  # set by a custom tool only
+        offered = custom_tools.as_function(custom_tools.from_chat(data))
+        function = {k: offered[k] for k in ("name", "description", "parameters") if k in offered}
+        return {"type": "function", "function": function, "custom": True}
 
 
 class NamedFunction(BaseModel):
@@ -237,8 +271,20 @@ class NamedFunction(BaseModel):
 
 
 class NamedToolChoice(BaseModel):
+    """A named tool; a custom one (``{"type": "custom", "custom": {"name"}}``) by its name."""
+
     type: Literal["function"] = "function"
     function: NamedFunction
+
+    @model_validator(mode="before")
+    @classmethod
+    def _custom_by_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("type") == "custom":
+            custom = data.get("custom")
+            if not (isinstance(custom, dict) and isinstance(custom.get("name"), str)):
+                raise ValueError("a custom tool choice needs custom.name")
+            return {"type": "function", "function": {"name": custom["name"]}}
+        return data
 
 
 class AllowedTools(BaseModel):

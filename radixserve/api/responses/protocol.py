@@ -31,8 +31,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from radixserve.api.formats import custom_tools
 from radixserve.api.openai.protocol import ChatCompletionRequest
-from radixserve.api.responses import compaction, custom_tools
+from radixserve.api.responses import compaction
 
 # tools OpenAI's service runs itself: not offered to the model (this server runs none), so a
 # client that lists one among its function tools (Codex lists web search) is served the rest

@@ -17,10 +17,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from radixserve.api.formats import custom_tools
 from radixserve.api.formats.reasoning import ReasoningStream
 from radixserve.api.formats.tool_calls import ParsedCall
 from radixserve.api.openai.chat import ChatCall
-from radixserve.api.responses import custom_tools
 from radixserve.api.responses.protocol import ResponsesRequest
 from radixserve.server.result import RequestResult
 from radixserve.types import FinishKind

@@ -1,6 +1,11 @@
 """OpenAI's custom tools (``type: "custom"``): a tool whose call carries one raw string, its
 ``input``, free text or text in a grammar (``format``: ``text``, or ``grammar`` with a ``lark``
-or ``regex`` definition), such as the Agents SDK's ``CustomTool`` and its ``apply_patch``.
+or ``regex`` definition), such as the Agents SDK's ``CustomTool`` and its ``apply_patch``. The
+Responses API gives them flat (``{"type": "custom", "name", "format": {"type": "grammar",
+"syntax", "definition"}}``); the chat route nests them (``{"type": "custom", "custom": {"name",
+"format": {"type": "grammar", "grammar": {"syntax", "definition"}}}}``, calls as ``{"type":
+"custom", "custom": {"name", "input"}}``): :func:`from_chat` reads the chat shape as the flat
+one, :func:`chat_call` writes a call back in it.
 
 The models this server runs were trained to call functions with JSON arguments, so a custom
 tool is offered to the chat template as a function of one string parameter, ``input``, whose
@@ -81,3 +86,29 @@ def call_input(arguments: str) -> str:
 def call_arguments(text: str) -> str:
     """A ``custom_tool_call``'s ``input`` as the function call's arguments it renders as."""
     return json.dumps({INPUT: text}, ensure_ascii=False)
+
+
+def from_chat(tool: dict[str, Any]) -> dict[str, Any]:
+    """A chat route's custom tool in the Responses API's flat shape (``ValueError`` naming what
+    is wrong)."""
+    custom = tool.get("custom")
+    if not isinstance(custom, dict):
+        raise ValueError("a custom tool needs its fields under custom")
+    flat: dict[str, Any] = {"type": "custom", **{k: v for k, v in custom.items() if k != "format"}}
+    fmt = custom.get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "grammar":
+        grammar = fmt.get("grammar")
+        fmt = {"type": "grammar", **(grammar if isinstance(grammar, dict) else {})}
+    if fmt is not None:
+        flat["format"] = fmt
+    check(flat)
+    return flat
+
+
+def chat_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """A call of a custom tool as the chat route's ``tool_calls`` item."""
+    return {
+        "id": call_id,
+        "type": "custom",
+        "custom": {"name": name, "input": call_input(arguments)},
+    }
