@@ -16,6 +16,9 @@ from hypothesis import strategies as st
 from tool_template import QWEN_TOOLS_TEMPLATE
 
 from radixserve.api.formats.call_form import CallForm, learn_form
+from radixserve.api.openai.chat_tools import plan_tools
+from radixserve.api.openai.protocol import ChatCompletionRequest
+from radixserve.api.responses.protocol import ResponsesRequest
 from radixserve.models.checkpoint_shapes import FAMILIES
 from radixserve.runtime.grammar import create_grammar_backend
 from radixserve.server.prompt_tokenizer import PromptTokenizer
@@ -261,3 +264,27 @@ def test_a_schema_the_grammar_engine_cannot_take_is_named(forms: dict[str, Any])
     ):
         with pytest.raises(ValueError, match="the parameters of `f`: .*uniqueItems"):
             make()
+
+
+def test_a_custom_tool_is_kept_in_auto_mode_through_both_doors(forms: dict[str, Any]) -> None:
+    """``auto`` keeps a custom tool's calls to its one ``input`` string, a regex format's
+    pattern included, whether it came through the chat route or the Responses API."""
+    tok, backend, form, _ = forms["qwen3"]
+    regex = {"syntax": "regex", "definition": "[a-z]{2,6}"}
+    chat_shape = {"type": "grammar", "grammar": regex}
+    messages = [{"role": "user", "content": "hi"}]
+    chat = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": messages,
+            "tools": [{"type": "custom", "custom": {"name": "shell", "format": chat_shape}}],
+        }
+    )
+    flat = {"type": "custom", "name": "shell", "format": {"type": "grammar", **regex}}
+    responses = ResponsesRequest.model_validate({"model": "m", "input": "hi", "tools": [flat]})
+    call, end = '<tool_call>\n{"name": "shell", "arguments": ', "}\n</tool_call>"
+    for body in (chat, responses.to_chat(messages)):
+        source = plan_tools(body, "qwen25", lambda: form).grammar["ebnf"]
+        assert _takes(tok, backend, source, f'Sure. {call}{{"input": "ls"}}{end}') == (True, True)
+        for bad in ('{"input": "LS -la"}', '{"input": "l"}', '{"cmd": "ls"}'):
+            assert not _takes(tok, backend, source, f"{call}{bad}{end}")[0], bad

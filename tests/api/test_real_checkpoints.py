@@ -451,3 +451,29 @@ def test_auto_calls_keep_to_strict_and_allowed_tools(oai) -> None:  # type: igno
 
     with pytest.raises(openai.BadRequestError, match="the parameters of `odd`: .*uniqueItems"):
         choice([CITY, odd])
+
+
+def test_auto_calls_of_a_regex_custom_tool_match_it(oai) -> None:  # type: ignore[no-untyped-def]
+    """A custom tool is kept to its parameters in ``auto`` mode, as a strict one: a call (the
+    random model made to write ``<tool_call>`` first, a logit bias the Responses API does not
+    take: ``test_call_form.py`` checks its grammar) carries an ``input`` that matches the
+    tool's regex whole."""
+    regex = "[a-z]{2,6}"
+    fmt = {"type": "grammar", "grammar": {"syntax": "regex", "definition": regex}}
+    shell: Any = {"type": "custom", "custom": {"name": "shell", "format": fmt}}
+    kwargs: Any = dict(
+        model="qwen3",
+        parallel_tool_calls=False,
+        temperature=0,
+        extra_body={
+            "logit_bias": {"151657": 100},  # <tool_call>
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+    )
+    ask = f"Run something, agent {uuid.uuid4().hex}."
+    chat = oai.chat.completions.create(
+        **kwargs, messages=[{"role": "user", "content": ask}], tools=[shell], max_tokens=48
+    ).choices[0]
+    assert chat.finish_reason == "tool_calls", chat.message.content
+    (call,) = chat.message.tool_calls
+    assert call.type == "custom" and re.fullmatch(regex, call.custom.input), call

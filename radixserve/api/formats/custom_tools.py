@@ -12,10 +12,10 @@ tool is offered to the chat template as a function of one string parameter, ``in
 description says what the text is (a grammar's definition included), and a call of it is read
 back as a ``custom_tool_call`` whose ``input`` is that string. Sent back, the call renders as
 that function's call again (a radix hit of what the model wrote), its
-``custom_tool_call_output`` as the tool's message. A regex format also constrains a forced
-call: the string matches it whole (JSON Schema's ``pattern``, anchored). A Lark grammar is
-described to the model and not enforced: it speaks of the raw text, and the call's text is a
-JSON string, escaped.
+``custom_tool_call_output`` as the tool's message. A call is kept to that one parameter, and
+a regex format's string matches it whole (JSON Schema's ``pattern``, anchored), forced or in
+``auto`` mode (``api/openai/chat_tools.py``). A Lark grammar is described to the model and not
+enforced: it speaks of the raw text, and the call's text is a JSON string, escaped.
 """
 
 from __future__ import annotations
@@ -112,3 +112,11 @@ def chat_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
         "type": "custom",
         "custom": {"name": name, "input": call_input(arguments)},
     }
+
+
+def name_and_arguments(item: dict[str, Any]) -> tuple[str, str]:
+    """A chat ``tool_calls`` item's name and arguments, a function's or a custom tool's (its
+    ``input`` as the arguments it renders as)."""
+    if item.get("type") == "custom":
+        return item["custom"]["name"], call_arguments(item["custom"]["input"])
+    return item["function"]["name"], item["function"]["arguments"]

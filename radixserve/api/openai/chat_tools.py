@@ -5,9 +5,10 @@ output, and how the output turns back into ``tool_calls`` (whole, or as a stream
 
 - ``none``: the tools are not rendered (as SGLang); plain text;
 - ``auto``: rendered; the model's own tool-call format is parsed (:class:`ToolCallParser`).
-  With a ``strict`` tool or an ``allowed_tools`` choice, the text stays free and each call,
-  from the family's marker on, is kept to the allowed tools and the strict ones' parameters
-  (:meth:`CallForm.lazy_grammar`), where the template's calls begin with the marker;
+  With a ``strict`` or custom tool or an ``allowed_tools`` choice, the text stays free and
+  each call, from the family's marker on, is kept to the allowed tools and the strict and
+  custom ones' parameters (:meth:`CallForm.lazy_grammar`), where the template's calls begin
+  with the marker;
 - ``allowed_tools`` (OpenAI's): every tool rendered, so the prompt is the same whichever are
   allowed (a cache hit); ``required`` mode constrains the calls to the allowed ones, ``auto``
   mode is ``auto``, kept to them as above;
@@ -190,13 +191,14 @@ def _enforced_auto(
     call_form: Callable[[], CallForm | None],
 ) -> dict[str, str]:
     """``auto``'s grammar where a call must be kept to what the client allowed: a strict
-    tool's arguments to its parameters, an ``allowed_tools`` choice's calls to those tools.
+    tool's arguments to its parameters (a custom tool's too: its one ``input`` string, a regex
+    format's pattern), an ``allowed_tools`` choice's calls to those tools.
     Free text, and each call, once the model writes its family's marker, in the template's
     words (:meth:`CallForm.lazy_grammar`). Empty where nothing is to be kept, where this
     build has no grammars, or where the template has no form or its calls do not begin with
     the marker: the output is then parsed as it comes."""
     tools = body.tools or []
-    strict = any(t.function.strict for t in tools)
+    strict = any(t.function.strict or t.custom for t in tools)
     restricted = len(allowed) < len(tools)
     if not (strict or restricted) or importlib.util.find_spec("llguidance") is None:
         return {}
@@ -204,7 +206,7 @@ def _enforced_auto(
     if form is None:
         return {}
     kept = [
-        (t.function.name, t.function.parameters if t.function.strict else None)
+        (t.function.name, t.function.parameters if t.function.strict or t.custom else None)
         for t in tools
         if t.function.name in allowed
     ]

@@ -224,7 +224,11 @@ class ResponsesRequest(BaseModel):
         fmt = (self.text or {}).get("format")
         if fmt and fmt.get("type") != "text":
             body["response_format"] = _response_format(fmt)
-        return ChatCompletionRequest.model_validate(body)
+        request = ChatCompletionRequest.model_validate(body)
+        custom = self.custom_names()
+        for tool in request.tools or []:  # kept to their parameters in auto mode too
+            tool.custom = tool.function.name in custom
+        return request
 
 
 def items_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from radixserve.api import summary
 from radixserve.api.access.routes import Access, declare
 from radixserve.api.access.tenants import Tenants
 from radixserve.api.errors import APIError
+from radixserve.api.formats import custom_tools
 from radixserve.api.formats.reasoning import ReasoningStream
 from radixserve.api.formats.tool_calls import ParsedCall
 from radixserve.api.openai.chat import ChatServing
@@ -147,10 +148,7 @@ def responses_router(
         results = await collect_all(call.group, call.requests)
         answer = chat.response(call.base_id, request, call.plan, call.requests, results)
         message = answer.choices[0].message
-        calls = [
-            ParsedCall(c["function"]["name"], c["function"]["arguments"])
-            for c in message.tool_calls or []
-        ]
+        calls = [ParsedCall(*custom_tools.name_and_arguments(c)) for c in message.tool_calls or []]
         output = lead + render.output_items(
             message.reasoning_content,
             message.content,
