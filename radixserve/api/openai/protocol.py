@@ -169,9 +169,9 @@ class ToolCall(BaseModel):
         if not isinstance(data, dict) or data.get("type") != "custom":
             return data
         custom = data.get("custom")
-        if not (isinstance(custom, dict) and isinstance(custom.get("name"), str)):
-            raise ValueError("a custom tool call needs custom.name and custom.input")
-        if not isinstance(custom.get("input"), str):
+        if not isinstance(custom, dict) or not all(
+            isinstance(custom.get(k), str) for k in ("name", "input")
+        ):
             raise ValueError("a custom tool call needs custom.name and custom.input")
         arguments = custom_tools.call_arguments(custom["input"])
         function = {"name": custom["name"], "arguments": arguments}
