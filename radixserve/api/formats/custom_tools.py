@@ -112,11 +112,3 @@ def chat_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
         "type": "custom",
         "custom": {"name": name, "input": call_input(arguments)},
     }
-
-
-def name_and_arguments(item: dict[str, Any]) -> tuple[str, str]:
-    """A chat ``tool_calls`` item's name and arguments, a function's or a custom tool's (its
-    ``input`` as the arguments it renders as)."""
-    if item.get("type") == "custom":
-        return item["custom"]["name"], call_arguments(item["custom"]["input"])
-    return item["function"]["name"], item["function"]["arguments"]

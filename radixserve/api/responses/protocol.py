@@ -216,7 +216,8 @@ class ResponsesRequest(BaseModel):
             if value is not None:
                 body[name] = value
         body["logprobs"] = self.logprobs() is not None
-        if tools := self.function_tools():
+        tools = self.function_tools()
+        if tools:
             body["tools"] = [_chat_tool(tool) for tool in tools]
             if self.tool_choice is not None:
                 body["tool_choice"] = _tool_choice(self.tool_choice)
@@ -225,9 +226,8 @@ class ResponsesRequest(BaseModel):
         if fmt and fmt.get("type") != "text":
             body["response_format"] = _response_format(fmt)
         request = ChatCompletionRequest.model_validate(body)
-        custom = self.custom_names()
-        for tool in request.tools or []:  # kept to their parameters in auto mode too
-            tool.custom = tool.function.name in custom
+        for tool, given in zip(request.tools or [], tools, strict=True):  # kept in auto mode
+            tool.custom = bool(given.get("custom"))
         return request
 
 

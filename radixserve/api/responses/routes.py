@@ -18,11 +18,11 @@ from radixserve.api import summary
 from radixserve.api.access.routes import Access, declare
 from radixserve.api.access.tenants import Tenants
 from radixserve.api.errors import APIError
-from radixserve.api.formats import custom_tools
 from radixserve.api.formats.reasoning import ReasoningStream
 from radixserve.api.formats.tool_calls import ParsedCall
 from radixserve.api.openai.chat import ChatServing
 from radixserve.api.openai.common import choice_logprob_slices
+from radixserve.api.openai.protocol import ToolCall
 from radixserve.api.openapi import NOT_FOUND
 from radixserve.api.responses import compaction, items, render, truncation
 from radixserve.api.responses.peers import StatePeers
@@ -148,7 +148,8 @@ def responses_router(
         results = await collect_all(call.group, call.requests)
         answer = chat.response(call.base_id, request, call.plan, call.requests, results)
         message = answer.choices[0].message
-        calls = [ParsedCall(*custom_tools.name_and_arguments(c)) for c in message.tool_calls or []]
+        made = [ToolCall.model_validate(c).function for c in message.tool_calls or []]
+        calls = [ParsedCall(f.name, f.arguments) for f in made]  # a custom call's read back
         output = lead + render.output_items(
             message.reasoning_content,
             message.content,
